@@ -1,0 +1,176 @@
+"""Reading broker diagnostic dumps (JSON lines, schema 1) into a Spark DataFrame.
+
+See docs/diag-schema.md for the format.  Everything here is plain Spark SQL
+(no Python UDFs), so executors need neither this package nor pandas.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+SCHEMA_VERSION = 1
+
+
+def _struct(*names: str, kind=DoubleType()) -> StructType:
+    return StructType([StructField(n, kind) for n in names])
+
+
+# Numbers are read as double: a later broker switching an int field to a float
+# (or writing 1e3) would otherwise turn the whole record into nulls.  Doubles
+# are exact up to 2**53, far beyond any counter we produce.  An explicit schema
+# also means unknown (newer) fields are ignored, as the format requires.
+DUMP_SCHEMA = StructType(
+    [
+        StructField("schema", LongType()),
+        StructField("ts", DoubleType()),
+        StructField("interval_ms", DoubleType()),
+        StructField("settings_id", StringType()),
+        StructField(
+            "broker",
+            StructType(
+                [
+                    StructField("version", StringType()),
+                    StructField("start", DoubleType()),
+                    StructField("pid", LongType()),
+                ]
+            ),
+        ),
+        StructField("session", _struct("clients", "websockets", "stomp_connected", "subscriptions")),
+        StructField("ws_buffer", _struct("allocated", "hits", "misses")),
+        StructField("stale", _struct("input-queue-size", "output-queue-size", "stale-queue-size")),
+        StructField(
+            "totals",
+            _struct(
+                "frames_in",
+                "frames_out",
+                "bytes_in",
+                "bytes_out",
+                "connections_opened",
+                "connections_closed",
+                "messages_published",
+                "messages_delivered",
+            ),
+        ),
+        StructField(
+            "writers",
+            ArrayType(
+                _struct(
+                    "index",
+                    "pid",
+                    "connections",
+                    "frames",
+                    "bytes",
+                    "batches",
+                    "batch_fill",
+                    "pending_bytes",
+                )
+            ),
+        ),
+        StructField(
+            "process",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("role", StringType()),
+                        StructField("pid", DoubleType()),
+                        StructField("rss", DoubleType()),
+                        StructField("cpu_seconds", DoubleType()),
+                    ]
+                )
+            ),
+        ),
+        StructField(
+            "queues",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("destination", StringType()),
+                        StructField("depth", DoubleType()),
+                        StructField("enqueued", DoubleType()),
+                        StructField("dequeued", DoubleType()),
+                        StructField("unacked", DoubleType()),
+                        StructField("consumers", DoubleType()),
+                    ]
+                )
+            ),
+        ),
+        StructField("latency", _struct("count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")),
+    ]
+)
+
+
+def load_dumps(spark: SparkSession, paths) -> DataFrame:
+    """Read dump files (paths, globs or directories on any Hadoop filesystem).
+
+    Returns one row per interval with the raw fields plus derived columns:
+      run        -- "<broker pid>@<broker start ms>", one value per broker run
+      run_seq    -- 0 for the earliest run, 1 after the first restart, ...
+      restart    -- true on the first interval of every run after the first
+      first_in_run -- true on the first interval seen for a run
+      time       -- ts as a timestamp
+      t_s        -- seconds since the first interval of the whole data set
+      dt_s       -- seconds covered by this interval's counter deltas (see
+                    docs/diag-schema.md: since the previous line of the same
+                    run, or since broker start for the first line of a run)
+    Rotated files are separate paths: pass "diag.jsonl*" to get them all.
+    """
+    if isinstance(paths, str):
+        paths = [paths]
+    raw = spark.read.schema(DUMP_SCHEMA).json(list(paths))
+    # Corrupt or truncated lines (e.g. the broker was killed mid-write) parse
+    # as all-null rows; drop them together with lines of unknown shape.
+    df = raw.where(
+        (F.col("schema") >= SCHEMA_VERSION) & F.col("ts").isNotNull() & F.col("broker.start").isNotNull()
+    )
+    df = df.withColumn(
+        "run",
+        F.concat_ws("@", F.coalesce(F.col("broker.pid").cast("string"), F.lit("?")),
+                    F.format_string("%.3f", F.col("broker.start"))),
+    )
+    # Overlapping inputs (a file given twice, or both "x" and "x*") must not
+    # double-count intervals.
+    df = df.dropDuplicates(["run", "ts"])
+
+    # Run numbering from a tiny per-run table (a self-join counting earlier
+    # runs) rather than an unpartitioned window, which would pull everything
+    # into one partition.
+    runs = df.groupBy("run").agg(
+        F.min("ts").alias("_run_first_ts"), F.first("broker.start").alias("_start")
+    )
+    def key(alias):
+        return F.struct(*(F.col(f"{alias}.{c}") for c in ("_start", "_run_first_ts", "run")))
+
+    seq = (
+        runs.alias("a")
+        .join(runs.alias("b"), key("b") < key("a"), "left")
+        .groupBy(F.col("a.run").alias("run"))
+        .agg(F.count(F.col("b.run")).alias("run_seq"))
+    )
+    t0 = runs.agg(F.min("_run_first_ts").alias("_t0"))
+    runs = runs.join(seq, "run").crossJoin(t0).select("run", "run_seq", "_run_first_ts", "_t0")
+    df = df.join(F.broadcast(runs), "run")
+
+    w = Window.partitionBy("run").orderBy("ts")
+    prev_ts = F.lag("ts").over(w)
+    # First line of a run: counters started at 0 at broker start, so the
+    # deltas cover [start, ts].  Fall back to interval_ms if clocks disagree.
+    dt_ms = F.when(prev_ts.isNull(), F.col("ts") - F.col("broker.start")).otherwise(F.col("ts") - prev_ts)
+    dt_ms = F.when(dt_ms > 0, dt_ms).otherwise(F.col("interval_ms"))
+    first = F.col("ts") == F.col("_run_first_ts")
+    return (
+        df.withColumn("first_in_run", first)
+        .withColumn("restart", first & (F.col("run_seq") > 0))
+        .withColumn("time", F.expr("timestamp_millis(cast(ts as bigint))"))
+        .withColumn("t_s", (F.col("ts") - F.col("_t0")) / 1000.0)
+        .withColumn("dt_s", dt_ms / 1000.0)
+        .drop("_run_first_ts", "_t0")
+    )

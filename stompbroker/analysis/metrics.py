@@ -1,0 +1,330 @@
+"""Per-interval tables computed from load_dumps() output, plus leak flags and a summary.
+
+All functions take and return Spark DataFrames built only from Spark SQL
+functions (no Python UDFs), so they run unchanged on a cluster.  Every
+per-interval table carries run, run_seq, ts (epoch ms), time and t_s
+(seconds since the first interval) so tables can be joined and plotted.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+KEYS = ["run", "run_seq", "ts", "time", "t_s"]
+
+THROUGHPUT_COUNTERS = [
+    "frames_in",
+    "frames_out",
+    "bytes_in",
+    "bytes_out",
+    "messages_published",
+    "messages_delivered",
+]
+CHURN_COUNTERS = ["connections_opened", "connections_closed"]
+LATENCY_FIELDS = ["p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"]
+
+# Leak rule defaults (documented in docs/diag-schema.md).
+LEAK_MIN_SAMPLES = 10
+LEAK_MIN_SLOPE = 1024.0  # bytes per second of fitted RSS growth (~3.5 MiB/hour)
+LEAK_MIN_UP_FRACTION = 0.7  # of the steps where RSS changed, share that went up
+LEAK_MIN_R2 = 0.8  # linearity; rejects a single jump (a step mid-run gives r2 <= 0.75)
+
+
+def _delta(col: str, w: Window, first=None) -> Column:
+    """Growth of a cumulative counter since the previous row of window w.
+
+    A decrease can only mean the counter restarted from 0 (process or queue
+    re-created), so the delta is then the new value: never negative.  With
+    first=None the first row of a partition gets null, otherwise `first`.
+    """
+    c, prev = F.col(col), F.lag(col).over(w)
+    return (
+        F.when(prev.isNull(), first if first is not None else F.lit(None))
+        .when(c < prev, c)
+        .otherwise(c - prev)
+    )
+
+
+def _per_s(delta: Column) -> Column:
+    return F.when(F.col("dt_s") > 0, delta / F.col("dt_s"))
+
+
+def _counter_rates(df: DataFrame, counters, partition) -> DataFrame:
+    # Partition windows include the run, so counters are never compared across
+    # a broker restart; a run's first line counts from 0 (broker start).
+    w = Window.partitionBy(*partition).orderBy("ts")
+    for c in counters:
+        df = df.withColumn(f"{c}_delta", _delta(c, w, first=F.col(c)).cast("long"))
+        df = df.withColumn(f"{c}_per_s", _per_s(F.col(f"{c}_delta")))
+    return df.drop(*counters)
+
+
+def throughput(df: DataFrame) -> DataFrame:
+    """Frames, bytes and messages per second for every interval."""
+    base = df.select(*KEYS, "dt_s", "restart", *[F.col(f"totals.{c}").alias(c) for c in THROUGHPUT_COUNTERS])
+    return _counter_rates(base, THROUGHPUT_COUNTERS, ["run"])
+
+
+def churn(df: DataFrame) -> DataFrame:
+    """Connections opened/closed per second and session gauges."""
+    base = df.select(
+        *KEYS,
+        "dt_s",
+        *[F.col(f"totals.{c}").alias(c) for c in CHURN_COUNTERS],
+        *[F.col(f"session.{c}").cast("long").alias(c) for c in ("clients", "websockets", "stomp_connected", "subscriptions")],
+    )
+    return _counter_rates(base, CHURN_COUNTERS, ["run"])
+
+
+def queue_depths(df: DataFrame) -> DataFrame:
+    """One row per destination per interval: depth, unacked, consumers, rates."""
+    q = df.select(*KEYS, "dt_s", F.explode("queues").alias("q")).select(
+        *KEYS,
+        "dt_s",
+        F.col("q.destination").alias("destination"),
+        F.col("q.depth").cast("long").alias("depth"),
+        F.col("q.unacked").cast("long").alias("unacked"),
+        F.col("q.consumers").cast("long").alias("consumers"),
+        F.col("q.enqueued").alias("enqueued"),
+        F.col("q.dequeued").alias("dequeued"),
+    )
+    return _counter_rates(q, ["enqueued", "dequeued"], ["run", "destination"]).drop("dt_s")
+
+
+def writer_balance(df: DataFrame) -> DataFrame:
+    """One row per writer per interval.
+
+    share      -- this writer's fraction of the frames written in the interval
+    imbalance  -- max / mean of the writers' frames in the interval (1.0 is
+                  perfect balance; null when nothing was written)
+    batch_fill -- as reported (average fill of the 10 KB batch buffer)
+    """
+    w = df.select(*KEYS, "dt_s", F.explode("writers").alias("w")).select(
+        *KEYS,
+        "dt_s",
+        F.col("w.index").cast("int").alias("writer"),
+        F.col("w.pid").cast("long").alias("pid"),
+        F.col("w.connections").cast("long").alias("connections"),
+        F.col("w.frames").alias("frames"),
+        F.col("w.bytes").alias("bytes"),
+        F.col("w.batches").alias("batches"),
+        F.col("w.batch_fill").alias("batch_fill"),
+        F.col("w.pending_bytes").cast("long").alias("pending_bytes"),
+    )
+    w = _counter_rates(w, ["frames", "bytes", "batches"], ["run", "writer"])
+    interval = Window.partitionBy("run", "ts")
+    total = F.sum("frames_delta").over(interval)
+    mean = F.avg("frames_delta").over(interval)
+    return (
+        w.withColumn("share", F.when(total > 0, F.col("frames_delta") / total))
+        .withColumn("imbalance", F.when(mean > 0, F.max("frames_delta").over(interval) / mean))
+        .drop("dt_s")
+    )
+
+
+def latency(df: DataFrame) -> DataFrame:
+    """Delivery latency percentiles per interval (null when count is 0)."""
+    has = F.col("latency.count") > 0
+    return df.select(
+        *KEYS,
+        F.col("latency.count").cast("long").alias("count"),
+        *[F.when(has, F.col(f"latency.{c}")).alias(c) for c in LATENCY_FIELDS],
+    )
+
+
+def memory(df: DataFrame) -> DataFrame:
+    """RSS and CPU per process per interval (cpu_percent null on a process's first sample)."""
+    p = df.select(*KEYS, "dt_s", F.explode("process").alias("p")).select(
+        *KEYS,
+        "dt_s",
+        F.col("p.role").alias("role"),
+        F.col("p.pid").cast("long").alias("pid"),
+        F.col("p.rss").cast("long").alias("rss"),
+        (F.col("p.rss") / 2**20).alias("rss_mb"),
+        F.col("p.cpu_seconds").alias("cpu_seconds"),
+    )
+    # A pid's CPU time since *its* start is unknown relative to the window,
+    # hence no value on its first sample (unlike run-level counters).
+    w = Window.partitionBy("run", "role", "pid").orderBy("ts")
+    return p.withColumn("cpu_percent", _per_s(_delta("cpu_seconds", w)) * 100.0).drop("dt_s")
+
+
+def leak_flags(
+    mem_df: DataFrame,
+    min_samples: int = LEAK_MIN_SAMPLES,
+    min_slope: float = LEAK_MIN_SLOPE,
+    min_up_fraction: float = LEAK_MIN_UP_FRACTION,
+    min_r2: float = LEAK_MIN_R2,
+) -> DataFrame:
+    """One row per process (run, role, pid) with a least-squares RSS slope and a leak flag.
+
+    leak = samples >= min_samples
+           and slope (bytes/s) >= min_slope
+           and up_fraction >= min_up_fraction  (increases / steps where RSS changed)
+           and r2 >= min_r2                    (the growth is steady, not one jump)
+    """
+    w = Window.partitionBy("run", "role", "pid").orderBy("ts")
+    step = F.signum(F.col("rss") - F.lag("rss").over(w))
+    m = mem_df.withColumn("_step", step)
+    g = m.groupBy("run", "run_seq", "role", "pid").agg(
+        F.count("rss").alias("samples"),
+        ((F.max("ts") - F.min("ts")) / 1000.0).alias("span_s"),
+        F.min_by("rss", "ts").alias("first_rss"),
+        F.max_by("rss", "ts").alias("last_rss"),
+        F.max("rss").alias("peak_rss"),
+        F.covar_pop("t_s", "rss").alias("_cov"),
+        F.var_pop("t_s").alias("_var"),
+        F.corr("t_s", "rss").alias("_r"),
+        F.sum(F.when(F.col("_step") > 0, 1).otherwise(0)).alias("up_steps"),
+        F.sum(F.when(F.col("_step") < 0, 1).otherwise(0)).alias("down_steps"),
+    )
+    changed = F.col("up_steps") + F.col("down_steps")
+    # Spark orders NaN above every number, so keep NaN out of the comparisons.
+    r = F.when(F.col("_r").isNotNull() & ~F.isnan("_r"), F.col("_r"))
+    g = (
+        g.withColumn("slope_bytes_per_s", F.when(F.col("_var") > 0, F.col("_cov") / F.col("_var")))
+        .withColumn("slope_mib_per_hour", F.col("slope_bytes_per_s") * 3600.0 / 2**20)
+        .withColumn("up_fraction", F.when(changed > 0, F.col("up_steps") / changed))
+        .withColumn("r2", r * r)
+    )
+    leak = (
+        (F.col("samples") >= min_samples)
+        & (F.col("slope_bytes_per_s") >= min_slope)
+        & (F.col("up_fraction") >= min_up_fraction)
+        & (F.col("r2") >= min_r2)
+    )
+    return g.withColumn("leak", F.coalesce(leak, F.lit(False))).drop("_cov", "_var", "_r")
+
+
+def compute_tables(df: DataFrame, **leak_args) -> dict[str, DataFrame]:
+    """All per-interval tables plus leak flags, keyed by table name."""
+    mem = memory(df)
+    return {
+        "throughput": throughput(df),
+        "queue_depths": queue_depths(df),
+        "writer_balance": writer_balance(df),
+        "latency": latency(df),
+        "churn": churn(df),
+        "memory": mem,
+        "leak_flags": leak_flags(mem, **leak_args),
+    }
+
+
+def _one(df: DataFrame, *aggs) -> dict:
+    # A global aggregate is a single small row: the only thing collected.
+    row = df.agg(*aggs).first()
+    return row.asDict() if row else {}
+
+
+def summary(tables: Mapping[str, DataFrame]) -> dict:
+    """Run-level figures from the tables of compute_tables() (missing tables are skipped).
+
+    Mean rates are time-weighted: total delta / seconds covered.  Returns a
+    plain dict (numbers, strings and a list of leaking processes).
+    """
+    out: dict = {}
+    tp = tables.get("throughput")
+    if tp is not None:
+        s = _one(
+            tp,
+            F.countDistinct("run").alias("runs"),
+            F.count("*").alias("intervals"),
+            F.min("time").alias("first"),
+            F.max("time").alias("last"),
+            ((F.max("ts") - F.min("ts")) / 1000.0).alias("duration_s"),
+            F.sum("dt_s").alias("covered_s"),
+            *[F.sum(f"{c}_delta").alias(f"{c}_total") for c in THROUGHPUT_COUNTERS],
+            *[F.max(f"{c}_per_s").alias(f"{c}_per_s_peak") for c in THROUGHPUT_COUNTERS],
+        )
+        runs = s.get("runs") or 0
+        out.update(
+            runs=runs,
+            restarts=max(runs - 1, 0),
+            intervals=s.get("intervals") or 0,
+            first=s["first"].isoformat(sep=" ") if s.get("first") else None,
+            last=s["last"].isoformat(sep=" ") if s.get("last") else None,
+            duration_s=s.get("duration_s"),
+            covered_s=s.get("covered_s"),
+        )
+        covered = s.get("covered_s") or 0.0
+        for c in THROUGHPUT_COUNTERS:
+            total = s.get(f"{c}_total")
+            out[f"{c}_total"] = total
+            out[f"{c}_per_s_mean"] = total / covered if total is not None and covered > 0 else None
+            out[f"{c}_per_s_peak"] = s.get(f"{c}_per_s_peak")
+
+    ch = tables.get("churn")
+    if ch is not None:
+        s = _one(
+            ch,
+            F.sum("dt_s").alias("covered"),
+            *[F.sum(f"{c}_delta").alias(f"{c}_total") for c in CHURN_COUNTERS],
+            *[F.max(f"{c}_per_s").alias(f"{c}_per_s_peak") for c in CHURN_COUNTERS],
+            F.max("clients").alias("clients_peak"),
+        )
+        for c in CHURN_COUNTERS:
+            total, cov = s.get(f"{c}_total"), s.get("covered") or 0.0
+            out[f"{c}_total"] = total
+            out[f"{c}_per_s_mean"] = total / cov if total is not None and cov > 0 else None
+            out[f"{c}_per_s_peak"] = s.get(f"{c}_per_s_peak")
+        out["clients_peak"] = s.get("clients_peak")
+
+    q = tables.get("queue_depths")
+    if q is not None:
+        s = _one(q, F.max_by("destination", "depth").alias("dest"), F.max("depth").alias("depth"))
+        out["queue_depth_max"] = s.get("depth")
+        out["queue_depth_max_destination"] = s.get("dest")
+
+    wb = tables.get("writer_balance")
+    if wb is not None:
+        s = _one(
+            wb,
+            F.countDistinct("writer").alias("writers"),
+            F.avg("imbalance").alias("imb_mean"),
+            F.max("imbalance").alias("imb_max"),
+            F.avg("batch_fill").alias("fill_mean"),
+        )
+        # Whole-run balance: max/mean of each writer's total frames.
+        per = wb.groupBy("writer").agg(F.sum("frames_delta").alias("f"))
+        o = _one(per, F.max("f").alias("mx"), F.avg("f").alias("mean"))
+        out.update(
+            writers=s.get("writers"),
+            writer_imbalance_mean=s.get("imb_mean"),
+            writer_imbalance_max=s.get("imb_max"),
+            writer_imbalance_overall=o["mx"] / o["mean"] if o.get("mean") else None,
+            batch_fill_mean=s.get("fill_mean"),
+        )
+
+    lat = tables.get("latency")
+    if lat is not None:
+        s = _one(
+            lat,
+            F.sum("count").alias("n"),
+            F.avg("p50_ms").alias("p50"),
+            F.avg("p99_ms").alias("p99m"),
+            F.max("p99_ms").alias("p99"),
+            F.max("max_ms").alias("mx"),
+        )
+        out.update(
+            latency_samples=s.get("n"),
+            latency_p50_ms_mean=s.get("p50"),
+            latency_p99_ms_mean=s.get("p99m"),
+            latency_p99_ms_max=s.get("p99"),
+            latency_max_ms=s.get("mx"),
+        )
+
+    mem = tables.get("memory")
+    if mem is not None:
+        s = _one(mem, F.max("rss_mb").alias("peak"), F.countDistinct("run", "role", "pid").alias("n"))
+        out["processes"] = s.get("n")
+        out["rss_mb_peak"] = s.get("peak")
+
+    lf = tables.get("leak_flags")
+    if lf is not None:
+        rows = lf.where("leak").orderBy("run_seq", "role", "pid").select("role", "pid", "run_seq").collect()
+        out["leaks"] = len(rows)
+        out["leaking_processes"] = [f"{r.role} (pid {r.pid}, run {r.run_seq})" for r in rows]
+    return out

@@ -1,0 +1,1 @@
+"""Broker core: routing, subscriptions and message selection."""

@@ -1,0 +1,1 @@
+"""Inter-process plumbing: the shared-memory ring, record formats and fd passing."""

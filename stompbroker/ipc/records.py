@@ -1,0 +1,47 @@
+"""Records carried in the rings: a 20-byte header (length, kind, connection id, aux) and raw bytes.
+
+Frames cross process boundaries as bytes, never pickled. ``length`` counts the header too, so a
+consumer walks a batch with ``pos += length``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+HEADER = struct.Struct("<IBxxxQI")  # total length, kind, connection id, aux
+HEADER_SIZE = HEADER.size
+pack_header = HEADER.pack
+unpack_header = HEADER.unpack_from
+
+# reader -> dispatcher
+OPEN = 1        # aux: writer index, payload: peer address text
+FRAME = 2       # aux: length of the head (command and header lines), payload: head + body
+CLOSED = 3      # the socket is gone
+ALIVE = 4       # bytes arrived (heart-beats or part of a frame), rate-limited
+BAD_FRAME = 5   # payload: message NUL detail NUL receipt (a framing error; ERROR and close)
+HTTP = 6        # payload: an HTTP response to write raw, then close (health check, refused handshake)
+WS_OPEN = 7     # payload: the 101 response; the connection speaks WebSocket from now on
+WS_REPLY = 8    # payload: an encoded WebSocket control frame (pong) to write raw
+WS_CLOSE = 9    # payload: an encoded close frame to write raw, then close
+SHUTDOWN = 10   # the reader stopped; drain and stop
+
+# dispatcher -> writer
+DATA = 20       # payload: one STOMP frame (WebSocket-encoded by the writer where needed)
+RAW = 21        # payload: bytes written as they are
+WS_ON = 22      # payload: bytes written raw, then the connection switches to WebSocket framing
+CLOSE = 23      # flush what is queued, then close
+HEARTBEAT = 24  # aux: milliseconds between heart-beats the writer sends when the line is idle (0 = off)
+STOP = 25       # flush everything and exit
+
+
+def record(kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> bytes:
+    return pack_header(HEADER_SIZE + len(payload), kind, conn, aux) + payload
+
+
+def iter_records(blob: bytes):
+    """Yield (kind, conn, aux, payload) for each record of a batch (not for the hottest loops)."""
+    pos, end = 0, len(blob)
+    while pos < end:
+        length, kind, conn, aux = unpack_header(blob, pos)
+        yield kind, conn, aux, blob[pos + HEADER_SIZE:pos + length]
+        pos += length

@@ -1,0 +1,157 @@
+"""Single-producer single-consumer byte ring in shared memory, with eventfd wake-ups.
+
+The producer appends *batches* (a blob of records plus their count) and publishes them by moving
+the tail; the consumer copies whole batches out and moves the head. Positions only grow (u64), the
+index into the data area is ``position % capacity``, so a batch may wrap around the end.
+
+Why it is safe without locks: there is one writer per control slot (head and records-read belong to
+the consumer, tail to the producer) and x86-64 keeps stores in order, so a consumer that sees the new
+tail also sees the bytes written before it. Wake-ups go through eventfds, one write per batch rather
+than per record; the write() system call is also a full barrier.
+
+The segment is created with ``multiprocessing.shared_memory`` by the supervisor and unlinked at once:
+every broker process is forked from the supervisor and inherits the mapping, and nothing is left in
+/dev/shm when the process group is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+from multiprocessing import shared_memory
+
+_BATCH = struct.Struct("<II")  # blob length, record count
+_CONTROL_BYTES = 256
+
+# u64 control slots, each written by one side only (consumer: HEAD, READ; producer: TAIL, WAITING).
+HEAD, READ = 0, 1          # consumer cache line
+TAIL, WAITING, WRITTEN = 8, 9, 10   # producer cache line
+
+
+class RingFull(Exception):
+    """A single batch larger than the ring can ever hold."""
+
+
+class Ring:
+    def __init__(self, capacity: int, max_records: int = 1 << 62):
+        self.capacity = capacity
+        self.max_records = max_records
+        self._shm = shared_memory.SharedMemory(create=True, size=_CONTROL_BYTES + capacity)
+        self._shm.unlink()
+        self._ctl = self._shm.buf[:_CONTROL_BYTES].cast("Q")
+        self._data = self._shm.buf[_CONTROL_BYTES:_CONTROL_BYTES + capacity]
+        self.data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._written = 0  # producer-private count of records written
+
+    # -- producer side -------------------------------------------------------------------------
+    def try_write(self, blob, nrecords: int) -> bool:
+        """Append one batch, all or nothing. False when the ring is too full right now."""
+        need = len(blob) + _BATCH.size
+        if need > self.capacity:
+            raise RingFull(f"batch of {need} bytes exceeds ring capacity {self.capacity}")
+        ctl = self._ctl
+        tail = ctl[TAIL]
+        if self.capacity - (tail - ctl[HEAD]) < need:
+            return False
+        if self._written - ctl[READ] + nrecords > self.max_records and self._written != ctl[READ]:
+            return False
+        self._put(tail, _BATCH.pack(len(blob), nrecords))
+        self._put(tail + _BATCH.size, blob)
+        self._written += nrecords
+        ctl[TAIL] = tail + need
+        ctl[WRITTEN] = self._written
+        return True
+
+    def notify(self) -> None:
+        os.eventfd_write(self.data_fd, 1)
+
+    def wait_for_space(self, timeout: float) -> None:
+        """Block until the consumer frees space (or timeout: a lost wake-up costs one timeout)."""
+        self._ctl[WAITING] = 1
+        select.select([self.space_fd], [], [], timeout)
+        try:
+            os.eventfd_read(self.space_fd)
+        except BlockingIOError:
+            pass
+        self._ctl[WAITING] = 0
+
+    def reset(self) -> None:
+        """Empty the ring; only while neither side runs (the supervisor between generations)."""
+        for slot in (HEAD, READ, TAIL, WAITING, WRITTEN):
+            self._ctl[slot] = 0
+        self._written = 0
+        for fd in (self.data_fd, self.space_fd):
+            try:
+                os.eventfd_read(fd)
+            except BlockingIOError:
+                pass
+
+    # -- consumer side -------------------------------------------------------------------------
+    def read(self, max_bytes: int = 1 << 20) -> bytes:
+        """Copy out whole batches, at least one if any, up to about max_bytes; b'' when empty."""
+        ctl = self._ctl
+        head = ctl[HEAD]
+        tail = ctl[TAIL]
+        parts = []
+        total = records = 0
+        while head < tail:
+            size, count = _BATCH.unpack(self._get(head, _BATCH.size))
+            if parts and total + size > max_bytes:
+                break
+            parts.append(self._get(head + _BATCH.size, size))
+            total += size
+            records += count
+            head += _BATCH.size + size
+        if not parts:
+            return b""
+        ctl[HEAD] = head
+        ctl[READ] += records
+        if ctl[WAITING]:
+            os.eventfd_write(self.space_fd, 1)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def clear_wakeup(self) -> None:
+        try:
+            os.eventfd_read(self.data_fd)
+        except BlockingIOError:
+            pass
+
+    # -- shared ------------------------------------------------------------------------------
+    @property
+    def used_bytes(self) -> int:
+        return self._ctl[TAIL] - self._ctl[HEAD]
+
+    @property
+    def pending_records(self) -> int:
+        """Records written and not yet read, readable from any process."""
+        return max(self._ctl[WRITTEN] - self._ctl[READ], 0)
+
+    def _put(self, pos: int, data) -> None:
+        start = pos % self.capacity
+        n = len(data)
+        first = min(n, self.capacity - start)
+        if first == n:
+            self._data[start:start + n] = data
+        else:
+            view = memoryview(data)
+            self._data[start:self.capacity] = view[:first]
+            self._data[0:n - first] = view[first:]
+
+    def _get(self, pos: int, n: int) -> bytes:
+        start = pos % self.capacity
+        end = start + n
+        if end <= self.capacity:
+            return self._data[start:end].tobytes()
+        return self._data[start:].tobytes() + self._data[0:end - self.capacity].tobytes()
+
+    def close(self) -> None:
+        self._ctl.release()
+        self._data.release()
+        self._shm.close()
+        for fd in (self.data_fd, self.space_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

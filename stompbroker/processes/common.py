@@ -1,0 +1,111 @@
+"""What every broker process shares: the resources made by the supervisor, and child start-up."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+from multiprocessing import shared_memory
+
+from setproctitle import setproctitle
+
+from ..ipc.ring import Ring
+
+log = logging.getLogger("stompbroker")
+
+WRITER_STATS = ("connections", "frames", "bytes", "batches", "fill", "slow_consumers", "pending_bytes")
+READER_STATS = ("connections", "accepted", "refused", "frames_in", "bytes_in", "bad_frames", "stalls")
+
+
+class SharedStats:
+    """Named float64 counters in shared memory: one process writes them, any process reads them."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+        self._index = {name: i for i, name in enumerate(names)}
+        self._shm = shared_memory.SharedMemory(create=True, size=8 * len(names))
+        self._shm.unlink()
+        self._values = self._shm.buf.cast("d")
+
+    def update(self, values: dict) -> None:
+        index, store = self._index, self._values
+        for name, value in values.items():
+            store[index[name]] = value
+
+    def read(self) -> dict:
+        return {name: self._values[i] for i, name in enumerate(self.names)}
+
+    def reset(self) -> None:
+        for i in range(len(self.names)):
+            self._values[i] = 0.0
+
+    def close(self) -> None:
+        self._values.release()
+        self._shm.close()
+
+
+class Resources:
+    """Made once by the supervisor before any child is forked, so every child inherits them."""
+
+    def __init__(self, config, listener: socket.socket):
+        self.listener = listener
+        # Big enough for a few maximum-size frames in flight.
+        margin = 4 * config.max_frame_size + (1 << 20)
+        self.input_ring = Ring(max(config.input_queue_bytes, margin), config.max_input_queue_size)
+        self.output_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(config.writers)]
+        self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
+        self.reader_control = os.pipe()  # supervisor -> reader: "writer N was restarted"
+        self.reader_stats = SharedStats(READER_STATS)
+        self.writer_stats = [SharedStats(WRITER_STATS) for _ in range(config.writers)]
+
+    @staticmethod
+    def _fd_pair():
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def renew_fd_pair(self, index: int) -> None:
+        """A restarted writer gets a clean channel: fds queued for the dead one are dropped."""
+        for sock in self.fd_pairs[index]:
+            sock.close()
+        self.fd_pairs[index] = self._fd_pair()
+
+    def close(self) -> None:
+        for ring in [self.input_ring, *self.output_rings]:
+            ring.close()
+        for stats in [self.reader_stats, *self.writer_stats]:
+            stats.close()
+
+    def reset(self) -> None:
+        self.input_ring.reset()
+        for ring in self.output_rings:
+            ring.reset()
+        for i in range(len(self.fd_pairs)):
+            self.renew_fd_pair(i)
+        self.reader_stats.reset()
+        for stats in self.writer_stats:
+            stats.reset()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def become_child(role: str, config) -> None:
+    """Start-up common to every child: name, signals, die with the supervisor, logging."""
+    setproctitle(f"stompbroker: {role}")
+    # The supervisor handles SIGINT and SIGTERM for everyone and tells each child what to do.
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    supervisor = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != supervisor or supervisor == 1:
+        sys.exit(0)  # the supervisor died while this child was starting
+    logging.getLogger().setLevel(config.log_level.upper())

@@ -1,0 +1,121 @@
+"""Dispatcher process: the one owner of broker state.
+
+It takes batches of records from the input queue, feeds them to :class:`~stompbroker.broker.core.Broker`,
+and hands each writer its records in one batch per round (one ring write and one wake-up per writer).
+A writer whose queue is full makes the dispatcher wait, which in turn fills the input queue and makes
+the reader stop reading: backpressure all the way to the clients' TCP windows.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+
+from ..broker.core import Broker, Outbox
+from ..ipc import records as R
+from . import common
+
+log = logging.getLogger("stompbroker.dispatcher")
+
+READ_BYTES = 256 * 1024   # input taken per round: bounds the latency added by one round
+TICK = 0.1                # seconds between timer checks while any connection is open
+
+
+class Dispatcher:
+    def __init__(self, config, resources):
+        self.config = config
+        self.ring = resources.input_ring
+        self.rings = resources.output_rings
+        self.outboxes = [Outbox(i) for i in range(len(self.rings))]
+        limit = min(ring.capacity for ring in self.rings) // 2
+        for box in self.outboxes:
+            box.limit = limit
+            box.on_full = self.flush_one
+        self.broker = Broker(config, self.outboxes, clock=time.time)
+        self.next_tick = 0.0
+
+    def run(self) -> None:
+        ring = self.ring
+        running = True
+        while running:
+            timeout = None
+            if self.broker.needs_tick():
+                timeout = max(self.next_tick - time.monotonic(), 0)
+            if not ring.used_bytes:
+                select.select([ring.data_fd], [], [], timeout)
+            ring.clear_wakeup()
+            while running:
+                blob = ring.read(READ_BYTES)
+                if not blob:
+                    break
+                running = self.handle(blob, time.monotonic())
+                self.flush()
+            now = time.monotonic()
+            if now >= self.next_tick:
+                self.next_tick = now + TICK
+                self.broker.on_tick(now)
+                self.flush()
+        for box in self.outboxes:
+            box.add(R.STOP, 0)
+        self.flush()
+
+    def handle(self, blob: bytes, now: float) -> bool:
+        broker = self.broker
+        unpack = R.unpack_header
+        pos, end = 0, len(blob)
+        while pos < end:
+            length, kind, conn, aux = unpack(blob, pos)
+            start = pos + R.HEADER_SIZE
+            stop = pos + length
+            pos = stop
+            if kind == R.FRAME:
+                split = start + aux
+                broker.on_frame(conn, blob[start:split], blob[split:stop], now)
+            elif kind == R.OPEN:
+                broker.on_open(conn, aux, blob[start:stop].decode(), now)
+            elif kind == R.CLOSED:
+                broker.on_closed(conn)
+            elif kind == R.ALIVE:
+                broker.on_alive(conn, now)
+            elif kind == R.BAD_FRAME:
+                message, detail, receipt = blob[start:stop].decode(errors="replace").split("\0")
+                broker.on_bad_frame(conn, message, detail, None if receipt == "\x01" else receipt)
+            elif kind in (R.HTTP, R.WS_OPEN, R.WS_REPLY, R.WS_CLOSE):
+                self.transport(kind, conn, blob[start:stop])
+            elif kind == R.SHUTDOWN:
+                return False
+        return True
+
+    def transport(self, kind: int, conn: int, payload: bytes) -> None:
+        """HTTP and WebSocket control traffic: written raw by the connection's writer."""
+        session = self.broker.sessions.get(conn)
+        if session is None:
+            return
+        box = session.outbox
+        if kind == R.WS_OPEN:
+            box.add(R.WS_ON, conn, payload)
+            self.broker.on_websocket(conn)
+        elif kind == R.WS_REPLY:
+            box.add(R.RAW, conn, payload)
+        else:  # HTTP reply or WebSocket close: write it, then hang up
+            box.add(R.RAW, conn, payload)
+            self.broker.hang_up(session)
+
+    def flush(self) -> None:
+        for box in self.outboxes:
+            if box.count:
+                self.flush_one(box)
+
+    def flush_one(self, box: Outbox) -> None:
+        buf, count = box.take()
+        ring = self.rings[box.index]
+        while not ring.try_write(buf, count):
+            ring.notify()
+            ring.wait_for_space(0.05)
+        ring.notify()
+
+
+def run(config, resources) -> None:
+    common.become_child("dispatcher", config)
+    Dispatcher(config, resources).run()

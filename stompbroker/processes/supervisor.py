@@ -1,0 +1,164 @@
+"""Supervisor: starts the reader, the dispatcher and the writers, watches them, and restarts them.
+
+Signals are handled here only (children ignore SIGINT and SIGTERM):
+- SIGTERM: graceful. The reader stops accepting and reading and tells the dispatcher, which passes
+  everything on and tells the writers to flush; the supervisor waits for them, then exits 0.
+- SIGINT: fast. Children are killed at once.
+A writer that dies is restarted alone (its connections are closed; clients reconnect). The reader
+and the dispatcher share state with everyone, so if either dies the whole set is restarted, and the
+listening socket, held here, keeps queueing new connections meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from multiprocessing.connection import wait
+
+from setproctitle import setproctitle
+
+from .. import __version__
+from . import dispatcher, reader, writer
+from .common import Resources
+
+log = logging.getLogger("stompbroker.supervisor")
+
+RESTART_WINDOW = 10.0   # seconds
+RESTART_LIMIT = 10      # restarts within the window before the supervisor gives up
+
+
+def open_listener(config) -> socket.socket:
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    sock.listen(min(max(config.max_connections, 128), 65535))
+    return sock
+
+
+class Supervisor:
+    def __init__(self, config):
+        self.config = config
+        self.ctx = multiprocessing.get_context("fork")
+        self.listener = open_listener(config)
+        self.port = self.listener.getsockname()[1]
+        self.resources = Resources(config, self.listener)
+        self.children: dict[str, multiprocessing.Process] = {}
+        self.restarts: list[float] = []
+        self.signal_r, self.signal_w = os.pipe()
+        self.stopping = None  # None, "graceful" or "fast"
+
+    # -- children ------------------------------------------------------------------------------
+    def spawn(self, role: str) -> None:
+        if role == "reader":
+            target, args = reader.run, (self.config, self.resources)
+        elif role == "dispatcher":
+            target, args = dispatcher.run, (self.config, self.resources)
+        else:
+            index = int(role.split("-")[1])
+            target, args = writer.run, (index, self.config, self.resources)
+        proc = self.ctx.Process(target=target, args=args, name=role, daemon=False)
+        proc.start()
+        self.children[role] = proc
+        log.info("started %s (pid %d)", role, proc.pid)
+
+    def roles(self) -> list[str]:
+        return ["dispatcher"] + [f"writer-{i}" for i in range(self.config.writers)] + ["reader"]
+
+    def start_all(self) -> None:
+        for role in self.roles():
+            self.spawn(role)
+
+    def kill_all(self) -> None:
+        for proc in self.children.values():
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.children.values():
+            proc.join(5)
+        self.children.clear()
+
+    def on_death(self, role: str, proc) -> None:
+        code = proc.exitcode
+        why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        log.error("%s (pid %d) %s", role, proc.pid, why)
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW] + [now]
+        if len(self.restarts) > RESTART_LIMIT:
+            log.critical("%d restarts within %.0f s: giving up", len(self.restarts), RESTART_WINDOW)
+            self.stopping = "fast"
+            return
+        if role.startswith("writer-"):
+            index = int(role.split("-")[1])
+            self.resources.output_rings[index].reset()
+            self.resources.renew_fd_pair(index)
+            self.spawn(role)
+            # Only now: the reader must hand new sockets to the new channel, and close the old ones.
+            os.write(self.resources.reader_control[1], f"writer-restarted:{index}\n".encode())
+        else:
+            log.error("restarting every process (the %s holds shared state); open connections are closed", role)
+            self.kill_all()
+            self.resources.reset()
+            self.start_all()
+
+    # -- signals -------------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        os.set_blocking(self.signal_w, False)
+        signal.set_wakeup_fd(self.signal_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, self._note_signal)
+
+    def _note_signal(self, signum, frame) -> None:
+        if signum == signal.SIGTERM and self.stopping is None:
+            self.stopping = "graceful"
+        elif signum == signal.SIGINT:
+            self.stopping = "fast"
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> int:
+        setproctitle(f"stompbroker: supervisor port={self.port}")
+        self.install_signals()
+        log.info("stompbroker %s listening on %s:%d with %d writer(s)", __version__, self.config.host,
+                 self.port, self.config.writers)
+        log.info("settings: %s", self.config.describe())
+        self.start_all()
+        print(f"stompbroker listening on {self.config.host}:{self.port}", flush=True)
+        while self.stopping is None:
+            sentinels = {proc.sentinel: role for role, proc in self.children.items()}
+            ready = wait(list(sentinels) + [self.signal_r])
+            if self.signal_r in ready:
+                os.read(self.signal_r, 512)
+            for fd in ready:
+                role = sentinels.get(fd)
+                if role is not None and self.stopping is None:
+                    proc = self.children[role]
+                    proc.join()
+                    self.on_death(role, proc)
+        if self.stopping == "graceful":
+            self.graceful()
+        else:
+            log.info("fast shutdown")
+            self.kill_all()
+        self.listener.close()
+        self.resources.close()
+        log.info("stopped")
+        return 0
+
+    def graceful(self) -> None:
+        log.info("graceful shutdown: no new connections, flushing writers")
+        os.write(self.resources.reader_control[1], b"stop\n")
+        deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000 + 5
+        for role in self.roles()[::-1]:  # reader first, then dispatcher, then writers
+            proc = self.children[role]
+            proc.join(max(deadline - time.monotonic(), 0.1))
+            if proc.is_alive():
+                log.warning("%s did not stop in time, killing it", role)
+                proc.kill()
+                proc.join(1)
+
+
+def run(config) -> int:
+    return Supervisor(config).run()

@@ -1,0 +1,272 @@
+"""Writer process: owns the sending side of its connections and batches their output.
+
+Each connection belongs to exactly one writer (the reader passes the socket's fd over a unix socket),
+so frames for one connection leave in the order the dispatcher produced them. Frames are gathered
+per connection into batches of ``write_buffer_size`` bytes (stompica's 10 KB), each written with
+one send(); a frame larger than that is a batch of its own. A connection whose unsent output passes
+``max_pending_bytes`` is a slow consumer: it gets an ERROR and is closed, and nobody else waits.
+
+Closing: ``shutdown(SHUT_WR)`` sends what is queued and a FIN; after a short linger the read side is
+shut too, which the reader sees as end of file and reports to the dispatcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import struct
+import time
+from collections import deque
+
+from ..ipc import records as R
+from ..protocol.stomp import render_frame
+from ..protocol.websocket import encode_message
+from . import common
+
+log = logging.getLogger("stompbroker.writer")
+
+LINGER = 1.0          # seconds a closed connection may still read before its read side is cut
+_CONN_ID = struct.Struct("<Q")
+
+
+class Conn:
+    __slots__ = ("id", "sock", "ws", "batches", "cur", "pending", "closing", "deadline", "hb", "last_write",
+                 "writing", "lingering")
+
+    def __init__(self, conn_id: int, sock: socket.socket):
+        self.id = conn_id
+        self.sock = sock
+        self.ws = False
+        self.batches: deque = deque()   # full batches waiting to be sent (the first may be part-sent)
+        self.cur = bytearray()          # the batch being filled
+        self.pending = 0                # bytes queued, not yet sent
+        self.closing = False
+        self.deadline = 0.0
+        self.hb = 0.0                   # seconds between heart-beats when idle (0 = off)
+        self.last_write = time.monotonic()
+        self.writing = False            # registered for EVENT_WRITE
+        self.lingering = False
+
+
+class Writer:
+    def __init__(self, index: int, config, ring, fd_sock: socket.socket, shared):
+        self.index = index
+        self.config = config
+        self.ring = ring
+        self.fd_sock = fd_sock
+        self.shared = shared  # statistics other processes read; updated once per loop
+        self.stats = dict.fromkeys(shared.names, 0)
+        self.batch_size = config.write_buffer_size
+        self.max_pending = config.max_pending_bytes
+        self.conns: dict[int, Conn] = {}
+        self.heartbeats: set[Conn] = set()
+        self.sel = selectors.DefaultSelector()
+        self.stopping = False
+        self.stop_deadline = 0.0
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.fd_sock.setblocking(False)
+        self.sel.register(self.ring.data_fd, selectors.EVENT_READ, "ring")
+        self.sel.register(self.fd_sock, selectors.EVENT_READ, "fds")
+        while True:
+            for key, _ in self.sel.select(self._timeout()):
+                what = key.data
+                if what == "ring":
+                    self.ring.clear_wakeup()
+                elif what == "fds":
+                    self.adopt()
+                else:
+                    self.flush(what)
+            self.drain_ring()
+            now = time.monotonic()
+            if self.heartbeats:
+                self.beat(now)
+            self.expire(now)
+            self.shared.update(self.stats)
+            if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
+                self.finish_all()
+                return
+
+    def _timeout(self):
+        waits = [c.hb / 4 for c in self.heartbeats]
+        if any(c.closing or c.lingering for c in self.conns.values()) or self.stopping:
+            waits.append(0.1)
+        return min(waits) if waits else None
+
+    # -- input from the dispatcher -------------------------------------------------------------
+    def drain_ring(self) -> None:
+        touched = set()
+        unpack = R.unpack_header
+        conns = self.conns
+        while True:
+            blob = self.ring.read()
+            if not blob:
+                break
+            pos, end = 0, len(blob)
+            while pos < end:
+                length, kind, conn_id, aux = unpack(blob, pos)
+                start = pos + R.HEADER_SIZE
+                stop = pos + length
+                pos = stop
+                c = conns.get(conn_id)
+                if c is None and kind != R.STOP:
+                    self.adopt()
+                    c = conns.get(conn_id)
+                    if c is None:
+                        continue  # the connection is long gone
+                if kind == R.DATA:
+                    if not c.closing:
+                        frame = blob[start:stop]
+                        self.append(c, encode_message(frame) if c.ws else frame)
+                        touched.add(c)
+                elif kind == R.RAW or kind == R.WS_ON:
+                    if not c.closing:
+                        self.append(c, blob[start:stop])
+                        touched.add(c)
+                        if kind == R.WS_ON:
+                            c.ws = True
+                elif kind == R.CLOSE:
+                    if c.lingering:
+                        self.discard(c)  # the reader has seen the end already
+                    elif not c.closing:
+                        c.closing = True
+                        c.deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000
+                        touched.add(c)
+                elif kind == R.HEARTBEAT:
+                    c.hb = aux / 1000
+                    (self.heartbeats.add if aux else self.heartbeats.discard)(c)
+                elif kind == R.STOP:
+                    self.stopping = True
+                    self.stop_deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000
+        for c in touched:
+            self.flush(c)
+
+    def adopt(self) -> None:
+        """Take the sockets the reader has passed over."""
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.fd_sock, 64, 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                return
+            for fd in fds:
+                sock = socket.socket(fileno=fd)
+                sock.setblocking(False)
+                (conn_id,) = _CONN_ID.unpack(data[:8])
+                self.conns[conn_id] = Conn(conn_id, sock)
+                self.stats["connections"] = len(self.conns)
+
+    # -- batching and sending --------------------------------------------------------------------
+    def append(self, c: Conn, frame) -> None:
+        n = len(frame)
+        cur = c.cur
+        if cur and len(cur) + n > self.batch_size:
+            c.batches.append(cur)
+            c.cur = cur = bytearray()
+        cur += frame
+        c.pending += n
+        self.stats["frames"] += 1
+        if c.pending > self.max_pending:
+            self.slow_consumer(c)
+
+    def flush(self, c: Conn) -> None:
+        if c.cur:
+            c.batches.append(c.cur)
+            c.cur = bytearray()
+        batches = c.batches
+        stats = self.stats
+        while batches:
+            batch = batches[0]
+            try:
+                sent = c.sock.send(batch)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.discard(c)
+                return
+            if sent:
+                c.pending -= sent
+                c.last_write = time.monotonic()
+                stats["bytes"] += sent
+                stats["batches"] += 1
+                stats["fill"] += min(len(batch) / self.batch_size, 1.0)
+            if sent < len(batch):
+                batches[0] = memoryview(batch)[sent:]
+                if not c.writing:
+                    self.sel.register(c.sock, selectors.EVENT_WRITE, c)
+                    c.writing = True
+                return
+            batches.popleft()
+        if c.writing:
+            self.sel.unregister(c.sock)
+            c.writing = False
+        if c.closing and not c.lingering:
+            self.hang_up(c)
+
+    def slow_consumer(self, c: Conn) -> None:
+        """Too much unsent output: keep what is half-sent, add an ERROR, close."""
+        log.warning("writer %d: connection %d is a slow consumer (%d bytes pending), closing",
+                    self.index, c.id, c.pending)
+        self.stats["slow_consumers"] += 1
+        keep = deque()
+        if c.batches and isinstance(c.batches[0], memoryview):
+            keep.append(c.batches[0])
+        c.batches = keep
+        c.cur = bytearray()
+        error = render_frame("ERROR", {"message": "slow consumer", "content-type": "text/plain"},
+                             f"more than {self.max_pending} bytes waiting to be sent".encode())
+        c.cur += encode_message(error) if c.ws else error
+        c.pending = sum(map(len, keep)) + len(c.cur)
+        c.closing = True
+        c.deadline = time.monotonic() + 1.0
+
+    def hang_up(self, c: Conn) -> None:
+        """Everything is sent: send FIN, and let the peer read it before the read side is cut."""
+        try:
+            c.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        c.lingering = True
+        c.deadline = time.monotonic() + LINGER
+        self.heartbeats.discard(c)
+
+    def discard(self, c: Conn) -> None:
+        """Forget a connection; shutting the read side wakes the reader, which reports the close."""
+        try:
+            c.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if c.writing:
+            self.sel.unregister(c.sock)
+            c.writing = False
+        c.sock.close()
+        self.heartbeats.discard(c)
+        self.conns.pop(c.id, None)
+        self.stats["connections"] = len(self.conns)
+
+    def expire(self, now: float) -> None:
+        for c in [c for c in self.conns.values() if (c.closing or c.lingering) and now > c.deadline]:
+            self.discard(c)
+
+    def beat(self, now: float) -> None:
+        for c in list(self.heartbeats):
+            if not c.pending and now - c.last_write >= c.hb * 0.9:
+                self.append(c, encode_message(b"\n") if c.ws else b"\n")
+                self.flush(c)
+
+    def finish_all(self) -> None:
+        for c in list(self.conns.values()):
+            if not c.lingering:
+                self.hang_up(c)
+        time.sleep(0.05)  # let the FINs out before the sockets are cut
+        for c in list(self.conns.values()):
+            self.discard(c)
+
+
+def run(index: int, config, resources) -> None:
+    common.become_child(f"writer-{index}", config)
+    stats = resources.writer_stats[index]
+    Writer(index, config, resources.output_rings[index], resources.fd_pairs[index][1], stats).run()

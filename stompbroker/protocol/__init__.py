@@ -1,0 +1,1 @@
+"""STOMP protocol code (sans-IO)."""

@@ -1,0 +1,324 @@
+"""Sans-IO STOMP 1.0-1.2 framing: no sockets, fed bytes, returns frames.
+
+Two halves:
+- FrameParser (reader process, hot path) splits a byte stream into raw
+  ``(head, body)`` frames without decoding anything;
+- parse_head / render_frame / escape / unescape (dispatcher process) decode
+  heads and build outgoing frames.
+"""
+
+import re
+
+__all__ = ["ProtocolError", "FrameParser", "parse_head", "escape", "unescape", "render_frame"]
+
+
+class ProtocolError(Exception):
+    """A fatal STOMP protocol error; the connection gets an ERROR frame and is closed."""
+
+    def __init__(self, message: str, detail: str = "", receipt: str | None = None):
+        # All three in args so the exception pickles (it may cross processes).
+        super().__init__(message, detail, receipt)
+        self.message = message
+        self.detail = detail
+        self.receipt = receipt
+
+    def __str__(self) -> str:
+        return f"{self.message}: {self.detail}" if self.detail else self.message
+
+
+def _receipt(head: bytes) -> str | None:
+    """Raw value of the first ``receipt`` header of a head, or None."""
+    k = head.find(b"\nreceipt:")
+    if k < 0:
+        return None
+    k += 9
+    j = head.find(b"\n", k)
+    return (head[k:j] if j >= 0 else head[k:]).decode("utf-8", "replace")
+
+
+def _fail(message: str, detail: str, head: bytes) -> ProtocolError:
+    return ProtocolError(message, detail, _receipt(head))
+
+
+# Unpacked at the start of each feed: (head, body offset, content-length, scan offset, line offset).
+_FRESH = (None, 0, -1, 0, 0)
+
+
+class FrameParser:
+    """Splits a STOMP byte stream into ``(head, body)`` frames.
+
+    ``head`` is the command line and header lines (CRLF normalised to LF)
+    joined by LF, without the trailing blank line; ``body`` is the bytes
+    between the blank line and the NUL.  Nothing is decoded here.
+    """
+
+    __slots__ = ("max_frame_size", "max_headers", "max_header_line", "heartbeats",
+                 "_buf", "_pending", "_error")
+
+    def __init__(self, max_frame_size: int = 4 * 1024 * 1024, max_headers: int = 256,
+                 max_header_line: int = 64 * 1024):
+        self.max_frame_size = max_frame_size
+        self.max_headers = max_headers
+        self.max_header_line = max_header_line
+        self.heartbeats = 0  # EOLs seen between frames; never reset here
+        self._buf = bytearray()  # starts at the first byte of an unfinished frame (or a lone CR)
+        # State of the unfinished frame, offsets relative to the start of _buf;
+        # kept so a frame fed one byte at a time is not rescanned (quadratic).
+        self._pending = None
+        self._error = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held waiting for the rest of a frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """Return every frame completed by ``data``; raise ProtocolError (forever after) on bad input."""
+        if self._error is not None:
+            raise self._error
+        if type(data) is not bytes:
+            data = bytes(data)
+        buf = self._buf
+        if buf:
+            buf += data
+        else:
+            buf = data  # common case: parse the caller's bytes directly, buffer only the leftover
+        try:
+            frames, pos = self._parse(buf)
+        except ProtocolError as e:
+            self._error = e
+            self._buf = bytearray()
+            self._pending = None
+            raise
+        if buf is data:
+            if pos < len(data):
+                self._buf = bytearray(memoryview(data)[pos:])
+        elif pos:
+            del buf[:pos]  # once per feed, not once per frame
+        return frames
+
+    def _parse(self, buf):
+        """Parse frames from ``buf``; return them and the offset of the first unconsumed byte."""
+        frames = []
+        n = len(buf)
+        pos = 0
+        copy = type(buf) is not bytes  # slices of the bytearray must become bytes
+        mfs = self.max_frame_size
+        max_headers = self.max_headers
+        head_limit = min(mfs, self.max_header_line)
+        head, bstart, clen, scan, line = self._pending or _FRESH
+        nn = crn = -2  # next LF LF / LF CR LF at or after the search start; -1: none in buf, -2: unknown
+        self._pending = None
+        while True:
+            start = pos
+            if head is None:
+                # EOLs between frames are heart-beats (rare, so a plain loop is fine).
+                while pos < n:
+                    c = buf[pos]
+                    if c == 10:
+                        pos += 1
+                    elif c == 13:
+                        if pos + 1 == n:
+                            return frames, pos  # CRLF split across feeds: keep the CR
+                        if buf[pos + 1] != 10:
+                            raise ProtocolError("malformed frame", "CR not followed by LF")
+                        pos += 2
+                    else:
+                        break
+                    self.heartbeats += 1
+                else:
+                    return frames, pos
+                start = pos
+                # The head ends at the first blank line: LF LF, or LF CR LF.  The next
+                # position of each pattern is cached for the whole feed: searching again
+                # for a pattern the stream lacks would make one feed of many frames quadratic.
+                s = start + scan
+                if nn < s and nn != -1:
+                    nn = buf.find(b"\n\n", s)
+                if crn < s and crn != -1:
+                    crn = buf.find(b"\n\r\n", s)
+                if crn >= 0 and (nn < 0 or crn < nn):
+                    e = crn
+                    bstart = crn + 3 - start
+                elif nn >= 0:
+                    e = nn
+                    bstart = nn + 2 - start
+                else:
+                    line = self._unfinished_head(buf, start, scan, line)
+                    self._pending = (None, 0, -1, max(n - start - 2, 0), line)
+                    return frames, start
+                head = buf[start:e]
+                if copy:
+                    head = bytes(head)
+                if head[-1] == 13:
+                    head = head[:-1]  # the CR of the last line's CRLF
+                if b"\r" in head:
+                    head = head.replace(b"\r\n", b"\n")
+                    if b"\r" in head:
+                        raise _fail("malformed frame", "CR not followed by LF", head)
+                # One cheap test for the common case; _check_head finds the precise reason.
+                if e - start >= head_limit or b"\0" in head or head.count(b"\n") > max_headers:
+                    self._check_head(head, e + 1 - start)
+                k = head.find(b"\ncontent-length:")  # first occurrence wins
+                clen = -1 if k < 0 else self._content_length(head, k + 16)
+                scan = bstart
+            b = start + bstart
+            if clen >= 0:
+                end = b + clen
+                if end >= n:
+                    self._pending = (head, bstart, clen, 0, 0)
+                    return frames, start
+                if buf[end] != 0:
+                    raise _fail("missing NUL after body", f"byte {clen} of the body must be NUL", head)
+            else:
+                end = buf.find(b"\0", start + scan)
+                if end < 0:
+                    if n - b > mfs:
+                        raise _fail("frame too large", f"no NUL within {mfs} bytes of body", head)
+                    self._pending = (head, bstart, -1, n - start, 0)
+                    return frames, start
+                if end - b > mfs:
+                    raise _fail("frame too large", f"no NUL within {mfs} bytes of body", head)
+            body = buf[b:end]
+            frames.append((head, bytes(body) if copy else body))
+            pos = end + 1
+            head = None
+            scan = line = 0
+
+    def _unfinished_head(self, buf, start, scan, line):
+        """Check the head seen so far; return the offset of its last (unfinished) line.
+
+        Limits are on raw bytes and match _check_head's, so whether a frame is
+        accepted does not depend on how the stream was chunked.
+        """
+        n = len(buf)
+        # The header block may still end with the LF of a CRLF blank line.
+        if n - start > self.max_frame_size + 1:
+            raise ProtocolError("frame too large", f"headers not finished within {self.max_frame_size} bytes")
+        if buf.find(b"\0", start + scan) >= 0:
+            raise ProtocolError("malformed frame", "NUL before the end of the headers")
+        nl = buf.rfind(b"\n", start + scan)
+        if nl >= 0:
+            line = nl + 1 - start
+        if n - start - line - (buf[n - 1] == 13) > self.max_header_line:  # a final CR may start a CRLF
+            raise ProtocolError("header line too long", f"a header line exceeds {self.max_header_line} bytes")
+        return line
+
+    def _check_head(self, head, size):
+        """Raise the precise error for a head that failed the hot path's quick test.
+
+        ``size`` is the raw size of the header block, up to and including the
+        EOL of its last line.
+        """
+        if b"\0" in head:
+            raise _fail("malformed frame", "NUL before the end of the headers", head)
+        if size > self.max_frame_size:
+            raise _fail("frame too large", f"headers exceed {self.max_frame_size} bytes", head)
+        if head.count(b"\n") > self.max_headers:
+            raise _fail("too many headers", f"more than {self.max_headers} headers", head)
+        if len(head) > self.max_header_line and max(map(len, head.split(b"\n"))) > self.max_header_line:
+            raise _fail("header line too long", f"a header line exceeds {self.max_header_line} bytes", head)
+
+    def _content_length(self, head, k):
+        j = head.find(b"\n", k)
+        value = head[k:j] if j >= 0 else head[k:]
+        if not value.isdigit():  # ASCII digits only: no sign, no spaces, not empty
+            raise _fail("invalid content-length", f"content-length {value[:40]!r} is not a decimal integer", head)
+        if len(value) > 20:
+            value = value.lstrip(b"0") or b"0"  # int() refuses very long digit strings
+        clen = int(value) if len(value) <= 20 else self.max_frame_size + 1
+        if clen > self.max_frame_size:
+            raise _fail("frame too large", f"content-length exceeds {self.max_frame_size} bytes", head)
+        return clen
+
+
+# --- dispatcher side ---------------------------------------------------------
+
+_UNESCAPES = {"\\r": "\r", "\\n": "\n", "\\c": ":", "\\\\": "\\"}
+_ESCAPE_SEQ = re.compile(r"\\.?", re.S)  # a backslash and the next character, if any
+
+
+def _unescape_seq(m):
+    try:
+        return _UNESCAPES[m.group()]
+    except KeyError:
+        raise ProtocolError("invalid header escape", f"undefined escape sequence {m.group()!r}") from None
+
+
+def escape(value: str) -> str:
+    """STOMP 1.1+ header escaping."""
+    if "\\" in value or ":" in value or "\n" in value or "\r" in value:
+        return value.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n").replace(":", "\\c")
+    return value
+
+
+def unescape(value: str) -> str:
+    """Undo STOMP 1.1+ header escaping; an undefined escape is a ProtocolError."""
+    if "\\" not in value:
+        return value
+    return _ESCAPE_SEQ.sub(_unescape_seq, value)
+
+
+_unescape = unescape  # parse_head's argument shadows the name
+
+
+def parse_head(head: bytes, unescape: bool) -> tuple[str, dict[str, str]]:
+    """Decode a head from FrameParser into (command, headers).
+
+    The first occurrence of a header wins.  Pass ``unescape=False`` for 1.0
+    sessions and for CONNECT/STOMP frames (never escaped).
+    """
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("invalid UTF-8", "frame headers are not valid UTF-8", _receipt(head)) from None
+    lines = text.split("\n")
+    command = lines[0]
+    headers = {}
+    esc = unescape and "\\" in text  # no backslash anywhere: nothing to unescape
+    for i in range(1, len(lines)):
+        name, sep, value = lines[i].partition(":")
+        if not name or not sep:
+            raise ProtocolError("malformed header", f"bad header line {lines[i][:100]!r}",
+                                _receipt_text(head, esc))
+        if esc:
+            try:
+                name = _unescape(name)
+                value = _unescape(value)
+            except ProtocolError as e:
+                e.receipt = _receipt_text(head, esc)
+                raise
+        if name not in headers:
+            headers[name] = value
+    return command, headers
+
+
+def _receipt_text(head: bytes, esc: bool) -> str | None:
+    receipt = _receipt(head)
+    if receipt is not None and esc:
+        try:
+            return _unescape(receipt)
+        except ProtocolError:
+            return None  # not readable
+    return receipt
+
+
+def render_frame(command: str, headers, body: bytes = b"", escape_headers: bool = True) -> bytes:
+    """Build a frame; headers is a dict or an iterable of (name, value) pairs (str or int values).
+
+    A content-length header is added when the body is non-empty and none is given.
+    """
+    parts = [command]
+    has_length = False
+    for name, value in (headers.items() if isinstance(headers, dict) else headers):
+        if type(value) is not str:
+            value = str(value)
+        if name == "content-length":
+            has_length = True
+        if escape_headers:
+            name = escape(name)
+            value = escape(value)
+        parts.append(name + ":" + value)
+    if body and not has_length:
+        parts.append("content-length:" + str(len(body)))
+    return ("\n".join(parts) + "\n\n").encode("utf-8") + body + b"\0"

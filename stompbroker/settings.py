@@ -1,0 +1,132 @@
+"""The one table of broker settings.
+
+It feeds the command line (stompica's ``key=value`` form and ``--key value`` flags), the config
+file (``-c broker.conf``), the ``STOMPBROKER_*`` environment variables and the settings section
+of the README (``python -m stompbroker.settings`` prints it as Markdown).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+
+
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _list(text: str) -> list[str]:
+    return [part.strip() for part in str(text).split(",") if part.strip()]
+
+
+KB = 1024
+MB = 1024 * 1024
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("processors", int, 0, "processor count; writers = max(processors-2, 1); 0 = number of CPUs"),
+    Setting("host", str, "127.0.0.1", "address to bind (0.0.0.0 for every interface)"),
+    Setting("port", int, 3490, "TCP port for STOMP and WebSocket (0 = pick a free port and log it)"),
+    Setting("max_input_queue_size", int, 1_000_000, "frames in the reader-to-dispatcher queue before the reader stops reading (TCP backpressure)"),
+    Setting("input_queue_bytes", int, 32 * MB, "bytes of shared memory for the input queue (raised to fit two max-size frames)"),
+    Setting("output_queue_bytes", int, 32 * MB, "bytes of shared memory for each dispatcher-to-writer queue"),
+    Setting("max_stale_queue_size", int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
+    Setting("TTL", int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
+    Setting("max_frame_size", int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
+    Setting("max_headers", int, 256, "most header lines in one frame"),
+    Setting("max_header_line", int, 64 * KB, "longest header line, in bytes"),
+    Setting("max_connections", int, 10_000, "most open client connections; more are refused with an ERROR"),
+    Setting("max_subscriptions", int, 1_000, "most subscriptions per connection"),
+    Setting("max_pending_bytes", int, 16 * MB, "unsent output per connection before it is closed as a slow consumer"),
+    Setting("write_buffer_size", int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
+    Setting("heartbeat_min_ms", int, 100, "the broker never sends or expects heart-beats more often than this"),
+    Setting("heartbeat_max_ms", int, 120_000, "a client that can heart-beat only less often than this is refused"),
+    Setting("heartbeat_grace_ms", int, 1_000, "silence allowed past a client's heart-beat interval before it is disconnected"),
+    Setting("connect_timeout_ms", int, 10_000, "time a new connection has to send CONNECT before it is closed"),
+    Setting("shutdown_timeout_ms", int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
+    Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+# stompica spelled the TTL key in capitals; accept every spelling of every key.
+BY_LOWER = {s.name.lower(): s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Config:
+    values: dict
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def writers(self) -> int:
+        processors = self.values["processors"] or os.cpu_count() or 1
+        return max(processors - 2, 1)
+
+    @property
+    def settings_id(self) -> str:
+        """Short stable hash of the effective settings, to tell runs apart in diagnostics dumps."""
+        text = ",".join(f"{k}={self.values[k]}" for k in sorted(self.values))
+        return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+    def describe(self) -> str:
+        return " ".join(f"{s.name}={self.values[s.name]}" for s in SETTINGS)
+
+
+def make_config(**overrides: Any) -> Config:
+    """Defaults plus overrides, validated; used by the CLI and by tests."""
+    values = {s.name: s.default for s in SETTINGS}
+    for key, value in overrides.items():
+        setting = BY_LOWER.get(key.lower())
+        if setting is None:
+            raise ValueError(f"unknown setting {key!r}")
+        values[setting.name] = setting.type(value) if isinstance(value, str) else value
+    validate(values)
+    return Config(values)
+
+
+def validate(values: dict) -> None:
+    for name in ("max_input_queue_size", "max_frame_size", "max_headers", "max_header_line",
+                 "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
+                 "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms"):
+        if values[name] <= 0:
+            raise ValueError(f"{name} must be positive, got {values[name]}")
+    for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms",
+                 "connect_timeout_ms", "shutdown_timeout_ms"):
+        if values[name] < 0:
+            raise ValueError(f"{name} must not be negative, got {values[name]}")
+    if values["port"] > 65535:
+        raise ValueError(f"port must be at most 65535, got {values['port']}")
+    if values["heartbeat_min_ms"] > values["heartbeat_max_ms"]:
+        raise ValueError("heartbeat_min_ms must not exceed heartbeat_max_ms")
+    if values["log_level"].upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {values['log_level']!r}")
+
+
+def markdown_table() -> str:
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for s in SETTINGS:
+        rows.append(f"| `{s.name}` | `{s.default}` | {s.help} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
