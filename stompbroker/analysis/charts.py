@@ -9,6 +9,7 @@ disturb its inline backend.
 
 from __future__ import annotations
 
+import matplotlib
 from matplotlib.figure import Figure
 
 WIDTH = 10
@@ -133,15 +134,24 @@ def plot_churn(ch) -> Figure:
 
 
 def plot_memory(mem, leaks=None) -> Figure:
+    """RSS per process; one colour per role so a role stays recognisable across
+    restarts (new pids), suspected leaks drawn thick and marked in the legend."""
     fig = Figure(figsize=(WIDTH, 5))
     ax = fig.subplots()
     scale, unit = _xscale(mem)
     flagged = set()
     if leaks is not None and len(leaks):
         flagged = {(r.run, r.role, r.pid) for r in leaks.itertuples() if r.leak}
-    for (run, role, pid), sub in mem.groupby(["run", "role", "pid"], sort=True) if len(mem) else []:
-        leak = (run, role, pid) in flagged
-        label = f"{role} ({pid})" + (" LEAK?" if leak else "")
-        _series(ax, sub, "rss_mb", label, scale, linewidth=2.5 if leak else 1.0)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    roles = sorted(mem["role"].dropna().unique()) if len(mem) else []
+    for i, role in enumerate(roles):
+        sub = mem[mem["role"] == role]
+        leaky = any((run, role, pid) in flagged for run, pid in zip(sub["run"], sub["pid"]))
+        first = True
+        for (run, pid), seg in sub.groupby(["run", "pid"], sort=True):
+            leak = (run, role, pid) in flagged
+            label = (role + (" (LEAK?)" if leaky else "")) if first else None
+            _series(ax, seg, "rss_mb", label, scale, color=colors[i % len(colors)], linewidth=2.5 if leak else 1.0)
+            first = False
     ax.set_ylabel("RSS (MiB)")
     return _finish(fig, [ax], mem, scale, unit, "Resident memory per process")

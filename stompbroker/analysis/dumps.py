@@ -108,6 +108,22 @@ DUMP_SCHEMA = StructType(
 )
 
 
+def _quiet_glob_warning(spark: SparkSession) -> None:
+    """Spark logs a WARN plus stack trace for every glob path while probing it for a
+    streaming-sink metadata directory; it is harmless, so raise that one logger to ERROR."""
+    try:
+        jvm = spark.sparkContext._jvm
+        for name in (
+            "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink",  # Spark 4
+            "org.apache.spark.sql.execution.streaming.FileStreamSink",  # Spark 3.5
+        ):
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+                name, jvm.org.apache.logging.log4j.Level.toLevel("ERROR")
+            )
+    except Exception:  # noqa: BLE001 -- cosmetic only (e.g. Spark Connect has no JVM here)
+        pass
+
+
 def load_dumps(spark: SparkSession, paths) -> DataFrame:
     """Read dump files (paths, globs or directories on any Hadoop filesystem).
 
@@ -125,6 +141,7 @@ def load_dumps(spark: SparkSession, paths) -> DataFrame:
     """
     if isinstance(paths, str):
         paths = [paths]
+    _quiet_glob_warning(spark)
     raw = spark.read.schema(DUMP_SCHEMA).json(list(paths))
     # Corrupt or truncated lines (e.g. the broker was killed mid-write) parse
     # as all-null rows; drop them together with lines of unknown shape.

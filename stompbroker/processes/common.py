@@ -65,12 +65,6 @@ class Resources:
     def _fd_pair():
         return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
-    def renew_fd_pair(self, index: int) -> None:
-        """A restarted writer gets a clean channel: fds queued for the dead one are dropped."""
-        for sock in self.fd_pairs[index]:
-            sock.close()
-        self.fd_pairs[index] = self._fd_pair()
-
     def close(self) -> None:
         for ring in [self.input_ring, *self.output_rings]:
             ring.close()
@@ -81,8 +75,10 @@ class Resources:
         self.input_ring.reset()
         for ring in self.output_rings:
             ring.reset()
-        for i in range(len(self.fd_pairs)):
-            self.renew_fd_pair(i)
+        for i, pair in enumerate(self.fd_pairs):  # drop fds queued for the dead generation
+            for sock in pair:
+                sock.close()
+            self.fd_pairs[i] = self._fd_pair()
         self.reader_stats.reset()
         for stats in self.writer_stats:
             stats.reset()

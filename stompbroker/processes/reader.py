@@ -31,6 +31,7 @@ FLUSH_AT = 256 * 1024       # bytes of records gathered before they are pushed m
 ALIVE_EVERY = 0.25          # seconds between liveness reports for a connection that sends no frames
 _CONN_ID = struct.Struct("<Q")
 _GET = b"GET "
+_OTHER_METHODS = frozenset((b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"))
 
 NEW, STOMP, HTTP, WEBSOCKET, DEAD = range(5)
 
@@ -219,6 +220,12 @@ class Reader:
         head = conn.buf + data
         if head.startswith(_GET) or _GET.startswith(head):
             return HTTP
+        # Another HTTP method gets an HTTP answer (400, method must be GET) rather than hanging as
+        # an unfinished STOMP frame: no STOMP command is followed by a space. CONNECT is left out
+        # (it is also a STOMP command), and a method cut before its space is taken for STOMP.
+        method, space, _ = head[:8].partition(b" ")
+        if space and method in _OTHER_METHODS:
+            return HTTP
         return STOMP
 
     def stomp(self, conn: Conn, data: bytes, now: float) -> None:
@@ -260,7 +267,8 @@ class Reader:
             request, used = parsed
             rest, conn.buf = conn.buf[used:], b""
             headers = request["headers"]
-            if request["path"].split("?")[0] == "/health_check" and "upgrade" not in headers:
+            if (request["path"].split("?")[0] == "/health_check" and request["method"] == "GET"
+                    and "upgrade" not in headers):
                 conn.mode = DEAD
                 self.emit(R.HTTP, conn.id, ws.http_response(200, "OK", b"OK\n"))
                 return
@@ -268,7 +276,8 @@ class Reader:
         except ws.HandshakeError as exc:
             conn.mode = DEAD
             conn.buf = b""
-            self.emit(R.HTTP, conn.id, ws.http_response(exc.status, exc.reason, f"{exc.reason}\n".encode()))
+            # response() carries the headers the status needs (426: Sec-WebSocket-Version: 13).
+            self.emit(R.HTTP, conn.id, exc.response())
             return
         conn.mode = WEBSOCKET
         conn.ws = ws.WsDecoder(self.config.max_frame_size)
@@ -279,10 +288,10 @@ class Reader:
     def websocket(self, conn: Conn, data: bytes, now: float) -> None:
         try:
             events = conn.ws.feed(data)
+            error = None
         except ws.WsProtocolError as exc:
-            conn.mode = DEAD
-            self.emit(R.WS_CLOSE, conn.id, ws.encode_close(exc.code, exc.reason))
-            return
+            # What arrived before the bad frame in the same read still counts (pings, frames).
+            events, error = exc.events, exc
         frames = []
         for event in events:
             kind = event[0]
@@ -302,6 +311,9 @@ class Reader:
                 self.bad_frame(conn, exc.message, exc.detail, exc.receipt)
                 return
         self.frames(conn, frames, now)
+        if error is not None:
+            conn.mode = DEAD
+            self.emit(R.WS_CLOSE, conn.id, ws.encode_close(error.code, error.reason))
 
 
 def run(config, resources) -> None:

@@ -92,12 +92,11 @@ class Supervisor:
             self.stopping = "fast"
             return
         if role.startswith("writer-"):
-            index = int(role.split("-")[1])
-            self.resources.output_rings[index].reset()
-            self.resources.renew_fd_pair(index)
+            # The new writer takes over the same ring and fd channel (the reader and dispatcher
+            # hold the other ends); records and fds meant for the dead one are for connections the
+            # reader now closes, and are dropped as those closes come through.
             self.spawn(role)
-            # Only now: the reader must hand new sockets to the new channel, and close the old ones.
-            os.write(self.resources.reader_control[1], f"writer-restarted:{index}\n".encode())
+            os.write(self.resources.reader_control[1], f"writer-restarted:{role.split('-')[1]}\n".encode())
         else:
             log.error("restarting every process (the %s holds shared state); open connections are closed", role)
             self.kill_all()

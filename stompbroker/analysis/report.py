@@ -1,0 +1,500 @@
+"""Diagnostic dump report: Spark job entry point, table output and report rendering.
+
+Run as any of:
+    python -m stompbroker.analysis DUMPS... --out DIR [--master URL] [--format md|html]
+    stompbroker-diag-report DUMPS... --out DIR
+    spark-submit stompbroker/analysis/report.py DUMPS... --out DIR
+
+Spark reads the dumps and computes every table; the driver only collects
+small aggregated/downsampled tables to draw charts and write the report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Executed as a file (spark-submit .../report.py): make the package importable
+    # and keep this directory's module names (metrics, charts...) off the top level.
+    _here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if p not in ("", _here) and Path(p).resolve() != Path(_here)]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import argparse  # noqa: E402
+import datetime as _dt  # noqa: E402
+import html  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from urllib.parse import urlparse  # noqa: E402
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.types import DoubleType, StringType, StructField, StructType  # noqa: E402
+
+from stompbroker.analysis import charts  # noqa: E402
+from stompbroker.analysis.dumps import DUMP_SCHEMA, load_dumps  # noqa: E402
+from stompbroker.analysis.metrics import (  # noqa: E402
+    LEAK_MIN_R2,
+    LEAK_MIN_SAMPLES,
+    LEAK_MIN_SLOPE,
+    LEAK_MIN_UP_FRACTION,
+    THROUGHPUT_COUNTERS,
+    compute_tables,
+    summary,
+)
+
+CHART_MAX_POINTS = 2000
+TOP_QUEUES = 8
+
+
+# ---------------------------------------------------------------- Spark -> driver
+
+def to_pandas(df: DataFrame):
+    """Collect a *small* DataFrame into pandas (plain collect: no Arrow or
+    pyspark-pandas version coupling)."""
+    import pandas as pd
+
+    rows = df.collect()
+    return pd.DataFrame.from_records([r.asDict() for r in rows], columns=df.columns)
+
+
+def chart_bucket(df: DataFrame, max_points: int = CHART_MAX_POINTS):
+    """Seconds per chart point so a per-interval table has at most ~max_points
+    points, or None when it is small enough to plot as is."""
+    s = df.agg(F.max("t_s").alias("span"), F.countDistinct("ts").alias("n")).first()
+    if not s or s["n"] is None or s["n"] <= max_points:
+        return None
+    return max(float(s["span"] or 0.0) / max_points, 1e-9)
+
+
+def downsample(df: DataFrame, bucket_s, keys=(), peak_cols=()) -> DataFrame:
+    """Average a per-interval table over time buckets of bucket_s seconds (per key).
+
+    Done in Spark so a week of 1 s dumps never has to fit in the driver;
+    peak_cols keep their maximum instead of the mean so spikes stay visible.
+    """
+    if not bucket_s:
+        return df
+    group = ["run", "run_seq", *keys, "_bucket"]
+    aggs = []
+    for name, kind in df.dtypes:
+        if name in group or name in ("ts", "t_s", "time"):
+            continue
+        if kind in ("double", "float", "bigint", "int", "smallint"):
+            aggs.append((F.max(name) if name in peak_cols else F.avg(name)).alias(name))
+        else:
+            aggs.append(F.first(name).alias(name))
+    out = (
+        df.withColumn("_bucket", F.floor(F.col("t_s") / bucket_s))
+        .groupBy(*group)
+        .agg(F.min("ts").alias("ts"), F.min("time").alias("time"), F.min("t_s").alias("t_s"), *aggs)
+    )
+    return out.drop("_bucket")
+
+
+def collect_for_report(tables: dict[str, DataFrame], max_points: int = CHART_MAX_POINTS) -> dict:
+    """The small pandas frames the charts and report need (queues: top N only)."""
+    q = tables["queue_depths"]
+    top = (
+        q.groupBy("destination")
+        .agg(
+            F.max("depth").alias("max_depth"),
+            F.avg("depth").alias("mean_depth"),
+            F.max_by("depth", "ts").alias("last_depth"),
+            F.sum("enqueued_delta").alias("enqueued"),
+            F.sum("dequeued_delta").alias("dequeued"),
+            F.max("consumers").alias("max_consumers"),
+        )
+        .orderBy(F.desc("max_depth"), "destination")
+        .limit(20)
+    )
+    top_pdf = to_pandas(top)
+    chart_dests = list(top_pdf["destination"][:TOP_QUEUES])
+    wb = tables["writer_balance"]
+    writers = wb.groupBy("writer").agg(
+        F.sum("frames_delta").alias("frames"),
+        F.sum("bytes_delta").alias("bytes"),
+        F.sum("batches_delta").alias("batches"),
+        F.avg("batch_fill").alias("mean_batch_fill"),
+        F.max("pending_bytes").alias("max_pending_bytes"),
+    ).orderBy("writer")
+    writers_pdf = to_pandas(writers)
+    total = writers_pdf["frames"].sum() if len(writers_pdf) else 0
+    writers_pdf["share"] = writers_pdf["frames"] / total if total else float("nan")
+    b = chart_bucket(tables["throughput"], max_points)
+    return {
+        "throughput": to_pandas(downsample(tables["throughput"], b, (),
+                                           [f"{c}_per_s" for c in THROUGHPUT_COUNTERS])),
+        "queue_depths": to_pandas(downsample(q.where(F.col("destination").isin(chart_dests)), b,
+                                             ("destination",), ("depth",))),
+        "queue_top": top_pdf,
+        "writer_balance": to_pandas(downsample(wb, b, ("writer",), ("imbalance",))),
+        "writer_totals": writers_pdf,
+        "latency": to_pandas(downsample(tables["latency"], b, (), ("p90_ms", "p99_ms", "p999_ms", "max_ms"))),
+        "churn": to_pandas(downsample(tables["churn"], b)),
+        "memory": to_pandas(downsample(tables["memory"], b, ("role", "pid"), ("rss", "rss_mb"))),
+        "leak_flags": to_pandas(tables["leak_flags"].orderBy("run_seq", "role", "pid")),
+    }
+
+
+# ---------------------------------------------------------------- table output
+
+def summary_frame(spark: SparkSession, summ: dict) -> DataFrame:
+    """The summary dict as a (metric, value, text) table: numbers in value, the rest in text."""
+    rows = []
+    for k, v in summ.items():
+        if isinstance(v, (list, tuple)):
+            rows.append((k, float(len(v)), "; ".join(map(str, v))))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            rows.append((k, float(v), None))
+        else:
+            rows.append((k, None, None if v is None else str(v)))
+    schema = StructType(
+        [StructField("metric", StringType()), StructField("value", DoubleType()), StructField("text", StringType())]
+    )
+    return spark.createDataFrame(rows, schema)
+
+
+def write_tables(tables: dict[str, DataFrame], out: str) -> list[str]:
+    """Write each table as <out>/<name>/parquet and <out>/<name>/csv (one part file each:
+    the tables are per-interval, i.e. small)."""
+    written = []
+    for name, df in tables.items():
+        keys = [c for c in ("run_seq", "ts", "destination", "writer", "role", "pid", "metric") if c in df.columns]
+        one = df.coalesce(1).sortWithinPartitions(*keys) if keys else df.coalesce(1)
+        base = f"{out.rstrip('/')}/{name}"
+        one.write.mode("overwrite").parquet(f"{base}/parquet")
+        one.write.mode("overwrite").option("header", True).csv(f"{base}/csv")
+        written.append(base)
+    return written
+
+
+# ---------------------------------------------------------------- report
+
+def _num(v, digits=1, unit=""):
+    if v is None or (isinstance(v, float) and v != v):
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and digits == 0):
+        return f"{int(v)}{unit}"
+    return f"{v:.{digits}f}{unit}"
+
+
+def _bytes(v):
+    if v is None or (isinstance(v, float) and v != v):
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            return f"{v:.1f} {unit}" if unit != "B" else f"{int(v)} B"
+        v /= 1024.0
+
+
+def _summary_rows(s: dict):
+    g = s.get
+    rows = [
+        ("Broker runs", f"{g('runs', 0)} ({g('restarts', 0)} restart(s))"),
+        ("First / last interval", f"{g('first')} / {g('last')}"),
+        ("Duration", _num(g("duration_s"), 1, " s")),
+        ("Intervals", _num(g("intervals"))),
+    ]
+    for c in THROUGHPUT_COUNTERS:
+        label = c.replace("_", " ")
+        rows.append((f"{label.capitalize()}: total / mean / peak",
+                     f"{_num(g(c + '_total'), 0)} / {_num(g(c + '_per_s_mean'))}/s / {_num(g(c + '_per_s_peak'))}/s"))
+    rows += [
+        ("Connections opened / closed",
+         f"{_num(g('connections_opened_total'), 0)} / {_num(g('connections_closed_total'), 0)}"
+         f" (mean {_num(g('connections_opened_per_s_mean'), 2)}/s / {_num(g('connections_closed_per_s_mean'), 2)}/s)"),
+        ("Peak clients", _num(g("clients_peak"))),
+        ("Deepest queue", f"{_num(g('queue_depth_max'))} ({g('queue_depth_max_destination') or 'n/a'})"),
+        ("Writers", _num(g("writers"))),
+        ("Writer imbalance (max/mean): overall / mean / worst interval",
+         f"{_num(g('writer_imbalance_overall'), 2)} / {_num(g('writer_imbalance_mean'), 2)}"
+         f" / {_num(g('writer_imbalance_max'), 2)}"),
+        ("Mean batch fill", _num(g("batch_fill_mean"), 3)),
+        ("Latency p50 mean / p99 mean / p99 max / max",
+         f"{_num(g('latency_p50_ms_mean'), 2)} / {_num(g('latency_p99_ms_mean'), 2)}"
+         f" / {_num(g('latency_p99_ms_max'), 2)} / {_num(g('latency_max_ms'), 2)} ms"),
+        ("Peak RSS (any process)", _num(g("rss_mb_peak"), 1, " MiB")),
+        ("Suspected leaks", ", ".join(g("leaking_processes") or []) or "none"),
+    ]
+    return rows
+
+
+def _blocks(summ: dict, frames: dict, images: dict, inputs) -> list:
+    """Report content as (kind, payload) blocks rendered to Markdown or HTML."""
+    b = [("h1", "stompbroker diagnostics report"),
+         ("p", f"Inputs: {', '.join(map(str, inputs)) or 'n/a'}. "
+               f"Generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S')} UTC."),
+         ("h2", "Summary"),
+         ("table", (["Figure", "Value"], _summary_rows(summ)))]
+
+    b += [("h2", "Throughput"), ("img", images["throughput"]),
+          ("p", "Rates are deltas of cumulative counters divided by the time between lines of the same "
+                "broker run; a restart starts a new run (never a negative rate).")]
+    b.append(("table", (["Counter", "Total", "Mean /s", "Peak /s"],
+                        [(c, _num(summ.get(c + "_total"), 0), _num(summ.get(c + "_per_s_mean")),
+                          _num(summ.get(c + "_per_s_peak"))) for c in THROUGHPUT_COUNTERS])))
+
+    qt = frames["queue_top"]
+    b += [("h2", "Queue depth"), ("img", images["queue_depths"])]
+    b.append(("table", (["Destination", "Max depth", "Mean depth", "Last depth", "Enqueued", "Dequeued",
+                         "Max consumers"],
+                        [(r.destination, _num(r.max_depth), _num(r.mean_depth), _num(r.last_depth),
+                          _num(r.enqueued), _num(r.dequeued), _num(r.max_consumers))
+                         for r in qt.itertuples()])) if len(qt) else ("p", "No queues reported."))
+
+    wt = frames["writer_totals"]
+    b += [("h2", "Writer balance"), ("img", images["writer_balance"]),
+          ("p", f"Imbalance is max/mean of frames per writer (1.00 = perfect). Overall "
+                f"{_num(summ.get('writer_imbalance_overall'), 2)}, mean per interval "
+                f"{_num(summ.get('writer_imbalance_mean'), 2)}, worst interval "
+                f"{_num(summ.get('writer_imbalance_max'), 2)}.")]
+    if len(wt):
+        b.append(("table", (["Writer", "Frames", "Share", "Bytes", "Batches", "Mean batch fill", "Max pending"],
+                            [(f"writer {r.writer}", _num(r.frames), _num(r.share, 3), _bytes(r.bytes),
+                              _num(r.batches), _num(r.mean_batch_fill, 3), _bytes(r.max_pending_bytes))
+                             for r in wt.itertuples()])))
+
+    b += [("h2", "Latency"), ("img", images["latency"]),
+          ("p", f"p50 mean {_num(summ.get('latency_p50_ms_mean'), 2)} ms, p99 mean "
+                f"{_num(summ.get('latency_p99_ms_mean'), 2)} ms, p99 max {_num(summ.get('latency_p99_ms_max'), 2)} ms, "
+                f"max {_num(summ.get('latency_max_ms'), 2)} ms over {_num(summ.get('latency_samples'))} deliveries.")]
+
+    b += [("h2", "Connection churn"), ("img", images["churn"]),
+          ("p", f"Opened {_num(summ.get('connections_opened_total'), 0)} "
+                f"(mean {_num(summ.get('connections_opened_per_s_mean'), 2)}/s), closed "
+                f"{_num(summ.get('connections_closed_total'), 0)} "
+                f"(mean {_num(summ.get('connections_closed_per_s_mean'), 2)}/s), peak clients "
+                f"{_num(summ.get('clients_peak'))}.")]
+
+    lf = frames["leak_flags"]
+    b += [("h2", "Memory"), ("img", images["memory"]),
+          ("p", f"Leak rule: at least {LEAK_MIN_SAMPLES} samples, fitted RSS slope >= {LEAK_MIN_SLOPE:.0f} B/s, "
+                f">= {LEAK_MIN_UP_FRACTION:.0%} of RSS changes upwards and linear fit r2 >= {LEAK_MIN_R2} "
+                "(defaults; see docs/diag-schema.md).")]
+    if len(lf):
+        b.append(("table", (["Run", "Process", "PID", "Samples", "First RSS", "Last RSS", "Peak RSS",
+                             "Slope (MiB/h)", "Up fraction", "r2", "Leak?"],
+                            [(_num(r.run_seq), r.role, _num(r.pid), _num(r.samples), _bytes(r.first_rss),
+                              _bytes(r.last_rss), _bytes(r.peak_rss), _num(r.slope_mib_per_hour, 2),
+                              _num(r.up_fraction, 2), _num(r.r2, 3), "LEAK?" if r.leak else "no")
+                             for r in lf.itertuples()])))
+    return b
+
+
+def _md(blocks) -> str:
+    out = []
+    for kind, p in blocks:
+        if kind == "h1":
+            out.append(f"# {p}\n")
+        elif kind == "h2":
+            out.append(f"## {p}\n")
+        elif kind == "p":
+            out.append(f"{p}\n")
+        elif kind == "img":
+            out.append(f"![{Path(p).stem}]({p})\n")
+        elif kind == "table":
+            head, rows = p
+            cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731
+            lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def _html(blocks) -> str:
+    e = html.escape
+    out = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>stompbroker diagnostics report</title>",
+           "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
+           "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}img{max-width:100%}</style>",
+           "</head><body>"]
+    for kind, p in blocks:
+        if kind in ("h1", "h2", "p"):
+            out.append(f"<{kind}>{e(p)}</{kind}>")
+        elif kind == "img":
+            out.append(f"<img src='{e(p)}' alt='{e(Path(p).stem)}'>")
+        elif kind == "table":
+            head, rows = p
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+            out += ["<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in rows]
+            out.append("</table>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def make_charts(frames: dict) -> dict:
+    """name -> matplotlib Figure, from the frames of collect_for_report()."""
+    return {
+        "throughput": charts.plot_throughput(frames["throughput"]),
+        "queue_depths": charts.plot_queue_depths(frames["queue_depths"], TOP_QUEUES),
+        "writer_balance": charts.plot_writer_balance(frames["writer_balance"]),
+        "latency": charts.plot_latency(frames["latency"]),
+        "churn": charts.plot_churn(frames["churn"]),
+        "memory": charts.plot_memory(frames["memory"], frames["leak_flags"]),
+    }
+
+
+def write_report(out_dir, summ: dict, frames: dict, fmt: str = "md", inputs=()) -> Path:
+    """Render charts (PNG, charts/*.png) and report.md|report.html into a local directory."""
+    out_dir = Path(out_dir)
+    (out_dir / "charts").mkdir(parents=True, exist_ok=True)
+    images = {}
+    for name, fig in make_charts(frames).items():
+        rel = f"charts/{name}.png"
+        fig.savefig(out_dir / rel, dpi=100)
+        images[name] = rel
+    blocks = _blocks(summ, frames, images, inputs)
+    path = out_dir / ("report.html" if fmt == "html" else "report.md")
+    path.write_text(_html(blocks) if fmt == "html" else _md(blocks), encoding="utf-8")
+    (out_dir / "summary.json").write_text(json.dumps(summ, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- output location
+
+def _hadoop_fs(spark: SparkSession, out: str):
+    """(FileSystem, Path) for out via the JVM, or None if unavailable (e.g. Spark Connect)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        p = jvm.org.apache.hadoop.fs.Path(out)
+        return p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), p
+    except Exception:  # noqa: BLE001 -- any failure just means "use the local filesystem"
+        return None
+
+
+def _local_dir(spark: SparkSession, out: str):
+    """Local path for out if it lives on the driver's filesystem, else None.
+
+    A path without a scheme resolves against fs.defaultFS (HDFS on most
+    clusters), exactly as Spark's own writers resolve it.
+    """
+    fs = _hadoop_fs(spark, out)
+    if fs is not None:
+        if fs[0].getUri().getScheme() != "file":
+            return None
+        return Path(fs[0].makeQualified(fs[1]).toUri().getPath())
+    u = urlparse(out)
+    return Path(u.path if u.scheme == "file" else out) if u.scheme in ("", "file") else None
+
+
+def publish_report(spark: SparkSession, summ: dict, frames: dict, out: str, fmt: str, inputs) -> str:
+    """Write the report next to the tables, copying through Hadoop if out is remote."""
+    local = _local_dir(spark, out)
+    if local is not None:
+        return str(write_report(local, summ, frames, fmt, inputs))
+    tmp = Path(tempfile.mkdtemp(prefix="stompbroker-report-"))
+    try:
+        path = write_report(tmp, summ, frames, fmt, inputs)
+        fs, base = _hadoop_fs(spark, out)
+        jvm = spark.sparkContext._jvm
+        for f in [*sorted((tmp / "charts").iterdir()), tmp / "summary.json", path]:
+            rel = f.relative_to(tmp).as_posix()
+            fs.copyFromLocalFile(False, True, jvm.org.apache.hadoop.fs.Path(str(f)),
+                                 jvm.org.apache.hadoop.fs.Path(base, rel))
+        return f"{out.rstrip('/')}/{path.name}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- CLI
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="stompbroker-diag-report",
+        description="Analyse stompbroker diag_dump files with Spark: tables (Parquet+CSV) and a report.",
+    )
+    ap.add_argument("dumps", nargs="+", help="dump files, globs or directories (any Spark path; "
+                                             "use 'diag.jsonl*' to include rotated files)")
+    ap.add_argument("--out", required=True, help="output directory (local, hdfs://, s3a://, ...)")
+    ap.add_argument("--master", default=None,
+                    help="Spark master URL (default: spark-submit's --master, else local[*])")
+    ap.add_argument("--format", choices=("md", "html"), default="md", help="report format (default md)")
+    ap.add_argument("--leak-min-slope", type=float, default=LEAK_MIN_SLOPE,
+                    help=f"leak rule: minimum RSS slope in bytes/s (default {LEAK_MIN_SLOPE:.0f})")
+    ap.add_argument("--leak-min-up-fraction", type=float, default=LEAK_MIN_UP_FRACTION,
+                    help=f"leak rule: minimum share of upward RSS changes (default {LEAK_MIN_UP_FRACTION})")
+    ap.add_argument("--leak-min-r2", type=float, default=LEAK_MIN_R2,
+                    help=f"leak rule: minimum r2 of the linear fit (default {LEAK_MIN_R2})")
+    ap.add_argument("--leak-min-samples", type=int, default=LEAK_MIN_SAMPLES,
+                    help=f"leak rule: minimum samples per process (default {LEAK_MIN_SAMPLES})")
+    return ap.parse_args(argv)
+
+
+def _session(master):
+    builder = SparkSession.builder.appName("stompbroker-diag-report")
+    if master:
+        builder = builder.master(master)
+    elif not os.environ.get("PYSPARK_GATEWAY_PORT") and "--master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        # Plain `python -m`: no spark-submit supplied a master.
+        builder = builder.master("local[*]")
+    return builder.getOrCreate()
+
+
+def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> tuple[dict, str]:
+    """The whole job: load, compute, write tables and report.  Returns (summary, report path)."""
+    # Per-interval data is small (a day at 1 s is 86,400 lines): Spark's default
+    # of 200 shuffle partitions would make every window/aggregate stage run 200
+    # tiny tasks and dominate the run time.  Size it from the number of input
+    # splits (a file listing, no data read) unless the user configured it at
+    # launch (--conf); the caller's value is restored afterwards.
+    key = "spark.sql.shuffle.partitions"
+    previous = spark.conf.get(key)
+    if not spark.sparkContext.getConf().contains(key):
+        splits = spark.read.schema(DUMP_SCHEMA).json(list(dumps)).rdd.getNumPartitions()
+        spark.conf.set(key, str(min(200, max(2, 2 * splits))))
+    df = load_dumps(spark, dumps).cache()
+    if df.isEmpty():
+        df.unpersist()
+        spark.conf.set(key, previous)
+        raise ValueError(f"no diagnostic lines (schema >= 1) found in {', '.join(map(str, dumps))}")
+    tables = {k: v.cache() for k, v in compute_tables(df, **leak_args).items()}
+    try:
+        summ = summary(tables)
+        write_tables({**tables, "summary": summary_frame(spark, summ)}, out)
+        frames = collect_for_report(tables)
+        path = publish_report(spark, summ, frames, out, fmt, dumps)
+    finally:
+        for t in tables.values():
+            t.unpersist()
+        df.unpersist()
+        spark.conf.set(key, previous)
+    return summ, path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    existing = SparkSession.getActiveSession()
+    spark = existing or _session(args.master)
+    if existing is None:
+        spark.sparkContext.setLogLevel("WARN")
+    try:
+        summ, path = run(
+            spark, args.dumps, args.out, args.format,
+            min_samples=args.leak_min_samples, min_slope=args.leak_min_slope,
+            min_up_fraction=args.leak_min_up_fraction, min_r2=args.leak_min_r2,
+        )
+    except ValueError as exc:
+        print(f"stompbroker-diag-report: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 -- e.g. AnalysisException for a missing path
+        if type(exc).__name__ != "AnalysisException":
+            raise
+        print(f"stompbroker-diag-report: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if existing is None:  # leave a caller's (test, notebook) session running
+            spark.stop()
+    print(f"report: {path}")
+    print(f"tables: {args.out.rstrip('/')}/<table>/{{parquet,csv}}")
+    for k in ("runs", "duration_s", "frames_out_per_s_mean", "latency_p99_ms_max", "leaking_processes"):
+        print(f"  {k}: {summ.get(k)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

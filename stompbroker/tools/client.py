@@ -1,0 +1,464 @@
+"""A small blocking STOMP 1.0-1.2 client over TCP or WebSocket, for the command-line tools.
+
+It is deliberately independent of the broker's own protocol code (a bug shared by both sides
+would go unnoticed by the tools' tests). One connection, one thread:
+
+    client = StompClient.connect(host="127.0.0.1", port=3490)        # or ws_url="ws://..."
+    client.subscribe("/topic/a", "sub-0")                              # waits for the receipt
+    frame = client.read_frame(timeout=1.0)                             # None on timeout
+    client.send("/topic/b", b"body", receipt=True)                     # waits for the receipt
+    client.disconnect()                                                # DISCONNECT + receipt
+
+An ERROR frame from the broker raises :class:`BrokerError` (with its ``message`` header), a
+connection that goes away raises :class:`ConnectionClosed`; both are :class:`ClientError`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import select
+import socket
+import time
+from urllib.parse import urlsplit
+
+__all__ = ["Frame", "StompClient", "ClientError", "BrokerError", "ConnectionClosed", "escape", "unescape"]
+
+VERSIONS = "1.0,1.1,1.2"
+WS_SUBPROTOCOLS = ["v12.stomp", "v11.stomp", "v10.stomp"]
+RECV_SIZE = 1 << 16
+
+
+class ClientError(Exception):
+    """Anything that ends a tool's connection: cannot connect, closed, bad data, refused."""
+
+
+class ConnectionClosed(ClientError):
+    """The broker closed the connection (or it broke) without an ERROR frame."""
+
+
+class BrokerError(ClientError):
+    """The broker sent an ERROR frame (and, as STOMP 1.2 says, closes the connection)."""
+
+    def __init__(self, frame: "Frame"):
+        self.frame = frame
+        self.message = frame.headers.get("message", "")
+        self.detail = frame.body.decode("utf-8", "replace").strip()
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        text = self.message or "ERROR frame without a message header"
+        if self.detail and self.detail != self.message:
+            detail = self.detail if len(self.detail) <= 500 else self.detail[:500] + "..."
+            text += f" ({detail})"
+        return text
+
+
+class Frame:
+    __slots__ = ("command", "headers", "body")
+
+    def __init__(self, command: str, headers: dict[str, str], body: bytes = b""):
+        self.command = command
+        self.headers = headers
+        self.body = body
+
+    def __repr__(self) -> str:
+        return f"Frame({self.command!r}, {self.headers!r}, {self.body[:60]!r})"
+
+
+# --- header escaping (STOMP 1.1+) --------------------------------------------------------------
+
+_ESCAPES = {"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"}
+_UNESCAPES = {"\\\\": "\\", "\\r": "\r", "\\n": "\n", "\\c": ":"}
+_ESCAPE_RE = re.compile(r"[\\\r\n:]")
+_UNESCAPE_RE = re.compile(r"\\.?", re.S)
+
+
+def escape(value: str) -> str:
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group()], value)
+
+
+def unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    # An undefined escape from the broker is kept as it is: a tool should show, not refuse.
+    return _UNESCAPE_RE.sub(lambda m: _UNESCAPES.get(m.group(), m.group()), value)
+
+
+# --- transports ---------------------------------------------------------------------------------
+
+def _close_reason(payload: bytes) -> str:
+    """A WebSocket close frame's code and reason, as text."""
+    if len(payload) < 2:
+        return "WebSocket closed without a status code"
+    code = int.from_bytes(payload[:2], "big")
+    reason = payload[2:].decode("utf-8", "replace")
+    return f"WebSocket close {code}" + (f": {reason}" if reason else "")
+
+
+class _TcpTransport:
+    close_reason = ""
+
+    def __init__(self, host: str, port: int, timeout: float):
+        self.name = f"{host}:{port}"
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except socket.gaierror as exc:
+            raise ClientError(f"cannot resolve {host!r}: {exc.strerror or exc}") from None
+        except TimeoutError:
+            raise ClientError(f"cannot connect to {self.name}: timed out after {timeout:g} s") from None
+        except OSError as exc:
+            raise ClientError(f"cannot connect to {self.name}: {exc.strerror or exc}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.settimeout(None)
+        self.sock.sendall(b"".join(frames) if len(frames) > 1 else frames[0])
+
+    def recv(self, timeout: float | None) -> bytes | None:
+        """Bytes, b"" at end of stream, None when nothing came within timeout."""
+        if timeout is not None and timeout <= 0:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            if not readable:
+                return None
+            timeout = None  # readable: recv will not block
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(RECV_SIZE)
+        except TimeoutError:
+            return None
+        except ConnectionError:
+            return b""
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _WsTransport:
+    def __init__(self, url: str, timeout: float):
+        try:
+            import websocket  # websocket-client
+        except ImportError:
+            raise ClientError("--ws needs the websocket-client package (pip install websocket-client)") from None
+        self.websocket = websocket
+        self.name = url
+        self.close_reason = ""
+        try:
+            self.ws = websocket.create_connection(url, timeout=timeout, subprotocols=WS_SUBPROTOCOLS,
+                                                  skip_utf8_validation=True, enable_multithread=False)
+        except websocket.WebSocketBadStatusException as exc:
+            raise ClientError(f"cannot connect to {url}: WebSocket handshake refused "
+                              f"(HTTP {exc.status_code})") from None
+        except websocket.WebSocketTimeoutException:
+            raise ClientError(f"cannot connect to {url}: timed out after {timeout:g} s") from None
+        except websocket.WebSocketException as exc:
+            raise ClientError(f"cannot connect to {url}: {exc}") from None
+        except socket.gaierror as exc:
+            raise ClientError(f"cannot resolve the host of {url}: {exc.strerror or exc}") from None
+        except OSError as exc:
+            raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a malformed URL
+            raise ClientError(f"cannot connect to {url!r}: {exc}") from None
+
+    def send(self, frames: list[bytes]) -> None:
+        ws = self.websocket
+        self.ws.settimeout(None)
+        for frame in frames:  # one STOMP frame per WebSocket message, as STOMP-over-WebSocket clients do
+            try:
+                frame.decode("utf-8")
+                opcode = ws.ABNF.OPCODE_TEXT
+            except UnicodeDecodeError:
+                opcode = ws.ABNF.OPCODE_BINARY
+            try:
+                self.ws.send(frame, opcode)
+            except ws.WebSocketConnectionClosedException:
+                raise BrokenPipeError("WebSocket closed") from None
+
+    def recv(self, timeout: float | None) -> bytes | None:
+        ws = self.websocket
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sock = self.ws.sock
+            if sock is None:
+                return b""
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                pending = getattr(sock, "pending", None)  # TLS may hold bytes select cannot see
+                if not (pending and pending()) and not select.select([sock], [], [], 0)[0]:
+                    return None
+                remaining = 1.0  # readable: the rest of a WebSocket frame follows at once
+            self.ws.settimeout(remaining)
+            try:
+                opcode, data = self.ws.recv_data()  # answers pings itself
+            except ws.WebSocketTimeoutException:
+                return None  # websocket-client keeps a partly read frame for the next call
+            except (ws.WebSocketConnectionClosedException, ConnectionError):
+                return b""
+            except ws.WebSocketException as exc:
+                raise ClientError(f"WebSocket error from {self.name}: {exc}") from None
+            if opcode == ws.ABNF.OPCODE_CLOSE:
+                self.close_reason = _close_reason(data)
+                return b""
+            if data:
+                return bytes(data)
+            # an empty message carries nothing: wait on
+
+    def close(self) -> None:
+        try:
+            self.ws.sock and self.ws.sock.settimeout(0.5)
+            self.ws.close(timeout=0.5)
+        except Exception:  # noqa: BLE001 -- closing a broken WebSocket: nothing more to do
+            try:
+                self.ws.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# --- the client ---------------------------------------------------------------------------------
+
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+class StompClient:
+    """One STOMP connection; not thread-safe."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.name = transport.name
+        self.version = "1.0"
+        self.server = ""
+        self.session = ""
+        self._buf = bytearray()
+        self._out: list[bytes] = []
+        self._pending: collections.deque[Frame] = collections.deque()
+        self._receipt_ids = itertools.count(1)
+        self._closed = False
+
+    # -- connection ------------------------------------------------------------------------------
+    @classmethod
+    def connect(cls, host: str = "127.0.0.1", port: int = 3490, ws_url: str | None = None,
+                login: str | None = None, passcode: str | None = None, timeout: float = 5.0,
+                vhost: str | None = None) -> "StompClient":
+        """Open the transport, send CONNECT and wait for CONNECTED (an ERROR raises BrokerError)."""
+        if ws_url:
+            transport = _WsTransport(ws_url, timeout)
+            vhost = vhost or urlsplit(ws_url).hostname or "localhost"
+        else:
+            transport = _TcpTransport(host, port, timeout)
+            vhost = vhost or host
+        client = cls(transport)
+        try:
+            client._handshake(vhost, login, passcode, timeout)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _handshake(self, vhost, login, passcode, timeout) -> None:
+        headers = [("accept-version", VERSIONS), ("host", vhost), ("heart-beat", "0,0")]
+        if login is not None:
+            headers.append(("login", login))
+        if passcode is not None:
+            headers.append(("passcode", passcode))
+        self.send_frame("CONNECT", headers)
+        frame = self.read_frame(timeout)
+        if frame is None:
+            raise ClientError(f"no CONNECTED from {self.name} within {timeout:g} s (is it a STOMP broker?)")
+        if frame.command != "CONNECTED":
+            raise ClientError(f"expected CONNECTED from {self.name}, got {frame.command!r}")
+        self.version = frame.headers.get("version", "1.0")
+        self.server = frame.headers.get("server", "")
+        self.session = frame.headers.get("session", "")
+
+    def close(self) -> None:
+        """Drop the connection at once (the broker cleans up as for any closed connection)."""
+        if not self._closed:
+            self._closed = True
+            self.transport.close()
+
+    def disconnect(self, timeout: float = 5.0) -> None:
+        """DISCONNECT with a receipt and wait for it: every frame sent before has been processed."""
+        try:
+            receipt = self.next_receipt_id()
+            self.send_frame("DISCONNECT", [("receipt", receipt)])
+            self.wait_receipt(receipt, timeout)
+        finally:
+            self.close()
+
+    # -- frames out ------------------------------------------------------------------------------
+    def next_receipt_id(self) -> str:
+        return f"r-{next(self._receipt_ids)}"
+
+    def render(self, command: str, headers, body: bytes = b"") -> bytes:
+        escaped = self.version != "1.0" and command not in ("CONNECT", "STOMP")
+        lines = [command]
+        for name, value in headers:
+            value = str(value)
+            if escaped:
+                name, value = escape(name), escape(value)
+            elif ":" in name or any(c in name or c in value for c in "\r\n"):
+                raise ClientError(f"header {name!r} cannot be sent: a line break (or a colon in the name) "
+                                  f"needs STOMP 1.1 or later")
+            lines.append(f"{name}:{value}")
+        if body or command == "SEND":
+            lines.append(f"content-length:{len(body)}")  # always: bodies may hold NULs
+        return ("\n".join(lines) + "\n\n").encode("utf-8") + bytes(body) + b"\0"
+
+    def send_frame(self, command: str, headers=(), body: bytes = b"", flush: bool = True) -> None:
+        """Queue a frame; ``flush`` (default) writes everything queued."""
+        self._out.append(self.render(command, headers, body))
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._out:
+            return
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.name} already closed")
+        frames, self._out = self._out, []
+        try:
+            self.transport.send(frames)
+        except OSError as exc:  # EPIPE, ECONNRESET: look for the ERROR that explains it
+            self._closed_while_sending(exc)
+
+    def _closed_while_sending(self, exc: OSError):
+        deadline = time.monotonic() + 1.0
+        try:
+            while time.monotonic() < deadline:
+                frame = self._read_new(max(deadline - time.monotonic(), 0.0))
+                if frame is None:
+                    break
+                self._pending.append(frame)
+        except ClientError:
+            raise  # the BrokerError (or ConnectionClosed) we were looking for
+        raise ConnectionClosed(f"connection to {self.name} lost: {exc.strerror or exc}")
+
+    def send(self, destination: str, body: bytes, headers=(), receipt: bool = False,
+             timeout: float = 10.0, flush: bool = True) -> None:
+        """SEND; with ``receipt`` wait for the RECEIPT (an ERROR raises BrokerError)."""
+        frame_headers = [("destination", destination)] + list(headers)
+        receipt_id = None
+        if receipt:
+            receipt_id = self.next_receipt_id()
+            frame_headers.append(("receipt", receipt_id))
+        self.send_frame("SEND", frame_headers, body, flush=flush or receipt)
+        if receipt_id:
+            self.wait_receipt(receipt_id, timeout)
+
+    def subscribe(self, destination: str, sub_id: str, ack: str = "auto", headers=(),
+                  receipt: bool = True, timeout: float = 10.0) -> None:
+        frame_headers = [("destination", destination), ("id", sub_id), ("ack", ack)] + list(headers)
+        receipt_id = None
+        if receipt:
+            receipt_id = self.next_receipt_id()
+            frame_headers.append(("receipt", receipt_id))
+        self.send_frame("SUBSCRIBE", frame_headers)
+        if receipt_id:
+            self.wait_receipt(receipt_id, timeout)
+
+    def ack(self, message: Frame, flush: bool = True) -> None:
+        """ACK a MESSAGE received on a client or client-individual subscription."""
+        h = message.headers
+        if self.version == "1.2":
+            headers = [("id", h.get("ack") or h.get("message-id", ""))]
+        else:
+            headers = [("message-id", h.get("message-id", ""))]
+            if "subscription" in h:
+                headers.append(("subscription", h["subscription"]))
+        self.send_frame("ACK", headers, flush=flush)
+
+    # -- frames in -------------------------------------------------------------------------------
+    def read_frame(self, timeout: float | None = None) -> Frame | None:
+        """The next MESSAGE/RECEIPT/...; None when none came within ``timeout`` (None: wait forever).
+
+        An ERROR raises BrokerError, the end of the connection ConnectionClosed.
+        """
+        if self._pending:
+            return self._pending.popleft()
+        return self._read_new(timeout)
+
+    def _read_new(self, timeout: float | None) -> Frame | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            frame = self._parse()
+            if frame is not None:
+                if frame.command == "ERROR":
+                    self.close()
+                    raise BrokerError(frame)
+                return frame
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.name} closed")
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            data = self.transport.recv(remaining)
+            if data is None:
+                return None
+            if not data:
+                self.close()
+                why = self.transport.close_reason
+                what = "closed in the middle of a frame" if self._buf.strip(b"\r\n") else "closed by the broker"
+                raise ConnectionClosed(f"connection to {self.name} {what}" + (f" ({why})" if why else ""))
+            self._buf += data
+
+    def poll(self) -> None:
+        """Read whatever already arrived without waiting: raises on an ERROR or a closed connection.
+
+        MESSAGE and RECEIPT frames read here are kept for read_frame.
+        """
+        while True:
+            frame = self._read_new(0)
+            if frame is None:
+                return
+            self._pending.append(frame)
+
+    def wait_receipt(self, receipt_id: str, timeout: float = 10.0) -> None:
+        """Wait for RECEIPT receipt-id; frames that come first are kept for read_frame."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            frame = self._read_new(remaining) if remaining > 0 else None
+            if frame is None:
+                raise ClientError(f"no receipt from {self.name} within {timeout:g} s")
+            if frame.command == "RECEIPT" and frame.headers.get("receipt-id") == receipt_id:
+                return
+            self._pending.append(frame)
+
+    def _parse(self) -> Frame | None:
+        buf = self._buf
+        skip = 0
+        while skip < len(buf) and buf[skip] in (10, 13):  # heart-beats between frames
+            skip += 1
+        if skip:
+            del buf[:skip]
+        match = _HEAD_END.search(buf)
+        if match is None:
+            return None
+        head = bytes(buf[:match.start()]).decode("utf-8", "replace").replace("\r\n", "\n")
+        lines = head.split("\n")
+        command = lines[0]
+        unescaped = self.version != "1.0" and command != "CONNECTED"
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if unescaped:
+                name, value = unescape(name), unescape(value)
+            headers.setdefault(name, value)  # the first occurrence wins
+        start = match.end()
+        length = headers.get("content-length", "").strip()
+        if length.isdigit():
+            end = start + int(length)
+            if len(buf) <= end:
+                return None
+            if buf[end] != 0:
+                raise ClientError(f"malformed {command} frame from {self.name}: no NUL after "
+                                  f"content-length {length}")
+        else:
+            end = buf.find(b"\0", start)
+            if end < 0:
+                return None
+        body = bytes(buf[start:end])
+        del buf[:end + 1]
+        return Frame(command, headers, body)

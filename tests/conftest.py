@@ -1,0 +1,98 @@
+"""Shared fixtures: a real multi-process broker started as a subprocess on a free port."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class BrokerProcess:
+    """A running ``python -m stompbroker``; ``host``/``port`` to connect, ``log()`` for its output."""
+
+    def __init__(self, *settings: str, env: dict | None = None):
+        self.settings = settings
+        self.log_path = f"/tmp/stompbroker-test-{os.getpid()}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stompbroker", "port=0", "log_level=INFO", *settings],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.host = "127.0.0.1"
+        self.port = self._wait_for_port()
+
+    def _wait_for_port(self, timeout: float = 15.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(r"stompbroker listening on [^\s]+:(\d+)", self.log())
+            if match:
+                return int(match.group(1))
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.02)
+        raise RuntimeError(f"broker did not start:\n{self.log()}")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def connect(self, timeout: float = 5.0) -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=timeout)
+        return sock
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_broker():
+    """Factory: start_broker("processors=4", "TTL=5000") -> BrokerProcess, stopped after the test."""
+    started = []
+
+    def start(*settings: str, env: dict | None = None) -> BrokerProcess:
+        broker = BrokerProcess(*settings, env=env)
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()
+        try:
+            os.killpg(broker.proc.pid, signal.SIGKILL)  # anything left of the process group
+        except ProcessLookupError:
+            pass
+        os.unlink(broker.log_path)
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """One broker shared by the tests of a module (default settings, 4 processors)."""
+    b = BrokerProcess("processors=4")
+    yield b
+    b.stop()
+    try:
+        os.killpg(b.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.unlink(b.log_path)
