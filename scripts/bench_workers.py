@@ -117,6 +117,7 @@ class Producer:
         link.stomp_connect()
         self.link = link
         sock = link.sock
+        sock.setblocking(False)
         if link.raw:
             self.receipts_total += self._count_receipts(bytes(link.raw))
         self.conn.send(("ready", {"version": link.version}))
@@ -139,28 +140,27 @@ class Producer:
 
     # incoming: RECEIPT frames (and an ERROR if something went wrong)
     def _drain(self, sock, block_until: float | None = None) -> int:
-        """Read what the broker sent; return receipts counted. Blocks until block_until if given."""
+        """Read what the broker sent (non-blocking socket); return receipts counted.
+
+        With block_until, first wait (up to then) for something to arrive."""
         got = 0
+        if block_until is not None:
+            left = block_until - time.monotonic()
+            if left <= 0:
+                return 0
+            r, _, _ = select.select([sock], [], [], left)
+            if not r:
+                return 0
         while True:
             try:
-                if block_until is None:
-                    data = sock.recv(65536, socket.MSG_DONTWAIT)
-                else:
-                    left = block_until - time.monotonic()
-                    if left <= 0:
-                        return got
-                    r, _, _ = select.select([sock], [], [], left)
-                    if not r:
-                        return got
-                    data = sock.recv(65536, socket.MSG_DONTWAIT)
-                    block_until = None  # got something: drain the rest without blocking
+                data = sock.recv(65536)
             except (BlockingIOError, InterruptedError):
                 return got
             if not data:
                 raise BenchError("the broker closed the producer connection")
-            before = self.receipts_total
-            self.receipts_total += self._count_receipts(data)
-            got += self.receipts_total - before
+            n = self._count_receipts(data)
+            self.receipts_total += n
+            got += n
 
     def _count_receipts(self, data: bytes) -> int:
         buf = bytearray(self.receipts.carry) + data
@@ -175,17 +175,19 @@ class Producer:
         return n
 
     def _send(self, sock, data, hard_deadline: float) -> None:
+        """Send everything (non-blocking socket, waiting for room), within the hard deadline."""
         view = memoryview(data)
         off, n = 0, len(data)
         while off < n:
+            try:
+                off += sock.send(view[off:])
+                continue
+            except (BlockingIOError, InterruptedError):
+                pass
             left = hard_deadline - time.monotonic()
             if left <= 0 or self.shared.stop.value:
                 raise BenchError("could not send within the time bound (broker not reading?)")
-            sock.settimeout(min(left, 1.0))
-            try:
-                off += sock.send(view[off:])
-            except socket.timeout:
-                continue
+            select.select([], [sock], [], min(left, 0.5))
 
     def _allout(self, sock, t0: float) -> dict:
         spec = self.spec
@@ -197,6 +199,10 @@ class Producer:
         window = spec.get("window", 0)
         each = spec.get("receipt_each", False)
         per = max(spec.get("batch_bytes", 65536) // len(plain), 1)
+        cap = spec.get("max_inflight", 0)
+        fan = spec.get("fan", 0)
+        if cap and fan:
+            per = max(min(per, cap // (2 * fan)), 1)  # one batch must not overshoot the in-flight limit
         if each:
             per = max(min(per, window // 4 or per), 1)
             batch = with_receipt * per
@@ -209,8 +215,6 @@ class Producer:
         end = t0 + spec["duration"]
         hard = end + spec.get("grace", 30.0)
         slots = spec.get("consumer_slots", [])
-        fan = spec.get("fan", 0)
-        cap = spec.get("max_inflight", 0)
         counts = self.shared.counts
         sent = batches = 0
         bins: list = []
@@ -235,7 +239,7 @@ class Producer:
                 while sent * fan - sum(counts[i] for i in slots) > cap:
                     if time.monotonic() >= end or self.shared.stop.value:
                         break
-                    time.sleep(0.0005)
+                    time.sleep(0.001)
                 stalled += time.monotonic() - t
             self._send(sock, batch, hard)
             sent += per

@@ -46,6 +46,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("output_queue_bytes", int, 32 * MB, "bytes of shared memory for each dispatcher-to-writer queue"),
     Setting("max_stale_queue_size", int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
     Setting("TTL", int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
+    Setting("max_queue_messages", int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
+    Setting("client_prefetch", int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
+    Setting("max_redeliveries", int, 5, "NACKs of one message before it goes to the dead-letter queue"),
+    Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
+    Setting("max_transaction_frames", int, 10_000, "frames one transaction may hold before COMMIT"),
     Setting("max_frame_size", int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
     Setting("max_headers", int, 256, "most header lines in one frame"),
     Setting("max_header_line", int, 64 * KB, "longest header line, in bytes"),
@@ -106,13 +111,17 @@ def make_config(**overrides: Any) -> Config:
 def validate(values: dict) -> None:
     for name in ("max_input_queue_size", "max_frame_size", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
-                 "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms"):
+                 "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
+                 "max_queue_messages", "max_transaction_frames"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms",
+                 "client_prefetch", "max_redeliveries",
                  "connect_timeout_ms", "shutdown_timeout_ms"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
+    if not values["dead_letter_queue"].startswith("/queue/"):
+        raise ValueError("dead_letter_queue must be a /queue/ destination")
     if values["port"] > 65535:
         raise ValueError(f"port must be at most 65535, got {values['port']}")
     if values["heartbeat_min_ms"] > values["heartbeat_max_ms"]:

@@ -10,7 +10,7 @@ let broker;
 before(async () => { broker = await startBroker(['TTL=5000']); });
 after(async () => { await broker?.stop(); });
 
-test(`${CONNECTIONS} connections, each gets back exactly its own stale message`, { timeout: 60000 }, async () => {
+test(`${CONNECTIONS} connections, each gets back exactly its own stale message`, { timeout: 60000 }, async t => {
   const run = Math.random().toString(36).slice(2, 8);
   const topic = i => `/topic/${run}-${i}`;
   const started = Date.now();
@@ -27,7 +27,7 @@ test(`${CONNECTIONS} connections, each gets back exactly its own stale message`,
     await Promise.all(clients.map(client =>
       receipt(client, id => client.publish({ destination: `/topic/${run}-sync`, headers: { receipt: id } }), { timeoutMs: 20000 })));
     inboxes.forEach((inbox, i) => assert.equal(inbox.pending, 0, `connection ${i} got more than its own message`));
-    console.log(`# ${CONNECTIONS} connections: connect ${connectedAt - started} ms, send ${sentAt - connectedAt} ms, ` +
+    t.diagnostic(`${CONNECTIONS} connections: connect ${connectedAt - started} ms, send ${sentAt - connectedAt} ms, ` +
       `subscribe and receive ${Date.now() - sentAt} ms`);
   } finally {
     await closeAll(clients);

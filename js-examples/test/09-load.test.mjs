@@ -11,7 +11,7 @@ let broker;
 before(async () => { broker = await startBroker(); });
 after(async () => { await broker?.stop(); });
 
-test(`${CONNECTIONS} WebSocket connections, each subscribes to its own topic and sends to it`, { timeout: BOUND_MS + 15000 }, async () => {
+test(`${CONNECTIONS} WebSocket connections, each subscribes to its own topic and sends to it`, { timeout: BOUND_MS + 15000 }, async t => {
   const run = Math.random().toString(36).slice(2, 8);
   const started = Date.now();
   const clients = await connectMany(broker.url, CONNECTIONS);
@@ -27,7 +27,7 @@ test(`${CONNECTIONS} WebSocket connections, each subscribes to its own topic and
     got.forEach((message, i) => assert.equal(message.body, `to ${i}`));
     inboxes.forEach((inbox, i) => assert.equal(inbox.pending, 0, `connection ${i} got someone else's message`));
     assert.ok(done - started < BOUND_MS, `took ${done - started} ms`);
-    console.log(`# ${CONNECTIONS} connections: connect ${connectedAt - started} ms, ` +
+    t.diagnostic(`${CONNECTIONS} connections: connect ${connectedAt - started} ms, ` +
       `subscribe + send + receive ${done - connectedAt} ms`);
   } finally {
     await closeAll(clients);

@@ -8,6 +8,7 @@ per-interval table carries run, run_seq, ts (epoch ms), time and t_s
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Mapping
 
 from pyspark.sql import Column, DataFrame, Window
@@ -213,6 +214,14 @@ def compute_tables(df: DataFrame, **leak_args) -> dict[str, DataFrame]:
     }
 
 
+def _utc(ts_ms):
+    """Epoch milliseconds as an ISO-8601 UTC string (independent of the session time zone)."""
+    if ts_ms is None:
+        return None
+    t = _dt.datetime.fromtimestamp(ts_ms / 1000.0, _dt.timezone.utc)
+    return t.isoformat(sep=" ", timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _one(df: DataFrame, *aggs) -> dict:
     # A global aggregate is a single small row: the only thing collected.
     row = df.agg(*aggs).first()
@@ -232,8 +241,8 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
             tp,
             F.countDistinct("run").alias("runs"),
             F.count("*").alias("intervals"),
-            F.min("time").alias("first"),
-            F.max("time").alias("last"),
+            F.min("ts").alias("first"),
+            F.max("ts").alias("last"),
             ((F.max("ts") - F.min("ts")) / 1000.0).alias("duration_s"),
             F.sum("dt_s").alias("covered_s"),
             *[F.sum(f"{c}_delta").alias(f"{c}_total") for c in THROUGHPUT_COUNTERS],
@@ -244,8 +253,8 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
             runs=runs,
             restarts=max(runs - 1, 0),
             intervals=s.get("intervals") or 0,
-            first=s["first"].isoformat(sep=" ") if s.get("first") else None,
-            last=s["last"].isoformat(sep=" ") if s.get("last") else None,
+            first=_utc(s.get("first")),
+            last=_utc(s.get("last")),
             duration_s=s.get("duration_s"),
             covered_s=s.get("covered_s"),
         )

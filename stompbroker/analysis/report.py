@@ -30,6 +30,7 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from urllib.parse import urlparse  # noqa: E402
 
+from pyspark.errors import AnalysisException  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType  # noqa: E402
@@ -225,8 +226,10 @@ def _summary_rows(s: dict):
     return rows
 
 
-def _blocks(summ: dict, frames: dict, images: dict, inputs) -> list:
+def _blocks(summ: dict, frames: dict, images: dict, inputs, leak_rule=None) -> list:
     """Report content as (kind, payload) blocks rendered to Markdown or HTML."""
+    rule = {"min_samples": LEAK_MIN_SAMPLES, "min_slope": LEAK_MIN_SLOPE,
+            "min_up_fraction": LEAK_MIN_UP_FRACTION, "min_r2": LEAK_MIN_R2, **(leak_rule or {})}
     b = [("h1", "stompbroker diagnostics report"),
          ("p", f"Inputs: {', '.join(map(str, inputs)) or 'n/a'}. "
                f"Generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S')} UTC."),
@@ -274,9 +277,9 @@ def _blocks(summ: dict, frames: dict, images: dict, inputs) -> list:
 
     lf = frames["leak_flags"]
     b += [("h2", "Memory"), ("img", images["memory"]),
-          ("p", f"Leak rule: at least {LEAK_MIN_SAMPLES} samples, fitted RSS slope >= {LEAK_MIN_SLOPE:.0f} B/s, "
-                f">= {LEAK_MIN_UP_FRACTION:.0%} of RSS changes upwards and linear fit r2 >= {LEAK_MIN_R2} "
-                "(defaults; see docs/diag-schema.md).")]
+          ("p", f"Leak rule: at least {rule['min_samples']} samples, fitted RSS slope >= "
+                f"{rule['min_slope']:.0f} B/s, >= {rule['min_up_fraction']:.0%} of RSS changes upwards and "
+                f"linear-fit r2 >= {rule['min_r2']} (see docs/diag-schema.md).")]
     if len(lf):
         b.append(("table", (["Run", "Process", "PID", "Samples", "First RSS", "Last RSS", "Peak RSS",
                              "Slope (MiB/h)", "Up fraction", "r2", "Leak?"],
@@ -339,8 +342,9 @@ def make_charts(frames: dict) -> dict:
     }
 
 
-def write_report(out_dir, summ: dict, frames: dict, fmt: str = "md", inputs=()) -> Path:
-    """Render charts (PNG, charts/*.png) and report.md|report.html into a local directory."""
+def write_report(out_dir, summ: dict, frames: dict, fmt: str = "md", inputs=(), leak_rule=None) -> Path:
+    """Render charts (PNG, charts/*.png), report.md|report.html and summary.json into a
+    local directory.  leak_rule: the leak_flags() thresholds used, for the text."""
     out_dir = Path(out_dir)
     (out_dir / "charts").mkdir(parents=True, exist_ok=True)
     images = {}
@@ -348,7 +352,7 @@ def write_report(out_dir, summ: dict, frames: dict, fmt: str = "md", inputs=()) 
         rel = f"charts/{name}.png"
         fig.savefig(out_dir / rel, dpi=100)
         images[name] = rel
-    blocks = _blocks(summ, frames, images, inputs)
+    blocks = _blocks(summ, frames, images, inputs, leak_rule)
     path = out_dir / ("report.html" if fmt == "html" else "report.md")
     path.write_text(_html(blocks) if fmt == "html" else _md(blocks), encoding="utf-8")
     (out_dir / "summary.json").write_text(json.dumps(summ, indent=2, default=str) + "\n", encoding="utf-8")
@@ -382,14 +386,15 @@ def _local_dir(spark: SparkSession, out: str):
     return Path(u.path if u.scheme == "file" else out) if u.scheme in ("", "file") else None
 
 
-def publish_report(spark: SparkSession, summ: dict, frames: dict, out: str, fmt: str, inputs) -> str:
+def publish_report(spark: SparkSession, summ: dict, frames: dict, out: str, fmt: str = "md", inputs=(),
+                   leak_rule=None) -> str:
     """Write the report next to the tables, copying through Hadoop if out is remote."""
     local = _local_dir(spark, out)
     if local is not None:
-        return str(write_report(local, summ, frames, fmt, inputs))
+        return str(write_report(local, summ, frames, fmt, inputs, leak_rule))
     tmp = Path(tempfile.mkdtemp(prefix="stompbroker-report-"))
     try:
-        path = write_report(tmp, summ, frames, fmt, inputs)
+        path = write_report(tmp, summ, frames, fmt, inputs, leak_rule)
         fs, base = _hadoop_fs(spark, out)
         jvm = spark.sparkContext._jvm
         for f in [*sorted((tmp / "charts").iterdir()), tmp / "summary.json", path]:
@@ -436,7 +441,11 @@ def _session(master):
 
 
 def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> tuple[dict, str]:
-    """The whole job: load, compute, write tables and report.  Returns (summary, report path)."""
+    """The whole job: load, compute, write tables and report.  Returns (summary, report path).
+
+    leak_args are passed to leak_flags() (min_samples, min_slope, ...).
+    """
+    dumps = [dumps] if isinstance(dumps, str) else list(dumps)
     # Per-interval data is small (a day at 1 s is 86,400 lines): Spark's default
     # of 200 shuffle partitions would make every window/aggregate stage run 200
     # tiny tasks and dominate the run time.  Size it from the number of input
@@ -445,19 +454,18 @@ def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> t
     key = "spark.sql.shuffle.partitions"
     previous = spark.conf.get(key)
     if not spark.sparkContext.getConf().contains(key):
-        splits = spark.read.schema(DUMP_SCHEMA).json(list(dumps)).rdd.getNumPartitions()
+        splits = spark.read.schema(DUMP_SCHEMA).json(dumps).rdd.getNumPartitions()
         spark.conf.set(key, str(min(200, max(2, 2 * splits))))
     df = load_dumps(spark, dumps).cache()
-    if df.isEmpty():
-        df.unpersist()
-        spark.conf.set(key, previous)
-        raise ValueError(f"no diagnostic lines (schema >= 1) found in {', '.join(map(str, dumps))}")
-    tables = {k: v.cache() for k, v in compute_tables(df, **leak_args).items()}
+    tables = {}
     try:
+        if df.isEmpty():
+            raise ValueError(f"no diagnostic lines (schema >= 1) found in {', '.join(dumps)}")
+        tables = {k: v.cache() for k, v in compute_tables(df, **leak_args).items()}
         summ = summary(tables)
         write_tables({**tables, "summary": summary_frame(spark, summ)}, out)
         frames = collect_for_report(tables)
-        path = publish_report(spark, summ, frames, out, fmt, dumps)
+        path = publish_report(spark, summ, frames, out, fmt, dumps, leak_args)
     finally:
         for t in tables.values():
             t.unpersist()
@@ -468,6 +476,7 @@ def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> t
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Called in-process (tests, notebook): reuse the caller's session, --master is then moot.
     existing = SparkSession.getActiveSession()
     spark = existing or _session(args.master)
     if existing is None:
@@ -478,12 +487,7 @@ def main(argv=None) -> int:
             min_samples=args.leak_min_samples, min_slope=args.leak_min_slope,
             min_up_fraction=args.leak_min_up_fraction, min_r2=args.leak_min_r2,
         )
-    except ValueError as exc:
-        print(f"stompbroker-diag-report: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 -- e.g. AnalysisException for a missing path
-        if type(exc).__name__ != "AnalysisException":
-            raise
+    except (ValueError, AnalysisException) as exc:  # no data, missing path
         print(f"stompbroker-diag-report: {exc}", file=sys.stderr)
         return 2
     finally:

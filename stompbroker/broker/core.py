@@ -1,8 +1,12 @@
-"""The dispatcher's state machine: sessions, subscriptions and routing, with no I/O.
+"""The dispatcher's state machine: sessions, subscriptions, queues and routing, with no I/O.
 
 The dispatcher process feeds it events (a connection opened, a frame arrived, a connection closed,
 time passed) and it appends outgoing records to the :class:`Outbox` of the writer that owns each
 connection. Tests drive it directly with plain outboxes.
+
+Destination kinds: ``/queue/...`` is a queue (each message to one subscriber, kept while nobody can
+take it); a name starting with ``#`` is stompica's worker queue (each message to one subscriber,
+round-robin, not kept); anything else is a topic (every matching subscription gets it).
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ import time
 
 from .. import __version__
 from ..ipc import records as R
-from ..protocol.stomp import ProtocolError, escape, parse_head, render_frame
+from ..protocol.stomp import ProtocolError, parse_head, render_frame
 from ..protocol.websocket import encode_close
+from .model import Delivery, Message, Outbox, Queue, Session, Subscription
+from .selector import SelectorError, compile_selector
+from .stale import StaleQueue
 from .subscriptions import SubscriptionIndex
+
+__all__ = ["Broker", "Outbox", "VERSIONS", "SERVER"]
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -23,128 +32,34 @@ VERSIONS = ("1.0", "1.1", "1.2")
 SERVER = f"stompbroker/{__version__}"
 ACK_MODES = ("auto", "client", "client-individual")
 CONNECT_COMMANDS = ("CONNECT", "STOMP")
-# Headers of a SEND that are meant for the broker, not copied into the MESSAGE.
-NOT_FORWARDED = frozenset(("destination", "message-id", "subscription", "content-length", "receipt",
-                           "transaction", "ack"))
-
-
-class Outbox:
-    """Records for one writer, collected during one dispatcher round."""
-
-    __slots__ = ("index", "buf", "count", "limit", "on_full")
-
-    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None):
-        self.index = index
-        self.buf = bytearray()
-        self.count = 0
-        self.limit = limit        # past this many bytes, on_full(outbox) hands the batch over early
-        self.on_full = on_full
-
-    def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
-        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux)
-        self.buf += payload
-        self.count += 1
-        if len(self.buf) > self.limit:
-            self.on_full(self)
-
-    def add2(self, conn: int, first: bytes, second: bytes) -> None:
-        """A DATA record made of two parts, without joining them first (one delivery)."""
-        buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, 0)
-        buf += first
-        buf += second
-        self.count += 1
-        if len(buf) > self.limit:
-            self.on_full(self)
-
-    def take(self) -> tuple[bytearray, int]:
-        buf, count = self.buf, self.count
-        self.buf, self.count = bytearray(), 0
-        return buf, count
-
-
-class Session:
-    __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
-                 "subs", "hb_in", "closing", "websocket", "id", "login")
-
-    def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
-        self.conn = conn
-        self.outbox = outbox
-        self.peer = peer
-        self.opened = now
-        self.last_seen = now
-        self.connected = False
-        self.version = "1.0"
-        self.escape = False       # header escaping applies (1.1 and later)
-        self.subs: dict[str, Subscription] = {}
-        self.hb_in = 0            # ms: the client promised a frame or heart-beat at least this often
-        self.closing = False
-        self.websocket = False
-        self.id = ""
-        self.login = ""
-
-
-class Subscription:
-    __slots__ = ("session", "id", "destination", "ack", "prefix")
-
-    def __init__(self, session: Session, sub_id: str, destination: str, ack: str):
-        self.session = session
-        self.id = sub_id
-        self.destination = destination
-        self.ack = ack
-        # Rendered once: every delivery is this prefix plus the message's shared part.
-        sid = escape(sub_id) if session.escape else sub_id
-        self.prefix = b"MESSAGE\nsubscription:" + sid.encode() + b"\n"
-
-
-class Message:
-    """A published message, rendered once per escaping style (1.0 or 1.1+), shared by every delivery."""
-
-    __slots__ = ("id", "destination", "headers", "body", "_rendered")
-
-    def __init__(self, message_id: str, destination: str, headers: dict, body: bytes):
-        self.id = message_id
-        self.destination = destination
-        self.headers = headers
-        self.body = body
-        self._rendered = [None, None]
-
-    def shared(self, escaped: bool) -> bytes:
-        part = self._rendered[escaped]
-        if part is None:
-            esc = escape if escaped else _no_newlines
-            lines = [f"message-id:{esc(self.id)}", f"destination:{esc(self.destination)}"]
-            for name, value in self.headers.items():
-                if name not in NOT_FORWARDED:
-                    lines.append(f"{esc(name)}:{esc(value)}")
-            lines.append(f"content-length:{len(self.body)}")
-            part = ("\n".join(lines) + "\n\n").encode() + self.body + b"\0"
-            self._rendered[escaped] = part
-        return part
-
-
-def _no_newlines(value: str) -> str:
-    # STOMP 1.0 has no escaping: a value with a line break cannot be sent as it is.
-    return value.replace("\r", " ").replace("\n", " ") if ("\n" in value or "\r" in value) else value
+TRANSACTIONAL = ("SEND", "ACK", "NACK")
+QUEUE_PREFIX = "/queue/"
+WORKER_PREFIX = "#"
+REDELIVERED = b"redelivered:true\n"
 
 
 class Broker:
     def __init__(self, config, outboxes: list[Outbox], clock=time.time):
         self.config = config
         self.outboxes = outboxes
-        self.clock = clock
+        self.clock = clock               # wall clock, for the absolute `expires` header
+        self.now = 0.0                   # monotonic time of the event being handled
         self.sessions: dict[int, Session] = {}
         self.index = SubscriptionIndex()
+        self.queues: dict[str, Queue] = {}
+        self.worker_rr: dict[str, int] = {}
+        self.stale = StaleQueue(config.TTL / 1000, config.max_stale_queue_size) if config.TTL > 0 else None
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
         self._message_ids = itertools.count(1)
+        self._ack_ids = itertools.count(1)
         self.stats = {"frames_in": 0, "messages_published": 0, "messages_delivered": 0,
-                      "messages_dropped": 0, "connections_opened": 0, "connections_closed": 0,
-                      "errors": 0}
+                      "messages_dropped": 0, "messages_expired": 0, "dead_lettered": 0,
+                      "connections_opened": 0, "connections_closed": 0, "errors": 0}
         self._handlers = {
             "CONNECT": self._connect, "STOMP": self._connect, "SEND": self._send,
             "SUBSCRIBE": self._subscribe, "UNSUBSCRIBE": self._unsubscribe,
             "DISCONNECT": self._disconnect, "ACK": self._ack, "NACK": self._ack,
-            "BEGIN": self._transaction, "COMMIT": self._transaction, "ABORT": self._transaction,
+            "BEGIN": self._begin, "COMMIT": self._commit, "ABORT": self._abort,
         }
 
     # -- events --------------------------------------------------------------------------------
@@ -156,7 +71,7 @@ class Broker:
         session = self.sessions.pop(conn, None)
         if session is None:
             return
-        self._drop_subscriptions(session)
+        self._end_session(session)
         self.stats["connections_closed"] += 1
         # The writer still holds its copy of the socket: let it go.
         session.outbox.add(R.CLOSE, conn)
@@ -180,7 +95,7 @@ class Broker:
         session = self.sessions.get(conn)
         if session is None or session.closing:
             return
-        session.last_seen = now
+        self.now = session.last_seen = now
         self.stats["frames_in"] += 1
         try:
             # CONNECT and STOMP are never escaped; peek at the command before decoding.
@@ -192,12 +107,17 @@ class Broker:
                                     headers.get("receipt"))
             if not session.connected and command not in CONNECT_COMMANDS:
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
-            handler(session, command, headers, body)
+            transaction = headers.get("transaction")
+            if transaction is not None and command in TRANSACTIONAL:
+                self._hold(session, transaction, command, headers, body)
+            else:
+                handler(session, command, headers, body)
         except ProtocolError as exc:
             self._error(session, exc.message, exc.detail, exc.receipt)
 
     def on_tick(self, now: float) -> None:
-        """Close connections that never sent CONNECT, or went silent past their heart-beat."""
+        """Close connections that never sent CONNECT or went silent; expire stale messages."""
+        self.now = now
         connect_timeout = self.config.connect_timeout_ms / 1000
         grace = self.config.heartbeat_grace_ms / 1000
         for session in list(self.sessions.values()):
@@ -210,11 +130,13 @@ class Broker:
                 self._error(session, "heart-beat timeout",
                             f"nothing received for {now - session.last_seen:.1f} s "
                             f"(heart-beat every {session.hb_in} ms)")
+        if self.stale is not None:
+            self.stale.sweep(now)
 
     def needs_tick(self) -> bool:
-        return bool(self.sessions)
+        return bool(self.sessions) or bool(self.stale)
 
-    # -- commands ------------------------------------------------------------------------------
+    # -- connecting ----------------------------------------------------------------------------
     def _connect(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         if session.connected:
@@ -263,35 +185,173 @@ class Broker:
                                 receipt) from None
         return cx, cy
 
+    # -- publishing ----------------------------------------------------------------------------
     def _send(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
+        destination = self._check_send(headers, receipt)
+        queue = self.queues.get(destination)
+        if queue is not None and len(queue.messages) >= self.config.max_queue_messages:
+            raise ProtocolError("queue full", f"{destination} holds {len(queue.messages)} messages, "
+                                f"the most allowed (max_queue_messages)", receipt)
+        self.publish(destination, headers, body, self._expiry(headers, receipt))
+        self._receipt(session, receipt)
+
+    @staticmethod
+    def _check_send(headers: dict, receipt) -> str:
         destination = headers.get("destination")
         if not destination:
             raise ProtocolError("missing destination", "SEND needs a destination header", receipt)
         if "*" in destination:
             raise ProtocolError("wildcard destination", f"cannot SEND to a wildcard destination: {destination}",
                                 receipt)
-        self.publish(destination, headers, body)
-        self._receipt(session, receipt)
+        return destination
 
-    def publish(self, destination: str, headers: dict, body: bytes) -> int:
-        """Deliver to every matching subscription; returns the number of deliveries."""
+    def _expiry(self, headers: dict, receipt) -> float:
+        """Monotonic deadline from ActiveMQ's `expires` (epoch ms) or RabbitMQ's `expiration` (ms)."""
+        absolute, relative = headers.get("expires"), headers.get("expiration")
+        if absolute is None and relative is None:
+            return 0.0
+        try:
+            if absolute is not None and absolute.strip() not in ("", "0"):
+                return self.now + (int(absolute) / 1000 - self.clock()) or 1e-9
+            if relative is not None:
+                return self.now + max(int(relative), 0) / 1000 or 1e-9
+        except ValueError:
+            raise ProtocolError("invalid expiry", "expires and expiration must be integers (milliseconds)",
+                                receipt) from None
+        return 0.0
+
+    def publish(self, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
+        """Route one message; returns the number of deliveries made now."""
         self.stats["messages_published"] += 1
-        subs = self.index.match(destination)
-        if not subs:
-            self.stats["messages_dropped"] += 1
+        message = Message(f"{self.token}-{next(self._message_ids)}", destination, headers, body, expires)
+        if expires and message.expired(self.now):
+            self.stats["messages_expired"] += 1
             return 0
-        message = Message(f"{self.token}-{next(self._message_ids)}", destination, headers, body)
-        shared = {}
-        for sub in subs:
-            session = sub.session
-            part = shared.get(session.escape)
-            if part is None:
-                part = shared[session.escape] = message.shared(session.escape)
-            session.outbox.add2(session.conn, sub.prefix, part)
-        self.stats["messages_delivered"] += len(subs)
-        return len(subs)
+        if destination.startswith(QUEUE_PREFIX):
+            queue = self._queue(destination)
+            queue.messages.append(message)
+            queue.enqueued += 1
+            return self._pump(queue)
+        subs = self.index.match(destination)
+        if destination.startswith(WORKER_PREFIX):
+            delivered = self._deliver_round_robin(destination, subs, message)
+        else:
+            delivered = 0
+            escaped_part = plain_part = None
+            for sub in subs:
+                if sub.accepts is not None and not sub.accepts(headers):
+                    continue
+                session = sub.session
+                if sub.tracked:
+                    self._deliver_tracked(sub, message, None)
+                elif session.escape:
+                    if escaped_part is None:
+                        escaped_part = message.shared(True)
+                    session.outbox.add2(session.conn, sub.prefix, escaped_part)
+                else:
+                    if plain_part is None:
+                        plain_part = message.shared(False)
+                    session.outbox.add2(session.conn, sub.prefix, plain_part)
+                delivered += 1
+        if delivered:
+            self.stats["messages_delivered"] += delivered
+        elif self.stale is not None:
+            self.stale.add(message, self.now)
+        else:
+            self.stats["messages_dropped"] += 1
+        return delivered
 
+    def _deliver_round_robin(self, destination: str, subs: tuple, message: Message) -> int:
+        n = len(subs)
+        start = self.worker_rr.get(destination, 0)
+        for i in range(n):
+            sub = subs[(start + i) % n]
+            if sub.has_room() and (sub.accepts is None or sub.accepts(message.headers)):
+                self.worker_rr[destination] = (start + i + 1) % n
+                self._deliver(sub, message, None)
+                return 1
+        return 0
+
+    def _deliver(self, sub: Subscription, message: Message, queue: Queue | None) -> None:
+        if sub.tracked:
+            self._deliver_tracked(sub, message, queue)
+            return
+        session = sub.session
+        shared = message.shared(session.escape)
+        if message.redelivered:
+            session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared)
+        else:
+            session.outbox.add2(session.conn, sub.prefix, shared)
+        if queue is not None:
+            queue.dequeued += 1
+
+    def _deliver_tracked(self, sub: Subscription, message: Message, queue: Queue | None) -> None:
+        session = sub.session
+        ack_id = f"{self.token}-a{next(self._ack_ids)}"
+        sub.unacked[ack_id] = Delivery(ack_id, message, queue, message.nacks)
+        session.acks[ack_id] = sub
+        extra = b"ack:" + ack_id.encode() + b"\n"
+        if message.redelivered or message.nacks:
+            extra += REDELIVERED
+        session.outbox.add3(session.conn, sub.prefix, extra, message.shared(session.escape))
+        if queue is not None:
+            queue.unacked += 1
+
+    # -- queues --------------------------------------------------------------------------------
+    def _queue(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = Queue(name)
+        return queue
+
+    def _pump(self, queue: Queue) -> int:
+        """Hand waiting messages to subscribers with room, round-robin; returns deliveries made."""
+        subs = self.index.match(queue.name)
+        if not subs or not queue.messages:
+            return 0
+        n = len(subs)
+        messages = queue.messages
+        skipped = []
+        delivered = 0
+        while messages:
+            if not any(sub.has_room() for sub in subs):
+                break
+            message = messages.popleft()
+            if message.expired(self.now):
+                queue.expired += 1
+                self.stats["messages_expired"] += 1
+                continue
+            chosen = None
+            for allow_avoided in (False, True):  # a NACKed message goes to another subscriber if any
+                for i in range(n):
+                    sub = subs[(queue.rr + i) % n]
+                    if (sub.has_room() and (allow_avoided or sub is not message.avoid)
+                            and (sub.accepts is None or sub.accepts(message.headers))):
+                        chosen = sub
+                        queue.rr = (queue.rr + i + 1) % n
+                        break
+                if chosen is not None:
+                    break
+            if chosen is None:
+                skipped.append(message)  # no selector takes it now: later messages may still go
+                continue
+            message.avoid = None
+            self._deliver(chosen, message, queue)
+            delivered += 1
+        if skipped:
+            messages.extendleft(reversed(skipped))
+        self.stats["messages_delivered"] += delivered
+        return delivered
+
+    def _queues_for(self, pattern: str) -> list[Queue]:
+        prefix = SubscriptionIndex.wildcard_prefix(pattern)
+        if prefix is None:
+            queue = self.queues.get(pattern)
+            return [queue] if queue is not None else []
+        return [q for name, q in self.queues.items() if name.startswith(prefix)]
+
+    # -- subscriptions -------------------------------------------------------------------------
     def _subscribe(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         destination = headers.get("destination")
@@ -311,10 +371,57 @@ class Broker:
         if len(session.subs) >= self.config.max_subscriptions:
             raise ProtocolError("too many subscriptions",
                                 f"at most {self.config.max_subscriptions} subscriptions per connection", receipt)
-        sub = Subscription(session, sub_id, destination, ack)
+        prefetch = self._prefetch(headers, ack, receipt)
+        accepts = self._filter(headers, receipt)
+        sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
         session.subs[sub_id] = sub
         self.index.add(destination, sub)
         self._receipt(session, receipt)
+        for queue in self._queues_for(destination):
+            self._pump(queue)
+        if self.stale is not None and not destination.startswith(QUEUE_PREFIX):
+            prefix = SubscriptionIndex.wildcard_prefix(destination)
+            late = self.stale.take(destination if prefix is None else None, prefix, self.now,
+                                   accepts or (lambda headers: True))
+            for message in late:
+                self._deliver(sub, message, None)
+            self.stats["messages_delivered"] += len(late)
+
+    def _prefetch(self, headers: dict, ack: str, receipt) -> int:
+        value = headers.get("prefetch-count", headers.get("activemq.prefetchSize"))
+        if value is None:
+            return 0 if ack == "auto" else self.config.client_prefetch
+        try:
+            prefetch = int(value)
+            if prefetch < 0:
+                raise ValueError
+        except ValueError:
+            raise ProtocolError("invalid prefetch", f"prefetch-count must be a non-negative integer: {value!r}",
+                                receipt) from None
+        return 0 if ack == "auto" else prefetch
+
+    @staticmethod
+    def _filter(headers: dict, receipt):
+        """xtomp's `filter:<name>=<value>` and ActiveMQ's `selector`, combined with AND."""
+        tests = []
+        spec = headers.get("filter")
+        if spec is not None:
+            name, eq, value = spec.partition("=")
+            if not eq or not name:
+                raise ProtocolError("invalid filter", f"filter must be <header>=<value>: {spec!r}", receipt)
+            tests.append(lambda h, name=name, value=value: h.get(name) == value)
+        text = headers.get("selector")
+        if text is not None:
+            try:
+                tests.append(compile_selector(text))
+            except SelectorError as exc:
+                raise ProtocolError("invalid selector", f"{exc} in selector {text!r}", receipt) from None
+        if not tests:
+            return None
+        if len(tests) == 1:
+            return tests[0]
+        first, second = tests
+        return lambda h: first(h) and second(h)
 
     def _unsubscribe(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
@@ -327,27 +434,160 @@ class Broker:
         else:
             doomed = [session.subs[sub_id]] if sub_id in session.subs else []
         for sub in doomed:
-            del session.subs[sub.id]
-            self.index.remove(sub.destination, sub)
+            self._remove_subscription(session, sub)
         self._receipt(session, receipt)
 
+    def _remove_subscription(self, session: Session, sub: Subscription) -> None:
+        """Forget a subscription; its unacknowledged queue messages go back to the head of their queue."""
+        session.subs.pop(sub.id, None)
+        self.index.remove(sub.destination, sub)
+        returned: dict[Queue, list] = {}
+        for delivery in sub.unacked.values():
+            session.acks.pop(delivery.ack_id, None)
+            if delivery.queue is not None:
+                delivery.queue.unacked -= 1
+                delivery.message.redelivered = True
+                returned.setdefault(delivery.queue, []).append(delivery.message)
+        sub.unacked.clear()
+        for queue, messages in returned.items():
+            queue.messages.extendleft(reversed(messages))
+            self._pump(queue)
+
+    # -- acknowledgement -----------------------------------------------------------------------
+    def _ack(self, session: Session, command: str, headers: dict, body: bytes) -> None:
+        receipt = headers.get("receipt")
+        sub, ack_id = self._find_delivery(session, command, headers, receipt)
+        if sub is not None:
+            if sub.ack == "client":  # cumulative: this one and every earlier one
+                ids = []
+                for key in sub.unacked:
+                    ids.append(key)
+                    if key == ack_id:
+                        break
+            else:
+                ids = [ack_id]
+            settled = [sub.unacked.pop(key) for key in ids]
+            for delivery in settled:
+                session.acks.pop(delivery.ack_id, None)
+                if delivery.queue is not None:
+                    delivery.queue.unacked -= 1
+                if command == "ACK":
+                    if delivery.queue is not None:
+                        delivery.queue.dequeued += 1
+                else:
+                    self._nacked(sub, delivery)
+            for queue in self._queues_for(sub.destination):
+                self._pump(queue)
+        self._receipt(session, receipt)
+
+    def _find_delivery(self, session: Session, command: str, headers: dict, receipt):
+        """(subscription, ack id) named by an ACK/NACK, or (None, None) when it is not pending."""
+        ack_id = headers.get("id")
+        if ack_id is not None and session.version == "1.2":
+            sub = session.acks.get(ack_id)
+            return (sub, ack_id) if sub is not None else (None, None)
+        message_id = headers.get("message-id", ack_id)
+        if message_id is None:
+            raise ProtocolError("missing id", f"{command} needs an id header (message-id before 1.2)", receipt)
+        sub_id = headers.get("subscription")
+        subs = [session.subs[sub_id]] if sub_id in session.subs else ([] if sub_id else session.subs.values())
+        for sub in subs:
+            for key, delivery in sub.unacked.items():
+                if delivery.message.id == message_id or key == message_id:
+                    return sub, key
+        return None, None
+
+    def _nacked(self, sub: Subscription, delivery: Delivery) -> None:
+        message = delivery.message
+        message.nacks = delivery.nacks + 1
+        if message.nacks > self.config.max_redeliveries:
+            self._dead_letter(message, f"rejected {message.nacks} times")
+        elif delivery.queue is not None:
+            message.avoid = sub
+            delivery.queue.messages.appendleft(message)
+        else:
+            self._deliver(sub, message, None)  # a topic message has nobody else to go to
+
+    def _dead_letter(self, message: Message, reason: str) -> None:
+        self.stats["dead_lettered"] += 1
+        dlq = self.config.dead_letter_queue
+        if message.destination == dlq:
+            self.stats["messages_dropped"] += 1  # never loop in the dead-letter queue itself
+            return
+        log.info("message %s from %s to %s: %s", message.id, message.destination, dlq, reason)
+        headers = dict(message.headers)
+        headers["original-destination"] = message.destination
+        headers["dead-letter-reason"] = reason
+        queue = self._queue(dlq)
+        if len(queue.messages) >= self.config.max_queue_messages:
+            queue.messages.popleft()
+            self.stats["messages_dropped"] += 1
+        queue.messages.append(Message(message.id, dlq, headers, message.body, message.expires))
+        queue.enqueued += 1
+        self._pump(queue)
+
+    # -- transactions --------------------------------------------------------------------------
+    def _hold(self, session: Session, transaction: str, command: str, headers: dict, body: bytes) -> None:
+        receipt = headers.get("receipt")
+        frames = session.transactions.get(transaction)
+        if frames is None:
+            raise ProtocolError("unknown transaction", f"no transaction {transaction!r} was begun", receipt)
+        if len(frames) >= self.config.max_transaction_frames:
+            raise ProtocolError("transaction too large",
+                                f"at most {self.config.max_transaction_frames} frames per transaction", receipt)
+        expires = 0.0
+        if command == "SEND":
+            self._check_send(headers, receipt)
+            expires = self._expiry(headers, receipt)
+        frames.append((command, headers, body, expires))
+        self._receipt(session, receipt)  # accepted now, applied at COMMIT
+
+    def _transaction_id(self, session: Session, command: str, headers: dict, must_exist: bool) -> str:
+        receipt = headers.get("receipt")
+        transaction = headers.get("transaction")
+        if transaction is None:
+            raise ProtocolError("missing transaction", f"{command} needs a transaction header", receipt)
+        if must_exist and transaction not in session.transactions:
+            raise ProtocolError("unknown transaction", f"no transaction {transaction!r} was begun", receipt)
+        if not must_exist and transaction in session.transactions:
+            raise ProtocolError("duplicate transaction", f"transaction {transaction!r} is already open", receipt)
+        return transaction
+
+    def _begin(self, session: Session, command: str, headers: dict, body: bytes) -> None:
+        session.transactions[self._transaction_id(session, command, headers, must_exist=False)] = []
+        self._receipt(session, headers.get("receipt"))
+
+    def _commit(self, session: Session, command: str, headers: dict, body: bytes) -> None:
+        receipt = headers.get("receipt")
+        frames = session.transactions[self._transaction_id(session, command, headers, must_exist=True)]
+        # All or nothing: refuse the whole commit if a queue could not take its messages.
+        adding: dict[str, int] = {}
+        for cmd, h, _, _ in frames:
+            if cmd == "SEND" and h["destination"].startswith(QUEUE_PREFIX):
+                adding[h["destination"]] = adding.get(h["destination"], 0) + 1
+        for name, n in adding.items():
+            queue = self.queues.get(name)
+            if queue is not None and len(queue.messages) + n > self.config.max_queue_messages:
+                raise ProtocolError("queue full", f"committing would put more than max_queue_messages in {name}",
+                                    receipt)
+        del session.transactions[headers["transaction"]]
+        for cmd, h, b, expires in frames:
+            h.pop("receipt", None)  # already answered when the frame was accepted
+            if cmd == "SEND":
+                self.publish(h["destination"], h, b, expires)
+            else:
+                self._ack(session, cmd, h, b)
+        self._receipt(session, receipt)
+
+    def _abort(self, session: Session, command: str, headers: dict, body: bytes) -> None:
+        del session.transactions[self._transaction_id(session, command, headers, must_exist=True)]
+        self._receipt(session, headers.get("receipt"))
+
+    # -- closing -------------------------------------------------------------------------------
     def _disconnect(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         self._receipt(session, headers.get("receipt"))
         self._close(session)
 
-    def _ack(self, session: Session, command: str, headers: dict, body: bytes) -> None:
-        receipt = headers.get("receipt")
-        if "id" not in headers and "message-id" not in headers:
-            raise ProtocolError("missing id", f"{command} needs an id header", receipt)
-        self._receipt(session, receipt)
-
-    def _transaction(self, session: Session, command: str, headers: dict, body: bytes) -> None:
-        receipt = headers.get("receipt")
-        if "transaction" not in headers:
-            raise ProtocolError("missing transaction", f"{command} needs a transaction header", receipt)
-        self._receipt(session, receipt)
-
-    # -- helpers -------------------------------------------------------------------------------
     def _receipt(self, session: Session, receipt: str | None) -> None:
         if receipt is not None:
             session.outbox.add(R.DATA, session.conn,
@@ -370,7 +610,7 @@ class Broker:
 
     def _close(self, session: Session, websocket_close: bool = True) -> None:
         session.closing = True
-        self._drop_subscriptions(session)
+        self._end_session(session)
         if session.websocket and websocket_close:
             session.outbox.add(R.RAW, session.conn, encode_close(1000))
         session.outbox.add(R.CLOSE, session.conn)
@@ -380,10 +620,11 @@ class Broker:
         if not session.closing:
             self._close(session, websocket_close=False)
 
-    def _drop_subscriptions(self, session: Session) -> None:
-        for sub in session.subs.values():
-            self.index.remove(sub.destination, sub)
-        session.subs.clear()
+    def _end_session(self, session: Session) -> None:
+        """Subscriptions go (unacked queue messages back to their queues); open transactions are dropped."""
+        for sub in list(session.subs.values()):
+            self._remove_subscription(session, sub)
+        session.transactions.clear()
 
     # -- statistics ----------------------------------------------------------------------------
     def session_stats(self) -> dict:
@@ -394,3 +635,8 @@ class Broker:
             "stomp_connected": sum(1 for s in sessions if s.connected and not s.closing),
             "subscriptions": sum(len(s.subs) for s in sessions),
         }
+
+    def queue_stats(self) -> list[dict]:
+        return [{"destination": q.name, "depth": len(q.messages), "enqueued": q.enqueued,
+                 "dequeued": q.dequeued, "unacked": q.unacked, "consumers": len(self.index.match(q.name))}
+                for q in self.queues.values()]

@@ -21,7 +21,7 @@ from collections import deque
 
 from ..ipc import records as R
 from ..protocol.stomp import render_frame
-from ..protocol.websocket import encode_message
+from ..protocol.websocket import encode_close, encode_message
 from . import common
 
 log = logging.getLogger("stompbroker.writer")
@@ -219,6 +219,8 @@ class Writer:
         error = render_frame("ERROR", {"message": "slow consumer", "content-type": "text/plain"},
                              f"more than {self.max_pending} bytes waiting to be sent".encode())
         c.cur += encode_message(error) if c.ws else error
+        if c.ws:
+            c.cur += encode_close(1008, "slow consumer")  # a close frame, not a bare FIN (RFC 6455 7.1.1)
         c.pending = sum(map(len, keep)) + len(c.cur)
         c.closing = True
         c.deadline = time.monotonic() + 1.0
@@ -258,6 +260,10 @@ class Writer:
                 self.flush(c)
 
     def finish_all(self) -> None:
+        for c in list(self.conns.values()):
+            if c.ws and not c.closing and not c.lingering:
+                self.append(c, encode_close(1001, "broker shutting down"))  # 1001: going away
+                self.flush(c)
         for c in list(self.conns.values()):
             if not c.lingering:
                 self.hang_up(c)

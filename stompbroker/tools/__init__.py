@@ -14,11 +14,13 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 from contextlib import contextmanager
 
 from .client import BrokerError, ClientError, ConnectionClosed, StompClient
 
-__all__ = ["add_connection_options", "connect", "decode_escapes", "run_tool", "Interrupted",
+__all__ = ["add_connection_options", "connect", "decode_escapes", "exit_status_help", "run_tool",
+           "Interrupted",
            "BrokerError", "ClientError", "ConnectionClosed", "StompClient"]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -36,10 +38,19 @@ or --ws ws://HOST:PORT/ for STOMP over WebSocket (any path; wss:// works too). T
 also come from the STOMPBROKER_PASSCODE environment variable, which keeps it out of `ps`.
 
 escapes in delimiters: \\n newline, \\t tab, \\r carriage return, \\0 NUL, \\\\ backslash,
-\\xHH any byte; anything else is taken literally.
+\\xHH any byte; anything else is taken literally."""
 
-exit status: 0 success, 1 the broker refused (ERROR frame), went away or could not be reached,
-2 bad command line, 130 interrupted (Ctrl-C or SIGTERM)"""
+
+def exit_status_help(extra: str = "", writes_stdout: bool = True) -> str:
+    """The "exit status" paragraph of a tool's --help."""
+    lines = ["exit status: 0 success; 1 the broker refused (ERROR frame, its message is printed), "
+             "went away or could not be reached; 2 bad command line"]
+    if extra:
+        lines.append(extra)
+    if writes_stdout:
+        lines.append("141 stdout closed (e.g. piped into head)")
+    lines.append("130 interrupted (Ctrl-C or SIGTERM)")
+    return textwrap.fill("; ".join(lines), width=99)
 
 
 class Interrupted(Exception):
@@ -116,6 +127,13 @@ def connect(args: argparse.Namespace) -> StompClient:
     )
 
 
+def binary_stdout():
+    """sys.stdout as bytes; an error when the tool was started with stdout closed (>&-)."""
+    if sys.stdout is None:
+        raise ClientError("stdout is closed")
+    return sys.stdout.buffer
+
+
 def where(args: argparse.Namespace) -> str:
     return args.ws or f"{args.host or DEFAULT_HOST}:{args.port or DEFAULT_PORT}"
 
@@ -155,8 +173,11 @@ def run_tool(prog: str, body) -> int:
             pass
         return EXIT_BROKEN_PIPE
     except BrokerError as exc:
-        print(f"{prog}: the broker refused: {exc}", file=sys.stderr)
+        print(f"{prog}: ERROR from the broker: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except ClientError as exc:  # ConnectionClosed, cannot connect, protocol trouble
         print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:  # stdin or stdout unusable (closed, EIO...)
+        print(f"{prog}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -131,6 +131,9 @@ class _TcpTransport:
         except ConnectionError:
             return b""
 
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -207,6 +210,9 @@ class _WsTransport:
                 return bytes(data)
             # an empty message carries nothing: wait on
 
+    def fileno(self) -> int:
+        return self.ws.sock.fileno() if self.ws.sock is not None else -1
+
     def close(self) -> None:
         try:
             self.ws.sock and self.ws.sock.settimeout(0.5)
@@ -273,6 +279,12 @@ class StompClient:
         self.version = frame.headers.get("version", "1.0")
         self.server = frame.headers.get("server", "")
         self.session = frame.headers.get("session", "")
+
+    def fileno(self) -> int:
+        """The socket's descriptor, to select() on together with other input (-1 once closed)."""
+        if self._closed:
+            return -1
+        return self.transport.fileno()
 
     def close(self) -> None:
         """Drop the connection at once (the broker cleans up as for any closed connection)."""

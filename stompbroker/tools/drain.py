@@ -7,7 +7,7 @@ import sys
 import time
 
 from . import (CONNECTION_EPILOG, EXIT_OK, add_connection_options, check_connection_options, connect,
-               delimiter, run_tool, where)
+               binary_stdout, delimiter, exit_status_help, run_tool, where)
 from .tap import format_message
 
 PROG = "stompbroker-drain"
@@ -23,7 +23,7 @@ and its receipt, so the broker has processed every ACK when drain exits 0. Messa
 after the idle period (or that were not yet written when drain was interrupted) are not acked
 and stay in the queue. Only queues keep messages for later: draining a /topic/ finds nothing.
 
-""" + CONNECTION_EPILOG + """
+""" + CONNECTION_EPILOG + "\n\n" + exit_status_help() + """
 
 examples:
   stompbroker-drain /queue/jobs > jobs.txt            save and remove what /queue/jobs holds
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def drain(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    out = sys.stdout.buffer
+    out = None if args.quiet else binary_stdout()
     client = connect(args)
     acked = 0
     try:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 
 from . import (CONNECTION_EPILOG, EXIT_OK, add_connection_options, check_connection_options, connect,
-               delimiter, run_tool, where)
+               delimiter, exit_status_help, run_tool, where)
+from .client import StompClient
 
 PROG = "stompbroker-sink"
 READ_SIZE = 1 << 16
@@ -31,7 +33,7 @@ With --receipt it waits for a RECEIPT after each message before sending the next
 If the broker refuses a message (ERROR frame, e.g. a destination containing *), goes away or
 cannot be reached, sink says so on stderr (with the ERROR's message) and exits 1.
 
-""" + CONNECTION_EPILOG + """
+""" + CONNECTION_EPILOG + "\n\n" + exit_status_help(writes_stdout=False) + """
 
 examples:
   printf 'a\\nb\\n' | stompbroker-sink /topic/letters            two messages
@@ -67,26 +69,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def pieces(fd: int, delim: bytes):
-    """Yield lists of complete pieces as stdin delivers them (streaming, not reading to EOF first)."""
-    rest = b""
+def read_input(fd: int, client: StompClient) -> bytes:
+    """The next chunk of stdin; meanwhile, notice at once if the broker closes or sends an ERROR.
+
+    Waiting on both matters for long-running pipelines (`tail -f log | stompbroker-sink ...`):
+    without it sink would only find out at the next line.
+    """
     while True:
-        chunk = os.read(fd, READ_SIZE)
+        sock = client.fileno()
+        ready, _, _ = select.select([fd, sock] if sock >= 0 else [fd], [], [])
+        if sock in ready:
+            client.poll()  # raises BrokerError / ConnectionClosed
+        if fd in ready:
+            return os.read(fd, READ_SIZE)
+
+
+def pieces(fd: int, delim: bytes, client: StompClient):
+    """Yield lists of complete pieces as stdin delivers them (streaming, not reading to EOF first)."""
+    buf = bytearray()
+    while True:
+        chunk = read_input(fd, client)
         if not chunk:
             break
-        data = rest + chunk
-        parts = data.split(delim)
-        rest = parts.pop()
-        if parts:
-            yield parts
-    if rest:
-        yield [rest]
+        start = max(len(buf) - len(delim) + 1, 0)  # a delimiter may straddle the old and new bytes
+        buf += chunk
+        if buf.find(delim, start) < 0:
+            continue  # a long piece: no copying until it ends
+        parts = bytes(buf).split(delim)
+        buf = bytearray(parts.pop())
+        yield parts
+    if buf:
+        yield [bytes(buf)]
 
 
-def read_all(fd: int) -> bytes:
+def read_all(fd: int, client: StompClient) -> bytes:
     chunks = []
     while True:
-        chunk = os.read(fd, READ_SIZE)
+        chunk = read_input(fd, client)
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
@@ -110,8 +129,8 @@ def sink(args: argparse.Namespace) -> int:
         if args.verbose:
             print(f"{PROG}: connected to {where(args)} (STOMP {client.version}, {client.server or '?'})",
                   file=sys.stderr, flush=True)
-        fd = sys.stdin.fileno()
-        batches = [[read_all(fd)]] if args.whole else pieces(fd, args.delimiter)
+        fd = 0  # not sys.stdin.fileno(): sys.stdin is None when stdin is closed (<&-)
+        batches = [[read_all(fd, client)]] if args.whole else pieces(fd, args.delimiter, client)
         for batch in batches:
             for body in batch:
                 # Without --receipt, frames of one read go out together (one write on TCP).

@@ -7,7 +7,7 @@ import sys
 import time
 
 from . import (CONNECTION_EPILOG, EXIT_OK, add_connection_options, check_connection_options, connect,
-               delimiter, run_tool, where)
+               binary_stdout, delimiter, exit_status_help, run_tool, where)
 from .client import Frame, escape
 
 PROG = "stompbroker-tap"
@@ -31,7 +31,7 @@ stays in the queue for the next consumer; elsewhere it uses ack:auto. --ack over
 --headers writes each message as its headers (name:value lines, STOMP 1.1 escaping), a blank line
 and the body, then the delimiter.
 
-""" + CONNECTION_EPILOG + """, 3 timed out before -n messages
+""" + CONNECTION_EPILOG + "\n\n" + exit_status_help("3 a timeout came before -n messages") + """
 
 examples:
   stompbroker-tap /topic/prices                      one body per line, until Ctrl-C
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 def tap(args: argparse.Namespace) -> int:
     start = time.monotonic()
     ack = args.ack or ("client-individual" if args.destination.startswith("/queue/") else "auto")
-    out = sys.stdout.buffer
+    out = binary_stdout()
     client = connect(args)
     received = 0
     try:

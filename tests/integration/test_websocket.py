@@ -797,3 +797,47 @@ def test_ws_paths_and_origins(start_broker):
         assert c.read_http()[0] == 200
     finally:
         c.close()
+
+
+# -- the broker ends the connection ----------------------------------------------------------------
+def test_slow_websocket_consumer_gets_error_and_close(start_broker):
+    b = start_broker("processors=3", "max_pending_bytes=65536")
+    slow = RawWs(b.address)
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fill up quickly
+    fast = RawWs(b.address).handshake()
+    try:
+        slow.handshake()
+        slow.connect()
+        dest = unique("slow")
+        slow.stomp("SUBSCRIBE", {"id": "s", "destination": dest, "receipt": "sub"})
+        assert slow.read_stomp()[0] == "RECEIPT"
+        fast.connect()
+        chunk = stomp_bytes("SEND", {"destination": dest}, b"p" * 100_000)
+        for i in range(200):  # 20 MB that the slow client does not read
+            fast.frame(chunk)
+        fast.receipt()
+        # Now read: what was sent before the cut, then the ERROR, then a close frame.
+        deadline = time.monotonic() + 20
+        while True:
+            op, payload = slow.read_message(timeout=max(deadline - time.monotonic(), 0.01))
+            command = payload.split(b"\n", 1)[0]
+            if command == b"ERROR":
+                assert b"slow consumer" in payload
+                break
+            assert command == b"MESSAGE"
+        slow.expect_close(1008)
+    finally:
+        slow.close()
+        fast.close()
+
+
+def test_broker_shutdown_closes_websockets_with_1001(start_broker):
+    b = start_broker("processors=3")
+    c = RawWs(b.address).handshake()
+    try:
+        c.connect()
+        c.receipt()
+        b.stop()
+        c.expect_close(1001)
+    finally:
+        c.close()

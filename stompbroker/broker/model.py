@@ -1,0 +1,166 @@
+"""Plain data of the dispatcher: sessions, subscriptions, messages, queues, deliveries, outboxes."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..ipc import records as R
+from ..protocol.stomp import escape
+
+# Headers of a SEND meant for the broker, not copied into the MESSAGE.
+NOT_FORWARDED = frozenset(("destination", "message-id", "subscription", "content-length", "receipt",
+                           "transaction", "ack", "redelivered", "persistent"))
+
+
+class Outbox:
+    """Records for one writer, collected during one dispatcher round."""
+
+    __slots__ = ("index", "buf", "count", "limit", "on_full")
+
+    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None):
+        self.index = index
+        self.buf = bytearray()
+        self.count = 0
+        self.limit = limit        # past this many bytes, on_full(outbox) hands the batch over early
+        self.on_full = on_full
+
+    def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
+        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux)
+        self.buf += payload
+        self.count += 1
+        if len(self.buf) > self.limit:
+            self.on_full(self)
+
+    def add2(self, conn: int, first: bytes, second: bytes) -> None:
+        """A DATA record made of two parts, without joining them first (one delivery)."""
+        buf = self.buf
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, 0)
+        buf += first
+        buf += second
+        self.count += 1
+        if len(buf) > self.limit:
+            self.on_full(self)
+
+    def add3(self, conn: int, first: bytes, second: bytes, third: bytes) -> None:
+        buf = self.buf
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, 0)
+        buf += first
+        buf += second
+        buf += third
+        self.count += 1
+        if len(buf) > self.limit:
+            self.on_full(self)
+
+    def take(self) -> tuple[bytearray, int]:
+        buf, count = self.buf, self.count
+        self.buf, self.count = bytearray(), 0
+        return buf, count
+
+
+class Session:
+    __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
+                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login")
+
+    def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
+        self.conn = conn
+        self.outbox = outbox
+        self.peer = peer
+        self.opened = now
+        self.last_seen = now
+        self.connected = False
+        self.version = "1.0"
+        self.escape = False       # header escaping applies (1.1 and later)
+        self.subs: dict[str, Subscription] = {}
+        self.acks: dict[str, Subscription] = {}       # ack id -> subscription, for 1.2 ACK/NACK by id
+        self.transactions: dict[str, list] = {}       # transaction id -> frames held until COMMIT
+        self.hb_in = 0            # ms: the client promised a frame or heart-beat at least this often
+        self.closing = False
+        self.websocket = False
+        self.id = ""
+        self.login = ""
+
+
+class Subscription:
+    __slots__ = ("session", "id", "destination", "ack", "tracked", "prefetch", "accepts", "unacked", "prefix")
+
+    def __init__(self, session: Session, sub_id: str, destination: str, ack: str, prefetch: int, accepts):
+        self.session = session
+        self.id = sub_id
+        self.destination = destination
+        self.ack = ack
+        self.tracked = ack != "auto"        # deliveries wait for ACK/NACK
+        self.prefetch = prefetch            # most unacknowledged deliveries (0 = no limit)
+        self.accepts = accepts              # filter/selector predicate over headers, or None
+        self.unacked: dict[str, Delivery] = {}  # ack id -> delivery, in delivery order
+        # Rendered once: every delivery is this prefix plus the message's shared part.
+        sid = escape(sub_id) if session.escape else sub_id
+        self.prefix = b"MESSAGE\nsubscription:" + sid.encode() + b"\n"
+
+    def has_room(self) -> bool:
+        return not self.prefetch or len(self.unacked) < self.prefetch
+
+
+class Message:
+    """A published message, rendered once per escaping style (1.0 or 1.1+) and shared by deliveries."""
+
+    __slots__ = ("id", "destination", "headers", "body", "expires", "redelivered", "nacks", "avoid",
+                 "_rendered")
+
+    def __init__(self, message_id: str, destination: str, headers: dict, body: bytes, expires: float = 0.0):
+        self.id = message_id
+        self.destination = destination
+        self.headers = headers
+        self.body = body
+        self.expires = expires      # monotonic deadline; 0 = never
+        self.redelivered = False    # went back to its queue unacknowledged
+        self.nacks = 0
+        self.avoid = None           # the subscription that NACKed it last (tried last next time)
+        self._rendered = [None, None]
+
+    def expired(self, now: float) -> bool:
+        return bool(self.expires) and now >= self.expires
+
+    def shared(self, escaped: bool) -> bytes:
+        part = self._rendered[escaped]
+        if part is None:
+            esc = escape if escaped else _no_newlines
+            lines = [f"message-id:{esc(self.id)}", f"destination:{esc(self.destination)}"]
+            for name, value in self.headers.items():
+                if name not in NOT_FORWARDED:
+                    lines.append(f"{esc(name)}:{esc(value)}")
+            lines.append(f"content-length:{len(self.body)}")
+            part = ("\n".join(lines) + "\n\n").encode() + self.body + b"\0"
+            self._rendered[escaped] = part
+        return part
+
+
+def _no_newlines(value: str) -> str:
+    # STOMP 1.0 has no escaping: a value with a line break cannot be sent as it is.
+    return value.replace("\r", " ").replace("\n", " ") if ("\n" in value or "\r" in value) else value
+
+
+class Queue:
+    """A /queue/ destination: messages wait here until one subscriber with room takes each."""
+
+    __slots__ = ("name", "messages", "rr", "enqueued", "dequeued", "unacked", "expired")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.messages: deque[Message] = deque()
+        self.rr = 0            # round-robin position among the matching subscriptions
+        self.enqueued = 0
+        self.dequeued = 0      # acknowledged (or delivered, for auto-ack subscriptions)
+        self.unacked = 0
+        self.expired = 0
+
+
+class Delivery:
+    """A message handed to a client-ack subscription and not yet acknowledged."""
+
+    __slots__ = ("ack_id", "message", "queue", "nacks")
+
+    def __init__(self, ack_id: str, message: Message, queue: Queue | None, nacks: int):
+        self.ack_id = ack_id
+        self.message = message
+        self.queue = queue
+        self.nacks = nacks

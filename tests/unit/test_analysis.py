@@ -1,0 +1,326 @@
+"""Tests for stompbroker.analysis (PySpark diag dump analysis) on a synthetic dump.
+
+One local[2] SparkSession and one computed set of tables are shared by all tests.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("matplotlib")
+pytest.importorskip("pandas")
+
+import diag_dump_fixture as fx  # noqa: E402  (tests/unit is on sys.path)
+
+ROOT = Path(__file__).resolve().parents[2]
+try:
+    import stompbroker.analysis  # noqa: F401
+except ImportError:  # source checkout without an installed package
+    sys.path.insert(0, str(ROOT))
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from stompbroker.analysis import (  # noqa: E402
+    collect_for_report,
+    compute_tables,
+    downsample,
+    leak_flags,
+    load_dumps,
+    main,
+    summary,
+    to_pandas,
+    write_report,
+)
+from stompbroker.analysis.report import chart_bucket  # noqa: E402
+
+RATES = fx.RATES
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+@pytest.fixture(scope="session")
+def spark():
+    s = (
+        SparkSession.builder.master("local[2]")
+        .appName("stompbroker-analysis-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def dump(tmp_path_factory):
+    base = tmp_path_factory.mktemp("diag") / "diag.jsonl"
+    fx.write_dump(base)
+    return f"{base}*"  # the current file and the rotated one
+
+
+@pytest.fixture(scope="session")
+def loaded(spark, dump):
+    df = load_dumps(spark, [dump]).cache()
+    yield df
+    df.unpersist()
+
+
+@pytest.fixture(scope="session")
+def tables(loaded):
+    t = {k: v.cache() for k, v in compute_tables(loaded).items()}
+    yield t
+    for v in t.values():
+        v.unpersist()
+
+
+@pytest.fixture(scope="session")
+def pdfs(tables):
+    return {k: to_pandas(v) for k, v in tables.items()}
+
+
+@pytest.fixture(scope="session")
+def summ(tables):
+    return summary(tables)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def test_load_runs_restart_and_bad_lines(loaded):
+    pdf = to_pandas(loaded.select("run", "run_seq", "restart", "first_in_run", "t_s", "dt_s"))
+    # 2 x 30 good lines; the truncated last line and nothing else is dropped
+    assert len(pdf) == 2 * fx.SAMPLES_PER_RUN
+    assert sorted(pdf["run_seq"].unique()) == [0, 1]
+    assert pdf.groupby("run_seq").size().tolist() == [fx.SAMPLES_PER_RUN] * 2
+    assert pdf["restart"].sum() == 1 and pdf.loc[pdf["restart"], "run_seq"].tolist() == [1]
+    assert pdf["first_in_run"].sum() == 2
+    assert pdf["t_s"].min() == 0.0
+    assert pdf["t_s"].max() == pytest.approx(fx.DURATION_S)
+    # first line of a run covers broker start..ts; the others the real spacing, not interval_ms
+    assert sorted(pdf["dt_s"].round(3).unique()) == [0.8, 1.0, 1.2]
+    assert pdf["dt_s"].sum() == pytest.approx(fx.COVERED_S)
+
+
+def test_duplicate_inputs_are_counted_once(spark, dump):
+    plain = dump.rstrip("*")
+    assert load_dumps(spark, [dump, plain, plain + ".1"]).count() == 2 * fx.SAMPLES_PER_RUN
+
+
+# ---------------------------------------------------------------- per-interval tables
+
+
+def test_throughput_rates_exact_and_never_negative(pdfs):
+    tp = pdfs["throughput"]
+    assert len(tp) == 2 * fx.SAMPLES_PER_RUN
+    for c in fx.RATES:
+        if c.startswith("connections"):
+            continue
+        assert tp[f"{c}_per_s"].notna().all()
+        assert tp[f"{c}_per_s"].to_numpy() == pytest.approx([RATES[c]] * len(tp)), c
+        assert (tp[f"{c}_delta"] >= 0).all()
+    # the first interval after the restart counts from 0 at the new broker start
+    first_b = tp[tp["restart"]].iloc[0]
+    assert first_b["frames_in_delta"] == RATES["frames_in"] * 1.2
+
+
+def test_churn(pdfs):
+    ch = pdfs["churn"]
+    assert ch["connections_opened_per_s"].to_numpy() == pytest.approx([10.0] * len(ch))
+    assert ch["connections_closed_per_s"].to_numpy() == pytest.approx([5.0] * len(ch))
+    assert ch["clients"].max() == 5 * fx.SAMPLES_PER_RUN
+
+
+def test_queue_depths(pdfs):
+    q = pdfs["queue_depths"]
+    a = q[q["destination"] == "/queue/a"]
+    assert a["depth"].max() == fx.MAX_DEPTH
+    assert a["enqueued_per_s"].to_numpy() == pytest.approx([fx.QUEUE_IN] * len(a))
+    assert a["dequeued_per_s"].to_numpy() == pytest.approx([fx.QUEUE_OUT] * len(a))
+    assert (q[q["destination"] == "/queue/b"]["depth"] == 0).all()
+
+
+def test_writer_balance(pdfs):
+    wb = pdfs["writer_balance"]
+    assert len(wb) == 3 * 2 * fx.SAMPLES_PER_RUN
+    assert wb["imbalance"].to_numpy() == pytest.approx([fx.IMBALANCE] * len(wb))
+    for i, share in enumerate(fx.WRITER_SHARES):
+        w = wb[wb["writer"] == i]
+        assert w["share"].to_numpy() == pytest.approx([share] * len(w))
+        assert w["frames_per_s"].to_numpy() == pytest.approx([RATES["frames_out"] * share] * len(w))
+        assert w["batch_fill"].to_numpy() == pytest.approx([fx.WRITER_FILL[i]] * len(w))
+    assert (wb["frames_delta"] >= 0).all()
+
+
+def test_latency(pdfs):
+    lat = pdfs["latency"]
+    assert lat["p99_ms"].max() == 12.0
+    assert lat["max_ms"].max() == 20.0
+    assert lat["p50_ms"].to_numpy() == pytest.approx([0.4] * len(lat))
+    assert (lat["p99_ms"] == 1.5).sum() == len(lat) - 1
+    assert lat["count"].sum() == RATES["messages_delivered"] * fx.COVERED_S
+
+
+def test_memory_and_leak_flags(pdfs):
+    mem = pdfs["memory"]
+    assert len(mem) == 6 * 2 * fx.SAMPLES_PER_RUN
+    assert (mem["cpu_percent"].dropna() >= 0).all()
+    lf = pdfs["leak_flags"].set_index(["run_seq", "role"])
+    assert len(lf) == 12
+    flagged = sorted(lf.index[lf["leak"]].tolist())
+    assert flagged == [(0, fx.LEAKING_ROLE), (1, fx.LEAKING_ROLE)]
+    d = lf.loc[(0, "dispatcher")]
+    assert d["slope_bytes_per_s"] > 40_000 and d["up_fraction"] == 1.0 and d["r2"] > 0.99
+    # one jump: positive slope, only upward changes, but not steady -> no leak
+    r = lf.loc[(0, "reader")]
+    assert r["slope_bytes_per_s"] > 100_000 and r["up_fraction"] == 1.0 and r["r2"] < 0.8 and not r["leak"]
+    s = lf.loc[(0, "supervisor")]  # flat, page noise up and down
+    assert abs(s["slope_bytes_per_s"]) < 100 and s["up_fraction"] < 0.6 and not s["leak"]
+    w = lf.loc[(0, "writer-0")]  # constant: no RSS change at all
+    assert w["slope_bytes_per_s"] == 0 and math.isnan(w["up_fraction"]) and not w["leak"]
+
+
+def test_leak_thresholds_are_parameters(tables):
+    strict = to_pandas(leak_flags(tables["memory"], min_slope=100_000.0))
+    assert not strict["leak"].any()
+    loose = to_pandas(leak_flags(tables["memory"], min_r2=0.5))
+    assert sorted(set(loose.loc[loose["leak"], "role"])) == ["dispatcher", "reader"]
+
+
+def test_summary(summ):
+    assert summ["runs"] == 2 and summ["restarts"] == 1
+    assert summ["intervals"] == 60
+    assert summ["duration_s"] == pytest.approx(fx.DURATION_S)
+    assert summ["covered_s"] == pytest.approx(fx.COVERED_S)
+    for c in ("frames_in", "frames_out", "bytes_in", "bytes_out", "messages_published", "messages_delivered"):
+        assert summ[f"{c}_total"] == RATES[c] * fx.COVERED_S
+        assert summ[f"{c}_per_s_mean"] == pytest.approx(RATES[c])
+        assert summ[f"{c}_per_s_peak"] == pytest.approx(RATES[c])
+    assert summ["connections_opened_total"] == 10 * fx.COVERED_S
+    assert summ["queue_depth_max"] == fx.MAX_DEPTH
+    assert summ["queue_depth_max_destination"] == "/queue/a"
+    assert summ["writer_imbalance_overall"] == pytest.approx(fx.IMBALANCE)
+    assert summ["writer_imbalance_max"] == pytest.approx(fx.IMBALANCE)
+    assert summ["batch_fill_mean"] == pytest.approx(0.4)
+    assert summ["latency_p99_ms_max"] == 12.0 and summ["latency_max_ms"] == 20.0
+    assert summ["leaks"] == 2
+    assert summ["leaking_processes"] == ["dispatcher (pid 1239, run 0)", "dispatcher (pid 2239, run 1)"]
+    assert summ["first"].endswith("Z")
+
+
+def test_counter_reset_inside_a_run_is_not_negative(spark, tmp_path):
+    # A queue deleted and re-created mid-run: its counters drop back to 0.
+    lines = []
+    for k, enq in enumerate([10, 20, 30, 5, 15], start=1):
+        line = fx.line(0, 3 * k)  # dt 3 s
+        line["queues"] = [{"destination": "/queue/x", "depth": 0, "enqueued": enq, "dequeued": enq,
+                           "unacked": 0, "consumers": 1}]
+        lines.append(json.dumps(line))
+    p = tmp_path / "reset.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    t = compute_tables(load_dumps(spark, str(p)))
+    q = to_pandas(t["queue_depths"].orderBy("ts"))
+    assert q["enqueued_delta"].tolist() == [10, 10, 10, 5, 10]
+
+
+def test_downsample_bounds_chart_points(tables):
+    tp = tables["throughput"]
+    b = chart_bucket(tp, max_points=10)
+    assert b == pytest.approx(fx.DURATION_S / 10)
+    small = to_pandas(downsample(tp, b, (), ["frames_out_per_s"]))
+    assert len(small) <= 2 * 11  # per run, at most one point per bucket
+    assert small["frames_out_per_s"].to_numpy() == pytest.approx([300.0] * len(small))
+    assert chart_bucket(tp) is None  # 60 intervals: plotted as is
+
+
+# ---------------------------------------------------------------- report and CLI
+
+
+def test_write_report_html(tmp_path, tables, summ):
+    frames = collect_for_report(tables)
+    path = write_report(tmp_path, summ, frames, fmt="html", inputs=["x"])
+    text = path.read_text()
+    assert path.name == "report.html" and text.startswith("<!DOCTYPE html>")
+    assert "<img src='charts/memory.png'" in text
+    assert "300.0/s" in text and "12.00" in text
+    for name in ("throughput", "queue_depths", "writer_balance", "latency", "churn", "memory"):
+        assert (tmp_path / "charts" / f"{name}.png").stat().st_size > 1000
+
+
+def test_main_in_process_reuses_session(spark, dump, tmp_path):
+    out = tmp_path / "out"
+    assert main([dump, "--out", str(out), "--leak-min-slope", "1e9"]) == 0
+    assert SparkSession.getActiveSession() is not None  # the caller's session is left running
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"  # and its config restored
+    s = json.loads((out / "summary.json").read_text())
+    assert s["leaks"] == 0  # the threshold reached leak_flags()
+    assert "1000000000 B/s" in (out / "report.md").read_text()
+
+
+def test_main_reports_missing_input(tmp_path, capsys, spark):
+    assert main([str(tmp_path / "nothing-here.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert "stompbroker-diag-report:" in capsys.readouterr().err
+
+
+def test_cli_end_to_end(dump, tmp_path):
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stompbroker.analysis", dump, "--out", str(out), "--master", "local[2]"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"report: {out / 'report.md'}" in proc.stdout
+    for table in ("throughput", "queue_depths", "writer_balance", "latency", "churn", "memory",
+                  "leak_flags", "summary"):
+        assert list((out / table / "parquet").glob("part-*.parquet")), table
+        csvs = list((out / table / "csv").glob("part-*.csv"))
+        assert csvs and csvs[0].read_text().count("\n") >= 2, table
+    for name in ("throughput", "queue_depths", "writer_balance", "latency", "churn", "memory"):
+        assert (out / "charts" / f"{name}.png").is_file()
+    report = (out / "report.md").read_text()
+    assert "| Frames out: total / mean / peak | 18000 / 300.0/s / 300.0/s |" in report
+    assert "| Broker runs | 2 (1 restart(s)) |" in report
+    assert "0.40 / 1.68 / 12.00 / 20.00 ms" in report
+    assert "dispatcher (pid 1239, run 0), dispatcher (pid 2239, run 1)" in report
+    assert "| 1.50 / 1.50 / 1.50 |" in report
+    # the CSV tables hold the same figures
+    tp_csv = next((out / "throughput" / "csv").glob("part-*.csv")).read_text().splitlines()
+    header = tp_csv[0].split(",")
+    col = header.index("frames_out_per_s")
+    assert {float(r.split(",")[col]) for r in tp_csv[1:]} == {300.0}
+
+
+def test_notebook_executes(dump, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    nb = nbformat.read(ROOT / "scripts" / "diag_analysis.ipynb", as_version=4)
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    monkeypatch.setenv("STOMPBROKER_DUMP", dump)
+    monkeypatch.setenv("STOMPBROKER_SPARK_MASTER", "local[2]")
+    monkeypatch.setenv("STOMPBROKER_REPORT_OUT", str(tmp_path / "nb-out"))
+    client = nbclient.NotebookClient(
+        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "scripts")}}
+    )
+    client.execute()
+    text = "\n".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+        if o.get("output_type") == "stream" and o.get("name") == "stdout"
+    )
+    assert "frames in 100.0/s, frames out 300.0/s" in text
+    assert "p99 max 12.00 ms" in text
+    assert "suspected leaks: dispatcher (pid 1239, run 0), dispatcher (pid 2239, run 1)" in text
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 6
+    assert (tmp_path / "nb-out" / "report.md").is_file()

@@ -1,0 +1,148 @@
+"""The load generator (scripts/bench.py): its pure parts, and one tiny run against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
+sys.path.insert(0, SCRIPTS)
+
+import bench  # noqa: E402
+from bench_wire import (TOKEN, TokenCounter, TsScanner, count_nul, make_body, mask, parse_ws_frame,  # noqa: E402
+                        percentiles, split_stomp_frame, stomp_frame, ws_frame)
+
+
+def message(i: int, size: int = 117, ts: int | None = None) -> bytes:
+    headers = [("subscription", "0"), ("message-id", f"abc-{i}"), ("destination", "/topic/x")]
+    if ts is not None:
+        headers.append(("bench-ts", str(ts)))
+    return stomp_frame("MESSAGE", headers, make_body(size))
+
+
+# -- frame counting ----------------------------------------------------------------------------
+def test_body_has_token_and_no_nul():
+    body = make_body(117)
+    assert len(body) == 117 and body.startswith(TOKEN) and b"\0" not in body
+    with pytest.raises(ValueError):
+        make_body(3)
+
+
+def test_count_nul_counts_complete_frames_only():
+    stream = b"".join(message(i) for i in range(10)) + b"\n\n"  # heart-beats are not frames
+    buf = bytearray(stream + message(10)[:-1])                  # the last frame is incomplete
+    assert count_nul(buf, len(buf)) == 10
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_token_counter_with_recv_into_every_split(ws):
+    frames = [message(i, size=20 + i) for i in range(30)]
+    stream = b"".join(ws_frame(f, masked=False) if ws else f for f in frames)
+    for chunk in (1, 2, 3, 5, 7, 8, 64, len(stream)):
+        counter = TokenCounter()
+        k = counter.carry_len
+        buf = bytearray(k + chunk)
+        total = 0
+        for pos in range(0, len(stream), chunk):
+            part = stream[pos:pos + chunk]
+            counter.prepare(buf)
+            buf[k:k + len(part)] = part
+            total += counter.count(buf, len(part))
+        assert total == 30, chunk
+
+
+def test_token_counter_feed():
+    counter = TokenCounter()
+    data = (b"ab" + TOKEN + b"cd") * 7
+    assert sum(counter.feed(data[i:i + 3]) for i in range(0, len(data), 3)) == 7
+
+
+def test_ts_scanner_across_chunks():
+    stamps = [1000 + 7 * i for i in range(50)]
+    stream = b"".join(ws_frame(message(i, ts=t), masked=False) for i, t in enumerate(stamps))
+    for chunk in (1, 4, 9, 100, len(stream)):
+        scanner = TsScanner()
+        got = []
+        for pos in range(0, len(stream), chunk):
+            got += scanner.feed(stream[pos:pos + chunk])
+        assert got == stamps, chunk
+
+
+# -- wire ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [0, 5, 125, 126, 300, 65535, 65536, 70000])
+def test_ws_frame_round_trip(size):
+    payload = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+    for masked in (True, False):
+        frame = ws_frame(payload, masked=masked)
+        assert parse_ws_frame(frame[:-1] if size else frame[:1]) is None
+        fin, opcode, got, end = parse_ws_frame(frame)
+        assert (fin, opcode, got, end) == (True, 1, payload, len(frame))
+    assert mask(mask(payload)) == payload
+
+
+def test_split_stomp_frame():
+    body = b"a\0b"  # a NUL inside a body with content-length
+    stream = b"\n\r\n" + stomp_frame("MESSAGE", [("destination", "/q")], body) + b"RECEIPT\nreceipt-id:7\n\n\0"
+    (command, headers, got), pos = split_stomp_frame(stream)
+    assert (command, headers["destination"], got) == ("MESSAGE", "/q", body)
+    (command, headers, got), end = split_stomp_frame(stream, pos)
+    assert (command, headers["receipt-id"], end) == ("RECEIPT", "7", len(stream))
+    assert split_stomp_frame(b"MESSAGE\nx:y\n")[0] is None
+
+
+# -- statistics and results ------------------------------------------------------------------------
+def test_percentiles_nearest_rank():
+    p = percentiles(list(range(1, 1001)))
+    assert (p["p50"], p["p99"], p["p99.9"], p["max"], p["count"]) == (500, 990, 999, 1000, 1000)
+    assert percentiles([])["p99"] is None
+
+
+def test_bins_and_steady_rate():
+    assert bench.merge_bins([[1, 2], [3, 4, 5]]) == [4, 6, 5]
+    bins = [100] * 10 + [1000] * 30 + [100] * 10   # 0.1 s bins: ramp, 3 s at 10,000/s, drain
+    assert bench.steady_rate(bins) == pytest.approx(10_000)
+    assert bench.steady_rate([5, 5]) is None
+
+
+def test_result_schema():
+    res = bench.new_result("one2one-tcp", "one2one", "tcp", {"size": 117})
+    assert "an ok result needs a headline {metric, value, unit}" in bench.validate_result(res)
+    res["duration_s"] = 1.0
+    res["headline"] = {"metric": "deliveries/s", "value": 10, "unit": "1/s"}
+    res["latency_ms"] = {"p50": 0.1, "p99": 0.2, "p99.9": 0.3}
+    res["target"] = bench.check_target("one2one", 10)
+    assert res["target"]["met"] is False
+    assert bench.validate_result(res) == []
+    assert set(bench.RESULT_KEYS) <= set(res)
+    del res["rates"]
+    assert bench.validate_result(res) == ["missing key 'rates'"]
+    skipped = bench.new_result("durable-tcp", "durable", "tcp", {})
+    skipped["status"] = "skipped"
+    assert bench.validate_result(skipped) == []
+
+
+def test_scenario_names():
+    assert bench.scenario_names("all") == list(bench.SCENARIOS)
+    assert bench.scenario_names("1to1,ingest,1to1") == ["one2one", "ingest"]
+    with pytest.raises(SystemExit):
+        bench.scenario_names("nope")
+
+
+# -- one tiny run ------------------------------------------------------------------------------------
+def test_smoke_one2one_against_broker(start_broker, tmp_path, capsys):
+    broker = start_broker("processors=3")
+    out = tmp_path / "bench"
+    code = bench.main(["--port", str(broker.port), "--pid", str(broker.proc.pid), "--scenario", "one2one",
+                       "--duration", "1.5", "--no-ceiling", "--quiet", "--pause", "0", "--out", str(out)])
+    assert code == 0, capsys.readouterr()
+    doc = json.loads((out / "results.json").read_text())
+    (res,) = doc["results"]
+    assert bench.validate_result(res) == []
+    assert res["status"] == "ok", res["notes"]
+    assert res["counts"]["delivered"] > 0
+    assert res["counts"]["delivered"] == res["counts"]["sent"]
+    assert res["broker"]["cpu_s"] is not None and res["broker"]["cpu_s"] > 0
+    assert (out / "bench.png").stat().st_size > 0
