@@ -180,7 +180,7 @@ class BrokerProcs:
         return out
 
     def cpu(self) -> dict:
-        """{role: cpu seconds}, roles numbered if repeated; plus '_total'."""
+        """{role: cpu seconds}, roles numbered if repeated; '<role>:sys' for the kernel part; '_total'."""
         import psutil
         out: dict = {}
         for p in self.processes():
@@ -191,7 +191,8 @@ class BrokerProcs:
             role = _role(p)
             key = role if role not in out else f"{role}#{p.pid}"
             out[key] = t.user + t.system
-        out["_total"] = sum(v for k, v in out.items())
+            out[key + ":sys"] = t.system
+        out["_total"] = sum(v for k, v in out.items() if not k.endswith(":sys"))
         return out
 
     def pss(self) -> tuple[int | None, dict]:
@@ -520,7 +521,8 @@ class Runner:
             cpu = BrokerProcs.delta(flow.cpu_before, flow.cpu_after)
             total = cpu.pop("_total", None)
             res["broker"]["cpu_s"] = total
-            res["broker"]["cpu_by_process"] = cpu
+            res["broker"]["cpu_by_process"] = {k: v for k, v in cpu.items() if not k.endswith(":sys")}
+            res["broker"]["kernel_cpu_by_process"] = {k[:-4]: v for k, v in cpu.items() if k.endswith(":sys")}
             if deliveries and total:
                 res["deliveries_per_cpu_s"] = round(deliveries / total)
         res["broker"]["label"] = self.label
@@ -799,8 +801,8 @@ class Runner:
             res["rates"] = {"connections_opened_per_s": round(opened / open_s) if open_s else None}
             res["broker"]["label"] = self.label
             if broker is not None:
-                base = BrokerProcs.delta(cpu_a, cpu_b)
-                idle = BrokerProcs.delta(cpu_c, cpu_d)
+                base = {k: v for k, v in BrokerProcs.delta(cpu_a, cpu_b).items() if not k.endswith(":sys")}
+                idle = {k: v for k, v in BrokerProcs.delta(cpu_c, cpu_d).items() if not k.endswith(":sys")}
                 per_conn = (mem1 - mem0) / opened if opened and mem0 is not None and mem1 is not None else None
                 res["broker"].update({
                     "cpu_s": idle.pop("_total", None), "cpu_by_process": idle,
@@ -1043,7 +1045,11 @@ def make_chart(doc: dict, path: str) -> None:
             ax.plot([t["goal"]], [i], marker="d", color="#55A868")
     for b, v in zip(bars, values):
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + fmt_num(v), va="center", fontsize=8)
-    ax.set_xscale("log")
+    if values and max(values) > 0:
+        import math
+        lo = min(v for v in values if v > 0) if any(v > 0 for v in values) else 1
+        ax.set_xscale("log")
+        ax.set_xlim(left=10 ** math.floor(math.log10(lo)))
     ax.set_title("throughput (SEND/s for ingest/durable, deliveries/s otherwise)\n"
                  "red |: generator ceiling, green \u2666: target", fontsize=9)
     ax.invert_yaxis()
@@ -1057,7 +1063,6 @@ def make_chart(doc: dict, path: str) -> None:
             ax.plot([i * 0.5 for i in range(len(smooth))], smooth, label=r["name"])
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("per second (0.5 s bins)")
-    ax.set_yscale("symlog")
     ax.set_title("rate over time", fontsize=9)
     if thr:
         ax.legend(fontsize=7)
@@ -1080,7 +1085,10 @@ def make_chart(doc: dict, path: str) -> None:
         c = r.get("generator_ceiling") or {}
         if c.get("latency_ms"):
             ax.axvline(c["latency_ms"]["p99"], color="#C44E52", linestyle=":", label="generator floor p99")
-    ax.set_xscale("log")
+    if lat:
+        ax.set_xscale("log")
+    else:
+        ax.text(0.5, 0.5, "no latency run", transform=ax.transAxes, ha="center")
     ax.set_xlabel("latency, ms (from the scheduled send time)")
     ax.set_ylabel("fraction of messages")
     ax.set_title("latency CDF at fixed offered load", fontsize=9)

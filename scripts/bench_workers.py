@@ -84,6 +84,8 @@ def run_worker(kind: str, spec: dict, shared: Shared, slot: int, conn) -> None:
         conn.send(("result", result))
     except BenchError as exc:
         conn.send(("error", f"{kind} {slot}: {exc}"))
+    except OSError as exc:  # refused, reset...: the broker is gone or refuses connections
+        conn.send(("error", f"{kind} {slot}: {exc!r}"))
     except Exception as exc:  # report, do not hang the coordinator
         conn.send(("error", f"{kind} {slot}: {exc!r}\n{traceback.format_exc()}"))
     finally:

@@ -63,6 +63,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat_grace_ms", int, 1_000, "silence allowed past a client's heart-beat interval before it is disconnected"),
     Setting("connect_timeout_ms", int, 10_000, "time a new connection has to send CONNECT before it is closed"),
     Setting("shutdown_timeout_ms", int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
+    Setting("diag_before_connect", _bool, True, "answer DIAG frames before CONNECT, as stompica did (off: only after CONNECT)"),
+    Setting("diag_interval", int, 1_000, "milliseconds per statistics interval (latency percentiles, dump lines)"),
+    Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
+    Setting("diag_dump_max_bytes", int, 64 * MB, "rotate the dump file past this size"),
+    Setting("diag_dump_backups", int, 5, "rotated dump files kept (path.1 ... path.N)"),
+    Setting("monitor_interval", int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 )
 
@@ -112,11 +118,12 @@ def validate(values: dict) -> None:
     for name in ("max_input_queue_size", "max_frame_size", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
-                 "max_queue_messages", "max_transaction_frames"):
+                 "max_queue_messages", "max_transaction_frames", "diag_interval", "monitor_interval",
+                 "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms",
-                 "client_prefetch", "max_redeliveries",
+                 "client_prefetch", "max_redeliveries", "diag_dump_backups",
                  "connect_timeout_ms", "shutdown_timeout_ms"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")

@@ -19,6 +19,7 @@ from .. import __version__
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head, render_frame
 from ..protocol.websocket import encode_close
+from ..diag.stats import QUERIES
 from .model import Delivery, Message, Outbox, Queue, Session, Subscription
 from .selector import SelectorError, compile_selector
 from .stale import StaleQueue
@@ -34,6 +35,8 @@ ACK_MODES = ("auto", "client", "client-individual")
 CONNECT_COMMANDS = ("CONNECT", "STOMP")
 TRANSACTIONAL = ("SEND", "ACK", "NACK")
 QUEUE_PREFIX = "/queue/"
+MONITOR = "/queue/monitor"   # stompserver's status destination: every subscriber gets each status
+DIAG_PREFIX = "DIAG"         # stompica's DIAG topics: a SEND here gets the named statistics as headers
 WORKER_PREFIX = "#"
 REDELIVERED = b"redelivered:true\n"
 
@@ -50,6 +53,8 @@ class Broker:
         self.worker_rr: dict[str, int] = {}
         self.stale = StaleQueue(config.TTL / 1000, config.max_stale_queue_size) if config.TTL > 0 else None
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
+        self.diag = None                 # the statistics provider (diag.stats.Statistics), set by the dispatcher
+        self.next_monitor = 0.0
         self._message_ids = itertools.count(1)
         self._ack_ids = itertools.count(1)
         self.stats = {"frames_in": 0, "messages_published": 0, "messages_delivered": 0,
@@ -60,6 +65,7 @@ class Broker:
             "SUBSCRIBE": self._subscribe, "UNSUBSCRIBE": self._unsubscribe,
             "DISCONNECT": self._disconnect, "ACK": self._ack, "NACK": self._ack,
             "BEGIN": self._begin, "COMMIT": self._commit, "ABORT": self._abort,
+            "DIAG": self._diag,
         }
 
     # -- events --------------------------------------------------------------------------------
@@ -105,7 +111,8 @@ class Broker:
             if handler is None:
                 raise ProtocolError("unknown command", f"{command!r} is not a STOMP command",
                                     headers.get("receipt"))
-            if not session.connected and command not in CONNECT_COMMANDS:
+            if not session.connected and command not in CONNECT_COMMANDS and not (
+                    command == "DIAG" and self.config.diag_before_connect):
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
             transaction = headers.get("transaction")
             if transaction is not None and command in TRANSACTIONAL:
@@ -132,6 +139,12 @@ class Broker:
                             f"(heart-beat every {session.hb_in} ms)")
         if self.stale is not None:
             self.stale.sweep(now)
+        if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
+            self.next_monitor = now + self.config.monitor_interval / 1000
+            status = Message(f"{self.token}-{next(self._message_ids)}", MONITOR, {"content-type": "text/plain"},
+                             self.diag.monitor_body())
+            for sub in self.index.exact[MONITOR]:
+                self._deliver(sub, status, None)
 
     def needs_tick(self) -> bool:
         return bool(self.sessions) or bool(self.stale)
@@ -189,6 +202,10 @@ class Broker:
     def _send(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         destination = self._check_send(headers, receipt)
+        if destination.startswith(DIAG_PREFIX) and self.diag is not None:
+            query = body.decode(errors="replace").strip()
+            if query in QUERIES:
+                headers = {**headers, **self.diag.headers(query)}
         queue = self.queues.get(destination)
         if queue is not None and len(queue.messages) >= self.config.max_queue_messages:
             raise ProtocolError("queue full", f"{destination} holds {len(queue.messages)} messages, "
@@ -204,6 +221,8 @@ class Broker:
         if "*" in destination:
             raise ProtocolError("wildcard destination", f"cannot SEND to a wildcard destination: {destination}",
                                 receipt)
+        if destination == MONITOR:
+            raise ProtocolError("reserved destination", f"{MONITOR} is written by the broker only", receipt)
         return destination
 
     def _expiry(self, headers: dict, receipt) -> float:
@@ -582,6 +601,17 @@ class Broker:
     def _abort(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         del session.transactions[self._transaction_id(session, command, headers, must_exist=True)]
         self._receipt(session, headers.get("receipt"))
+
+    # -- diagnostics ---------------------------------------------------------------------------
+    def _diag(self, session: Session, command: str, headers: dict, body: bytes) -> None:
+        """stompica's DIAG frame: the body names a query, the reply is a DIAG frame `<query>:<value>`."""
+        receipt = headers.get("receipt")
+        query = body.decode(errors="replace").strip()
+        if self.diag is None or query not in QUERIES:
+            raise ProtocolError("unknown DIAG query", f"DIAG queries: {', '.join(QUERIES)}", receipt)
+        reply = b"DIAG\ncontent-type:text/plain\n" + f"{query}:{self.diag.text(query)}".encode() + b"\n\n\0"
+        session.outbox.add(R.DATA, session.conn, reply)
+        self._receipt(session, receipt)
 
     # -- closing -------------------------------------------------------------------------------
     def _disconnect(self, session: Session, command: str, headers: dict, body: bytes) -> None:

@@ -15,17 +15,19 @@ NOT_FORWARDED = frozenset(("destination", "message-id", "subscription", "content
 class Outbox:
     """Records for one writer, collected during one dispatcher round."""
 
-    __slots__ = ("index", "buf", "count", "limit", "on_full")
+    __slots__ = ("index", "buf", "count", "limit", "on_full", "stamp")
 
-    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None):
+    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None, stamp: list | None = None):
         self.index = index
         self.buf = bytearray()
         self.count = 0
         self.limit = limit        # past this many bytes, on_full(outbox) hands the batch over early
         self.on_full = on_full
+        # stamp[0]: when the frame being handled was read (records.stamp); shared by all outboxes
+        self.stamp = stamp if stamp is not None else [0]
 
     def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
-        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux)
+        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux, self.stamp[0])
         self.buf += payload
         self.count += 1
         if len(self.buf) > self.limit:
@@ -34,7 +36,7 @@ class Outbox:
     def add2(self, conn: int, first: bytes, second: bytes) -> None:
         """A DATA record made of two parts, without joining them first (one delivery)."""
         buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, 0)
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, 0, self.stamp[0])
         buf += first
         buf += second
         self.count += 1
@@ -43,7 +45,8 @@ class Outbox:
 
     def add3(self, conn: int, first: bytes, second: bytes, third: bytes) -> None:
         buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, 0)
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, 0,
+                             self.stamp[0])
         buf += first
         buf += second
         buf += third

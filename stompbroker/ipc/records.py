@@ -1,14 +1,16 @@
-"""Records carried in the rings: a 20-byte header (length, kind, connection id, aux) and raw bytes.
+"""Records carried in the rings: a 24-byte header (length, kind, connection id, aux, stamp) and raw bytes.
 
 Frames cross process boundaries as bytes, never pickled. ``length`` counts the header too, so a
-consumer walks a batch with ``pos += length``.
+consumer walks a batch with ``pos += length``. ``stamp`` is the monotonic time in microseconds
+(modulo 2**32) at which the reader read the frame that caused this record, carried through the
+dispatcher to the writer, which measures input-to-socket latency with it (0 = not stamped).
 """
 
 from __future__ import annotations
 
 import struct
 
-HEADER = struct.Struct("<IBxxxQI")  # total length, kind, connection id, aux
+HEADER = struct.Struct("<IBxxxQII")  # total length, kind, connection id, aux, stamp
 HEADER_SIZE = HEADER.size
 pack_header = HEADER.pack
 unpack_header = HEADER.unpack_from
@@ -34,14 +36,21 @@ HEARTBEAT = 24  # aux: milliseconds between heart-beats the writer sends when th
 STOP = 25       # flush everything and exit
 
 
-def record(kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> bytes:
-    return pack_header(HEADER_SIZE + len(payload), kind, conn, aux) + payload
+STAMP_MASK = 0xFFFFFFFF
+
+
+def stamp(monotonic_seconds: float) -> int:
+    return int(monotonic_seconds * 1_000_000) & STAMP_MASK or 1
+
+
+def record(kind: int, conn: int, payload: bytes = b"", aux: int = 0, stamp: int = 0) -> bytes:
+    return pack_header(HEADER_SIZE + len(payload), kind, conn, aux, stamp) + payload
 
 
 def iter_records(blob: bytes):
-    """Yield (kind, conn, aux, payload) for each record of a batch (not for the hottest loops)."""
+    """Yield (kind, conn, aux, stamp, payload) for each record of a batch (not for the hottest loops)."""
     pos, end = 0, len(blob)
     while pos < end:
-        length, kind, conn, aux = unpack_header(blob, pos)
-        yield kind, conn, aux, blob[pos + HEADER_SIZE:pos + length]
+        length, kind, conn, aux, ts = unpack_header(blob, pos)
+        yield kind, conn, aux, ts, blob[pos + HEADER_SIZE:pos + length]
         pos += length

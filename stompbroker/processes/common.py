@@ -12,12 +12,15 @@ from multiprocessing import shared_memory
 
 from setproctitle import setproctitle
 
+from ..diag import latency
 from ..ipc.ring import Ring
 
 log = logging.getLogger("stompbroker")
 
 WRITER_STATS = ("connections", "frames", "bytes", "batches", "fill", "slow_consumers", "pending_bytes")
-READER_STATS = ("connections", "accepted", "refused", "frames_in", "bytes_in", "bad_frames", "stalls")
+READER_STATS = ("connections", "accepted", "refused", "frames_in", "bytes_in", "bad_frames", "stalls",
+                "websockets", "ws_allocated", "ws_hits", "ws_misses")
+SUPERVISOR_STATS = ("dump_lines", "dump_errors", "dump_dropped", "restarts")
 
 
 class SharedStats:
@@ -47,6 +50,41 @@ class SharedStats:
         self._shm.close()
 
 
+class SharedHistogram:
+    """A latency histogram one process publishes per interval and others read whole (a seqlock)."""
+
+    def __init__(self, buckets: int):
+        self.buckets = buckets
+        self._shm = shared_memory.SharedMemory(create=True, size=8 * (buckets + 2))
+        self._shm.unlink()
+        self._values = self._shm.buf.cast("d")  # [sequence, published at (monotonic), counts...]
+
+    def publish(self, counts: list, now: float) -> None:
+        values = self._values
+        values[0] += 1  # odd: being written
+        for i, n in enumerate(counts):
+            values[i + 2] = n
+        values[1] = now
+        values[0] += 1
+
+    def read(self, max_age: float, now: float) -> list:
+        """The last published counts, or zeros when they are older than max_age seconds."""
+        values = self._values
+        for _ in range(100):
+            seq = values[0]
+            if seq % 2:
+                continue
+            counts = list(values[2:])
+            published = values[1]
+            if values[0] == seq:
+                return counts if now - published <= max_age else [0.0] * self.buckets
+        return [0.0] * self.buckets
+
+    def close(self) -> None:
+        self._values.release()
+        self._shm.close()
+
+
 class Resources:
     """Made once by the supervisor before any child is forked, so every child inherits them."""
 
@@ -60,6 +98,12 @@ class Resources:
         self.reader_control = os.pipe()  # supervisor -> reader: "writer N was restarted"
         self.reader_stats = SharedStats(READER_STATS)
         self.writer_stats = [SharedStats(WRITER_STATS) for _ in range(config.writers)]
+        self.writer_latency = [SharedHistogram(latency.BUCKETS) for _ in range(config.writers)]
+        self.supervisor_stats = SharedStats(SUPERVISOR_STATS)
+        self.diag_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # dispatcher -> dump file
+        for sock in self.diag_channel:  # room for a few large lines (many queues) before one is dropped
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
 
     @staticmethod
     def _fd_pair():
@@ -68,7 +112,7 @@ class Resources:
     def close(self) -> None:
         for ring in [self.input_ring, *self.output_rings]:
             ring.close()
-        for stats in [self.reader_stats, *self.writer_stats]:
+        for stats in [self.reader_stats, *self.writer_stats, *self.writer_latency, self.supervisor_stats]:
             stats.close()
 
     def reset(self) -> None:

@@ -12,7 +12,10 @@ import logging
 import select
 import time
 
+import orjson
+
 from ..broker.core import Broker, Outbox
+from ..diag.stats import Statistics
 from ..ipc import records as R
 from . import common
 
@@ -27,21 +30,29 @@ class Dispatcher:
         self.config = config
         self.ring = resources.input_ring
         self.rings = resources.output_rings
-        self.outboxes = [Outbox(i) for i in range(len(self.rings))]
+        self.stamp = [0]
+        self.outboxes = [Outbox(i, stamp=self.stamp) for i in range(len(self.rings))]
         limit = min(ring.capacity for ring in self.rings) // 2
         for box in self.outboxes:
             box.limit = limit
             box.on_full = self.flush_one
         self.broker = Broker(config, self.outboxes, clock=time.time)
+        self.broker.diag = self.statistics = Statistics(self.broker, resources, config)
         self.next_tick = 0.0
+        self.dump_channel = resources.diag_channel[0] if config.diag_dump else None
+        self.next_dump = time.monotonic() + config.diag_interval / 1000
+        self.dumps_dropped = 0
 
     def run(self) -> None:
         ring = self.ring
         running = True
         while running:
-            timeout = None
+            deadlines = []
             if self.broker.needs_tick():
-                timeout = max(self.next_tick - time.monotonic(), 0)
+                deadlines.append(self.next_tick)
+            if self.dump_channel is not None:
+                deadlines.append(self.next_dump)
+            timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
             if not ring.used_bytes:
                 select.select([ring.data_fd], [], [], timeout)
             ring.clear_wakeup()
@@ -56,6 +67,9 @@ class Dispatcher:
                 self.next_tick = now + TICK
                 self.broker.on_tick(now)
                 self.flush()
+            if self.dump_channel is not None and now >= self.next_dump:
+                self.next_dump = now + self.config.diag_interval / 1000
+                self.dump()
         for box in self.outboxes:
             box.add(R.STOP, 0)
         self.flush()
@@ -65,10 +79,11 @@ class Dispatcher:
         unpack = R.unpack_header
         pos, end = 0, len(blob)
         while pos < end:
-            length, kind, conn, aux = unpack(blob, pos)
+            length, kind, conn, aux, stamp = unpack(blob, pos)
             start = pos + R.HEADER_SIZE
             stop = pos + length
             pos = stop
+            self.stamp[0] = stamp
             if kind == R.FRAME:
                 split = start + aux
                 broker.on_frame(conn, blob[start:split], blob[split:stop], now)
@@ -85,6 +100,7 @@ class Dispatcher:
                 self.transport(kind, conn, blob[start:stop])
             elif kind == R.SHUTDOWN:
                 return False
+        self.stamp[0] = 0  # records made by timers are not stamped
         return True
 
     def transport(self, kind: int, conn: int, payload: bytes) -> None:
@@ -102,6 +118,17 @@ class Dispatcher:
             box.add(R.RAW, conn, payload)
             self.broker.hang_up(session)
 
+    def dump(self) -> None:
+        """Hand one statistics line to the supervisor, which writes the file: never wait for a disk."""
+        snapshot = self.statistics.snapshot()
+        snapshot["totals"]["dump_dropped"] = self.dumps_dropped
+        try:
+            self.dump_channel.send(orjson.dumps(snapshot))
+        except (BlockingIOError, OSError) as exc:
+            self.dumps_dropped += 1
+            if self.dumps_dropped in (1, 10, 100) or self.dumps_dropped % 1000 == 0:
+                log.warning("statistics line dropped (%s); %d so far", exc, self.dumps_dropped)
+
     def flush(self) -> None:
         for box in self.outboxes:
             if box.count:
@@ -118,4 +145,5 @@ class Dispatcher:
 
 def run(config, resources) -> None:
     common.become_child("dispatcher", config)
+    resources.diag_channel[0].setblocking(False)
     Dispatcher(config, resources).run()

@@ -116,7 +116,7 @@ class Reader:
         self.pushed = True
 
     def emit(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
-        self.out += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux)
+        self.out += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux, 0)
         self.out += payload
         self.count += 1
 
@@ -165,6 +165,9 @@ class Reader:
         sock.close()
 
     def drop(self, conn: Conn) -> None:
+        if conn.ws is not None:
+            self.stats["websockets"] -= 1
+            self.stats["ws_allocated"] -= conn.ws.allocated
         self.sel.unregister(conn.sock)
         del self.conns[conn.sock.fileno()]
         conn.sock.close()
@@ -242,9 +245,9 @@ class Reader:
                 conn.last_alive = now
                 self.emit(R.ALIVE, conn.id)
             return
-        out, pack, conn_id = self.out, R.pack_header, conn.id
+        out, pack, conn_id, stamp = self.out, R.pack_header, conn.id, R.stamp(now)
         for head, body in frames:
-            out += pack(R.HEADER_SIZE + len(head) + len(body), R.FRAME, conn_id, len(head))
+            out += pack(R.HEADER_SIZE + len(head) + len(body), R.FRAME, conn_id, len(head), stamp)
             out += head
             out += body
         self.count += len(frames)
@@ -281,6 +284,7 @@ class Reader:
             return
         conn.mode = WEBSOCKET
         conn.ws = ws.WsDecoder(self.config.max_frame_size)
+        self.stats["websockets"] += 1
         self.emit(R.WS_OPEN, conn.id, response)
         if rest:
             self.websocket(conn, rest, now)

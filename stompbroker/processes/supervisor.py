@@ -23,6 +23,7 @@ from setproctitle import setproctitle
 
 from .. import __version__
 from . import dispatcher, reader, writer
+from ..diag.dump import DumpWriter
 from .common import Resources
 
 log = logging.getLogger("stompbroker.supervisor")
@@ -49,8 +50,13 @@ class Supervisor:
         self.resources = Resources(config, self.listener)
         self.children: dict[str, multiprocessing.Process] = {}
         self.restarts: list[float] = []
+        self.stats = {"dump_lines": 0, "dump_errors": 0, "dump_dropped": 0, "restarts": 0}
         self.signal_r, self.signal_w = os.pipe()
         self.stopping = None  # None, "graceful" or "fast"
+        self.dump = DumpWriter(config.diag_dump, config.diag_dump_max_bytes, config.diag_dump_backups) \
+            if config.diag_dump else None
+        self.diag_in = self.resources.diag_channel[1]
+        self.diag_in.setblocking(False)
 
     # -- children ------------------------------------------------------------------------------
     def spawn(self, role: str) -> None:
@@ -87,6 +93,8 @@ class Supervisor:
         log.error("%s (pid %d) %s", role, proc.pid, why)
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW] + [now]
+        self.stats["restarts"] += 1
+        self.resources.supervisor_stats.update(self.stats)
         if len(self.restarts) > RESTART_LIMIT:
             log.critical("%d restarts within %.0f s: giving up", len(self.restarts), RESTART_WINDOW)
             self.stopping = "fast"
@@ -127,9 +135,11 @@ class Supervisor:
         print(f"stompbroker listening on {self.config.host}:{self.port}", flush=True)
         while self.stopping is None:
             sentinels = {proc.sentinel: role for role, proc in self.children.items()}
-            ready = wait(list(sentinels) + [self.signal_r])
+            ready = wait(list(sentinels) + [self.signal_r, self.diag_in])
             if self.signal_r in ready:
                 os.read(self.signal_r, 512)
+            if self.diag_in in ready:
+                self.write_dump()
             for fd in ready:
                 role = sentinels.get(fd)
                 if role is not None and self.stopping is None:
@@ -142,9 +152,24 @@ class Supervisor:
             log.info("fast shutdown")
             self.kill_all()
         self.listener.close()
+        self.write_dump()
+        if self.dump is not None:
+            self.dump.close()
         self.resources.close()
         log.info("stopped")
         return 0
+
+    def write_dump(self) -> None:
+        while True:
+            try:
+                line = self.diag_in.recv(1 << 22)
+            except (BlockingIOError, InterruptedError):
+                break
+            if self.dump is not None and line:
+                self.dump.write(line)
+        if self.dump is not None:
+            self.stats["dump_lines"], self.stats["dump_errors"] = self.dump.lines, self.dump.errors
+            self.resources.supervisor_stats.update(self.stats)
 
     def graceful(self) -> None:
         log.info("graceful shutdown: no new connections, flushing writers")

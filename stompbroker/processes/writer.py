@@ -19,6 +19,7 @@ import struct
 import time
 from collections import deque
 
+from ..diag import latency
 from ..ipc import records as R
 from ..protocol.stomp import render_frame
 from ..protocol.websocket import encode_close, encode_message
@@ -31,15 +32,19 @@ _CONN_ID = struct.Struct("<Q")
 
 
 class Conn:
-    __slots__ = ("id", "sock", "ws", "batches", "cur", "pending", "closing", "deadline", "hb", "last_write",
-                 "writing", "lingering")
+    __slots__ = ("id", "sock", "ws", "batches", "cur", "cur_stamp", "cur_frames", "pending", "closing",
+                 "deadline", "hb", "last_write", "writing", "lingering")
 
     def __init__(self, conn_id: int, sock: socket.socket):
         self.id = conn_id
         self.sock = sock
         self.ws = False
-        self.batches: deque = deque()   # full batches waiting to be sent (the first may be part-sent)
+        # Full batches waiting to be sent, as (bytes, stamp of the first frame, frame count); the
+        # first may be part-sent (then its bytes are a memoryview of the rest).
+        self.batches: deque = deque()
         self.cur = bytearray()          # the batch being filled
+        self.cur_stamp = 0
+        self.cur_frames = 0
         self.pending = 0                # bytes queued, not yet sent
         self.closing = False
         self.deadline = 0.0
@@ -50,13 +55,18 @@ class Conn:
 
 
 class Writer:
-    def __init__(self, index: int, config, ring, fd_sock: socket.socket, shared):
+    def __init__(self, index: int, config, ring, fd_sock: socket.socket, shared, latency_shared):
         self.index = index
         self.config = config
         self.ring = ring
         self.fd_sock = fd_sock
         self.shared = shared  # statistics other processes read; updated once per loop
         self.stats = dict.fromkeys(shared.names, 0)
+        self.latency_shared = latency_shared
+        self.latency = [0] * latency.BUCKETS   # this interval's input-to-socket latencies, per frame
+        self.latency_pending = False
+        self.interval = config.diag_interval / 1000
+        self.interval_start = time.monotonic()
         self.batch_size = config.write_buffer_size
         self.max_pending = config.max_pending_bytes
         self.conns: dict[int, Conn] = {}
@@ -84,6 +94,11 @@ class Writer:
             if self.heartbeats:
                 self.beat(now)
             self.expire(now)
+            if now - self.interval_start >= self.interval:
+                self.latency_shared.publish(self.latency, now)
+                self.latency = [0] * latency.BUCKETS
+                self.latency_pending = False
+                self.interval_start = now
             self.shared.update(self.stats)
             if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
                 self.finish_all()
@@ -91,6 +106,8 @@ class Writer:
 
     def _timeout(self):
         waits = [c.hb / 4 for c in self.heartbeats]
+        if self.latency_pending:  # wake up to publish this interval's latencies, then sleep
+            waits.append(max(self.interval_start + self.interval - time.monotonic(), 0))
         if any(c.closing or c.lingering for c in self.conns.values()) or self.stopping:
             waits.append(0.1)
         return min(waits) if waits else None
@@ -106,7 +123,7 @@ class Writer:
                 break
             pos, end = 0, len(blob)
             while pos < end:
-                length, kind, conn_id, aux = unpack(blob, pos)
+                length, kind, conn_id, aux, stamp = unpack(blob, pos)
                 start = pos + R.HEADER_SIZE
                 stop = pos + length
                 pos = stop
@@ -119,7 +136,7 @@ class Writer:
                 if kind == R.DATA:
                     if not c.closing:
                         frame = blob[start:stop]
-                        self.append(c, encode_message(frame) if c.ws else frame)
+                        self.append(c, encode_message(frame) if c.ws else frame, stamp)
                         touched.add(c)
                 elif kind == R.RAW or kind == R.WS_ON:
                     if not c.closing:
@@ -160,26 +177,35 @@ class Writer:
                 self.stats["connections"] = len(self.conns)
 
     # -- batching and sending --------------------------------------------------------------------
-    def append(self, c: Conn, frame) -> None:
+    def append(self, c: Conn, frame, stamp: int = 0) -> None:
         n = len(frame)
-        cur = c.cur
-        if cur and len(cur) + n > self.batch_size:
-            c.batches.append(cur)
-            c.cur = cur = bytearray()
-        cur += frame
+        if c.cur and len(c.cur) + n > self.batch_size:
+            self.close_batch(c)
+        if not c.cur_frames:
+            c.cur_stamp = stamp
+        c.cur += frame
+        c.cur_frames += 1
         c.pending += n
-        self.stats["frames"] += 1
+        stats = self.stats
+        stats["frames"] += 1
+        stats["pending_bytes"] += n
         if c.pending > self.max_pending:
             self.slow_consumer(c)
 
+    @staticmethod
+    def close_batch(c: Conn) -> None:
+        c.batches.append((c.cur, c.cur_stamp, c.cur_frames))
+        c.cur = bytearray()
+        c.cur_frames = 0
+
     def flush(self, c: Conn) -> None:
         if c.cur:
-            c.batches.append(c.cur)
-            c.cur = bytearray()
+            self.close_batch(c)
         batches = c.batches
         stats = self.stats
+        now = time.monotonic()
         while batches:
-            batch = batches[0]
+            batch, stamp, frames = batches[0]
             try:
                 sent = c.sock.send(batch)
             except (BlockingIOError, InterruptedError):
@@ -189,17 +215,21 @@ class Writer:
                 return
             if sent:
                 c.pending -= sent
-                c.last_write = time.monotonic()
+                c.last_write = now
                 stats["bytes"] += sent
-                stats["batches"] += 1
-                stats["fill"] += min(len(batch) / self.batch_size, 1.0)
+                stats["pending_bytes"] -= sent
             if sent < len(batch):
-                batches[0] = memoryview(batch)[sent:]
+                batches[0] = (memoryview(batch)[sent:], stamp, frames)
                 if not c.writing:
                     self.sel.register(c.sock, selectors.EVENT_WRITE, c)
                     c.writing = True
                 return
             batches.popleft()
+            stats["batches"] += 1
+            stats["fill"] += min(len(batch) / self.batch_size, 1.0)
+            if stamp:  # the batch's oldest frame stands for all of its frames
+                self.latency[latency.bucket((R.stamp(now) - stamp) & R.STAMP_MASK)] += frames
+                self.latency_pending = True
         if c.writing:
             self.sel.unregister(c.sock)
             c.writing = False
@@ -246,6 +276,8 @@ class Writer:
             c.writing = False
         c.sock.close()
         self.heartbeats.discard(c)
+        self.stats["pending_bytes"] -= c.pending
+        c.pending = 0
         self.conns.pop(c.id, None)
         self.stats["connections"] = len(self.conns)
 
@@ -274,5 +306,5 @@ class Writer:
 
 def run(index: int, config, resources) -> None:
     common.become_child(f"writer-{index}", config)
-    stats = resources.writer_stats[index]
-    Writer(index, config, resources.output_rings[index], resources.fd_pairs[index][1], stats).run()
+    Writer(index, config, resources.output_rings[index], resources.fd_pairs[index][1],
+           resources.writer_stats[index], resources.writer_latency[index]).run()

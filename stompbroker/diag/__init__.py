@@ -1,0 +1,1 @@
+"""Diagnostics: DIAG queries and topics, /queue/monitor, latency histograms and statistics dumps."""

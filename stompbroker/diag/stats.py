@@ -1,0 +1,190 @@
+"""Statistics gathered from every broker process, for DIAG queries, /queue/monitor and dump lines.
+
+The dispatcher owns broker state; the reader and writers publish their counters in shared memory
+(``processes.common.SharedStats``, updated once per loop) and writers publish a latency histogram
+once per interval (a seqlock, so it is read whole, never torn). Process figures come from psutil.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+import psutil
+
+from .. import __version__
+from . import latency
+
+SCHEMA = 1
+
+# stompica's queries; the first three answer with JSON objects, the rest with one value.
+STOMPICA_QUERIES = ("session", "ws_buffer", "stale", "session-size", "session-encoded-size",
+                    "session-connected-size", "pubsub-size", "subs")
+QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency")
+
+
+class Statistics:
+    def __init__(self, broker, resources, config):
+        self.broker = broker
+        self.resources = resources
+        self.config = config
+        self.interval = config.diag_interval / 1000
+        self.started = time.time() * 1000
+        self._procs: dict[int, psutil.Process] = {}
+        self._last_writers: list[dict] | None = None
+
+    # -- the queries ---------------------------------------------------------------------------
+    def query(self, name: str):
+        if name == "session":
+            return self.broker.session_stats()
+        if name == "ws_buffer":
+            reader = self.resources.reader_stats.read()
+            return {"allocated": int(reader["ws_allocated"]), "hits": int(reader["ws_hits"]),
+                    "misses": int(reader["ws_misses"])}
+        if name == "stale":
+            return {"input-queue-size": self.resources.input_ring.pending_records,
+                    "output-queue-size": sum(r.pending_records for r in self.resources.output_rings),
+                    "stale-queue-size": len(self.broker.stale) if self.broker.stale is not None else 0}
+        if name == "session-size":
+            return len(self.broker.sessions)
+        if name == "session-encoded-size":
+            return self.broker.session_stats()["websockets"]
+        if name == "session-connected-size":
+            return self.broker.session_stats()["stomp_connected"]
+        if name == "pubsub-size":
+            return len(self.broker.index)
+        if name == "subs":
+            return ",".join(self.broker.index.patterns())
+        if name == "writers":
+            return self.writers()
+        if name == "process":
+            return self.processes()
+        if name == "queues":
+            return self.broker.queue_stats()
+        if name == "latency":
+            return self.latency()
+        raise KeyError(name)
+
+    def text(self, name: str) -> str:
+        """A query's value as stompica wrote it: JSON for objects and lists, plain for the rest."""
+        value = self.query(name)
+        if isinstance(value, (dict, list)):
+            return orjson.dumps(value).decode()
+        return str(value)
+
+    def headers(self, name: str) -> dict[str, str]:
+        """A query's value as MESSAGE headers (the DIAG topic form)."""
+        value = self.query(name)
+        if isinstance(value, dict):
+            return {k: _header_value(v) for k, v in value.items()}
+        return {name: _header_value(value)}
+
+    def writers(self) -> list[dict]:
+        out = []
+        for index, shared in enumerate(self.resources.writer_stats):
+            s = shared.read()
+            out.append({"index": index, "connections": int(s["connections"]), "frames": int(s["frames"]),
+                        "bytes": int(s["bytes"]), "batches": int(s["batches"]),
+                        "batch_fill": round(s["fill"] / s["batches"], 4) if s["batches"] else 0.0,
+                        "pending_bytes": int(s["pending_bytes"])})
+        return out
+
+    def processes(self) -> list[dict]:
+        out = []
+        supervisor = os.getppid()
+        pids = [(supervisor, "supervisor")]
+        try:
+            for child in psutil.Process(supervisor).children():
+                title = " ".join(child.cmdline())
+                if title.startswith("stompbroker: "):
+                    pids.append((child.pid, title.split()[1]))
+        except psutil.Error:
+            pass
+        for pid, role in pids:
+            proc = self._procs.get(pid)
+            try:
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                with proc.oneshot():
+                    cpu = proc.cpu_times()
+                    out.append({"role": role, "pid": pid, "rss": proc.memory_info().rss,
+                                "cpu_seconds": round(cpu.user + cpu.system, 3)})
+            except psutil.Error:
+                self._procs.pop(pid, None)
+        return out
+
+    def latency(self) -> dict:
+        now = time.monotonic()
+        merged = [0.0] * latency.BUCKETS
+        for histogram in self.resources.writer_latency:
+            for i, n in enumerate(histogram.read(2 * self.interval, now)):
+                merged[i] += n
+        return latency.summary(merged)
+
+    # -- /queue/monitor ------------------------------------------------------------------------
+    def monitor_body(self) -> bytes:
+        """stompserver's status message: one block per queue."""
+        lines = []
+        for q in self.broker.queue_stats():
+            lines.append(f"Queue: {q['destination']}\nsize: {q['depth']}\nenqueued: {q['enqueued']}\n"
+                         f"dequeued: {q['dequeued']}\n\n")
+        return "".join(lines).encode()
+
+    # -- dump lines ----------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        reader = self.resources.reader_stats.read()
+        writers = self.writers()
+        processes = self.processes()
+        pid_of = {p["role"]: p["pid"] for p in processes}
+        last = {w["index"]: w for w in (self._last_writers or [])}
+        for w in writers:  # batch fill over this interval, not since start
+            prev = last.get(w["index"])
+            fill_now = w["batch_fill"] * w["batches"]
+            if prev and w["batches"] >= prev["batches"]:
+                batches = w["batches"] - prev["batches"]
+                fill = fill_now - prev["batch_fill"] * prev["batches"]
+                w["batch_fill"] = round(fill / batches, 4) if batches else 0.0
+            w["pid"] = pid_of.get(f"writer-{w['index']}", 0)
+        self._last_writers = [dict(w, batch_fill=_cumulative_fill(self.resources, w["index"])) for w in writers]
+        stats = self.broker.stats
+        supervisor = self.resources.supervisor_stats.read()
+        return {
+            "schema": SCHEMA,
+            "ts": round(time.time() * 1000, 1),
+            "interval_ms": self.config.diag_interval,
+            "settings_id": self.config.settings_id,
+            "broker": {"version": __version__, "start": self.started, "pid": os.getppid()},
+            "session": self.query("session"),
+            "ws_buffer": self.query("ws_buffer"),
+            "stale": self.query("stale"),
+            "totals": {
+                "frames_in": int(reader["frames_in"]),
+                "frames_out": sum(w["frames"] for w in writers),
+                "bytes_in": int(reader["bytes_in"]),
+                "bytes_out": sum(w["bytes"] for w in writers),
+                "connections_opened": stats["connections_opened"],
+                "connections_closed": stats["connections_closed"],
+                "messages_published": stats["messages_published"],
+                "messages_delivered": stats["messages_delivered"],
+                "messages_dropped": stats["messages_dropped"],
+                "messages_expired": stats["messages_expired"],
+                "errors": stats["errors"],
+                "dump_errors": int(supervisor["dump_errors"]),
+            },
+            "writers": writers,
+            "process": processes,
+            "queues": self.broker.queue_stats(),
+            "latency": self.latency(),
+        }
+
+
+def _cumulative_fill(resources, index: int) -> float:
+    s = resources.writer_stats[index].read()
+    return s["fill"] / s["batches"] if s["batches"] else 0.0
+
+
+def _header_value(value) -> str:
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return str(value)
