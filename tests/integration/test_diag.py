@@ -1,0 +1,210 @@
+"""DIAG queries and topics, /queue/monitor and statistics dumps, against the running broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+
+from stompwire import Wire
+
+
+def wire(broker, connect=True) -> Wire:
+    w = Wire(broker.connect())
+    if connect:
+        w.connect()
+    return w
+
+
+def diag(w: Wire, query: str) -> bytes:
+    w.send(b"DIAG\n\n" + query.encode() + b"\0")
+    end = b"\n\n\0"
+    w.sock.settimeout(5)
+    while end not in w.buf:
+        w.buf += w.sock.recv(65536)
+    raw, _, rest = bytes(w.buf).partition(end)
+    w.buf = bytearray(rest)
+    return raw + end
+
+
+def value(w: Wire, query: str):
+    raw = diag(w, query)
+    prefix = b"DIAG\ncontent-type:text/plain\n" + query.encode() + b":"
+    assert raw.startswith(prefix) and raw.endswith(b"\n\n\0"), raw
+    text = raw[len(prefix):-3].decode()
+    return json.loads(text) if text[:1] in "[{" else text
+
+
+def test_diag_session_byte_for_byte_before_connect(start_broker):
+    b = start_broker()
+    w = wire(b, connect=False)
+    assert diag(w, "session") == (b'DIAG\ncontent-type:text/plain\n'
+                                  b'session:{"clients":1,"websockets":0,"stomp_connected":0,"subscriptions":0}\n\n\0')
+    w.connect()
+    w.frame("SUBSCRIBE", {"id": "1", "destination": "/topic/a", "receipt": "r"})
+    assert w.read()[0] == "RECEIPT"
+    assert diag(w, "session") == (b'DIAG\ncontent-type:text/plain\n'
+                                  b'session:{"clients":1,"websockets":0,"stomp_connected":1,"subscriptions":1}\n\n\0')
+
+
+def test_stompica_queries_byte_for_byte(start_broker):
+    b = start_broker("TTL=5000")
+    w = wire(b)
+    w.frame("SUBSCRIBE", {"id": "1", "destination": "/topic/x/*"})
+    w.frame("SUBSCRIBE", {"id": "2", "destination": "/topic/y"})
+    w.frame("SEND", {"destination": "/topic/nobody", "receipt": "r"}, b"stale")
+    assert w.read()[0] == "RECEIPT"
+    other = wire(b)
+    assert diag(other, "ws_buffer") == b'DIAG\ncontent-type:text/plain\nws_buffer:{"allocated":0,"hits":0,"misses":0}\n\n\0'
+    assert diag(other, "stale") == (b'DIAG\ncontent-type:text/plain\n'
+                                    b'stale:{"input-queue-size":0,"output-queue-size":0,"stale-queue-size":1}\n\n\0')
+    assert diag(other, "session-size") == b"DIAG\ncontent-type:text/plain\nsession-size:2\n\n\0"
+    assert diag(other, "session-encoded-size") == b"DIAG\ncontent-type:text/plain\nsession-encoded-size:0\n\n\0"
+    assert diag(other, "session-connected-size") == b"DIAG\ncontent-type:text/plain\nsession-connected-size:2\n\n\0"
+    assert diag(other, "pubsub-size") == b"DIAG\ncontent-type:text/plain\npubsub-size:2\n\n\0"
+    assert diag(other, "subs") == b"DIAG\ncontent-type:text/plain\nsubs:/topic/y,/topic/x/*\n\n\0"
+
+
+def test_diag_topic_form_adds_statistics_headers(broker):
+    w = wire(broker)
+    w.frame("SUBSCRIBE", {"id": "d", "destination": "DIAG/abc", "receipt": "r"})
+    assert w.read()[0] == "RECEIPT"
+    expected = {"session": ["clients", "websockets", "stomp_connected", "subscriptions"],
+                "ws_buffer": ["allocated", "hits", "misses"],
+                "stale": ["input-queue-size", "output-queue-size", "stale-queue-size"]}
+    for query, names in expected.items():
+        w.frame("SEND", {"destination": "DIAG/abc"}, query.encode())
+        cmd, headers, body = w.read()
+        assert cmd == "MESSAGE" and body == query.encode()
+        for name in names:
+            assert headers[name].isdigit(), (name, headers)
+    w.frame("SEND", {"destination": "DIAG/abc"}, b"session")
+    assert int(w.read()[1]["stomp_connected"]) >= 1
+
+
+def test_diag_topic_raw_bytes(start_broker):
+    b = start_broker()
+    w = wire(b)
+    w.send(b"SUBSCRIBE\nid:1\ndestination:DIAG/raw\n\n\0SEND\ndestination:DIAG/raw\n\nsession\0")
+    cmd, headers, body = w.read()
+    assert cmd == "MESSAGE"
+    raw_headers = {k: headers[k] for k in ("clients", "websockets", "stomp_connected", "subscriptions")}
+    assert raw_headers == {"clients": "1", "websockets": "0", "stomp_connected": "1", "subscriptions": "1"}
+
+
+def test_new_queries_writers_process_queues_latency(start_broker):
+    b = start_broker("processors=4", "diag_interval=200")
+    sub = wire(b)
+    sub.frame("SUBSCRIBE", {"id": "1", "destination": "/queue/work", "ack": "client", "receipt": "r"})
+    assert sub.read()[0] == "RECEIPT"
+    pub = wire(b)
+    for i in range(50):
+        pub.frame("SEND", {"destination": "/queue/work"}, b"x" * 100)
+    pub.frame("SEND", {"destination": "/queue/idle", "receipt": "done"})
+    assert pub.read()[0] == "RECEIPT"
+    for _ in range(50):
+        assert sub.read()[0] == "MESSAGE"
+    writers = value(pub, "writers")
+    assert [w["index"] for w in writers] == [0, 1]
+    assert sum(w["connections"] for w in writers) == 2
+    assert sum(w["frames"] for w in writers) >= 53
+    assert all(0 <= w["batch_fill"] <= 1 and w["pending_bytes"] >= 0 for w in writers)
+    roles = sorted(p["role"] for p in value(pub, "process"))
+    assert roles == ["dispatcher", "reader", "supervisor", "writer-0", "writer-1"]
+    assert all(p["rss"] > 1_000_000 for p in value(pub, "process"))
+    queues = {q["destination"]: q for q in value(pub, "queues")}
+    assert queues["/queue/work"] == {"destination": "/queue/work", "depth": 0, "enqueued": 50, "dequeued": 0,
+                                     "unacked": 50, "consumers": 1}
+    assert queues["/queue/idle"]["depth"] == 1
+    time.sleep(0.5)  # let the writers publish this interval's histogram
+    lat = value(pub, "latency")
+    assert lat["count"] >= 50
+    assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"] < 5000
+
+
+def test_unknown_diag_query_is_an_error(broker):
+    w = wire(broker)
+    w.send(b"DIAG\nreceipt:q\n\nnonsense\0")
+    cmd, headers, body = w.read()
+    assert (cmd, headers["message"], headers["receipt-id"]) == ("ERROR", "unknown DIAG query", "q")
+    assert b"session" in body
+
+
+def test_diag_before_connect_can_be_turned_off(start_broker):
+    b = start_broker("diag_before_connect=false")
+    w = wire(b, connect=False)
+    w.send(b"DIAG\n\nsession\0")
+    cmd, headers, _ = w.read()
+    assert (cmd, headers["message"]) == ("ERROR", "not connected")
+
+
+def test_queue_monitor(start_broker):
+    b = start_broker("monitor_interval=200")
+    pub = wire(b)
+    for _ in range(3):
+        pub.frame("SEND", {"destination": "/queue/client2"}, b"m")
+    pub.frame("SEND", {"destination": "/queue/test", "receipt": "r"}, b"m")
+    assert pub.read()[0] == "RECEIPT"
+    watchers = [wire(b), wire(b)]
+    for w in watchers:
+        w.frame("SUBSCRIBE", {"id": "m", "destination": "/queue/monitor"})
+    for w in watchers:  # every subscriber gets the status, not one of them
+        cmd, headers, body = w.read(timeout=3)
+        assert cmd == "MESSAGE" and headers["destination"] == "/queue/monitor"
+        assert body == (b"Queue: /queue/client2\nsize: 3\nenqueued: 3\ndequeued: 0\n\n"
+                        b"Queue: /queue/test\nsize: 1\nenqueued: 1\ndequeued: 0\n\n")
+    start = time.monotonic()
+    watchers[0].read(timeout=3)
+    assert 0.1 < time.monotonic() - start < 2
+
+
+def test_monitor_is_reserved(broker):
+    w = wire(broker)
+    w.frame("SEND", {"destination": "/queue/monitor", "receipt": "x"})
+    assert w.read()[1]["message"] == "reserved destination"
+
+
+SCHEMA_KEYS = {"schema", "ts", "interval_ms", "settings_id", "broker", "session", "ws_buffer", "stale", "totals",
+               "writers", "process", "queues", "latency"}
+
+
+def test_dump_lines_schema_and_rotation(start_broker, tmp_path):
+    path = tmp_path / "dump" / "diag.jsonl"
+    b = start_broker("diag_interval=100", f"diag_dump={path}", "diag_dump_max_bytes=4000", "diag_dump_backups=2")
+    w = wire(b)
+    w.frame("SEND", {"destination": "/queue/q", "receipt": "r"}, b"x")
+    assert w.read()[0] == "RECEIPT"
+    deadline = time.monotonic() + 15
+    while not os.path.exists(f"{path}.2") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert os.path.exists(f"{path}.1") and os.path.exists(f"{path}.2")
+    assert not os.path.exists(f"{path}.3")
+    lines = []
+    for name in (f"{path}.2", f"{path}.1", str(path)):
+        assert os.path.getsize(name) <= 4000
+        lines += [json.loads(line) for line in open(name, "rb") if line.strip()]
+    assert len(lines) >= 3
+    for line in lines:
+        assert set(line) >= SCHEMA_KEYS
+        assert line["schema"] == 1 and line["interval_ms"] == 100
+        assert re.fullmatch(r"[0-9a-f]{8}", line["settings_id"])
+        assert set(line["totals"]) >= {"frames_in", "frames_out", "bytes_in", "bytes_out", "connections_opened",
+                                       "connections_closed", "messages_published", "messages_delivered"}
+        assert {p["role"] for p in line["process"]} >= {"supervisor", "reader", "dispatcher", "writer-0"}
+    stamps = [line["ts"] for line in lines]
+    assert stamps == sorted(stamps)
+    assert any(q["destination"] == "/queue/q" and q["depth"] == 1 for q in lines[-1]["queues"])
+
+
+def test_dump_to_unwritable_path_keeps_serving(start_broker, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    b = start_broker("diag_interval=100", f"diag_dump={blocker}/sub/diag.jsonl")
+    time.sleep(0.5)
+    w = wire(b)
+    w.frame("SEND", {"destination": "/topic/x", "receipt": "alive"})
+    assert w.read()[:2] == ("RECEIPT", {"receipt-id": "alive"})
+    assert "cannot write statistics dump" in b.log()
