@@ -287,7 +287,8 @@ class Progress:
         self.prev = (now, sent, delivered)
         self.last = now
         width = 20
-        frac = min(max(elapsed / self.duration, 0.0), 1.0) if self.duration else 1.0
+        elapsed = max(elapsed, 0.0)
+        frac = min(elapsed / self.duration, 1.0) if self.duration else 1.0
         bar = "#" * int(frac * width) + "." * (width - int(frac * width))
         line = (f"{self.label:<26} [{bar}] {elapsed:5.1f}/{self.duration:.0f}s  sent {fmt_num(sent):>7} "
                 f"({fmt_num(rate_s):>7}/s)  delivered {fmt_num(delivered):>7} ({fmt_num(rate_d):>7}/s) {phase}")

@@ -51,6 +51,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_redeliveries", int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
     Setting("max_transaction_frames", int, 10_000, "frames one transaction may hold before COMMIT"),
+    Setting("store", str, "memory", "queue store: memory, or sqlite (durable: messages survive restarts and crashes)"),
+    Setting("store_path", str, "stompbroker.sqlite", "the sqlite store's file (store=sqlite)"),
+    Setting("checkpoint", float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
+    Setting("replay_retention", float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
     Setting("max_frame_size", int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
     Setting("max_headers", int, 256, "most header lines in one frame"),
     Setting("max_header_line", int, 64 * KB, "longest header line, in bytes"),
@@ -127,6 +131,10 @@ def validate(values: dict) -> None:
                  "connect_timeout_ms", "shutdown_timeout_ms"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
+    if values["store"] not in ("memory", "sqlite"):
+        raise ValueError(f"store must be memory or sqlite, got {values['store']!r}")
+    if values["checkpoint"] < 0 or values["replay_retention"] < 0:
+        raise ValueError("checkpoint and replay_retention must not be negative")
     if not values["dead_letter_queue"].startswith("/queue/"):
         raise ValueError("dead_letter_queue must be a /queue/ destination")
     if values["port"] > 65535:

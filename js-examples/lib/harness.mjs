@@ -37,15 +37,6 @@ export function withTimeout(promise, ms, what) {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
-/** Poll `predicate` every `every` ms until it is true; reject after `ms`. */
-export async function waitUntil(predicate, ms, what, every = 20) {
-  const deadline = Date.now() + ms;
-  while (!predicate()) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await sleep(every);
-  }
-}
-
 const running = new Set();
 process.on('exit', () => {
   for (const broker of running) {
@@ -145,15 +136,18 @@ export function connectClient(url, options = {}, { timeoutMs = 10000, onSocket }
       if (userConnect) userConnect(frame);
       resolve(client);
     };
+    // Fail the connect on an ERROR or a close before CONNECTED; the caller's handlers still run.
     client.onStompError = frame => {
       clearTimeout(timer);
       reject(new Error(`ERROR from the broker: ${frame.headers.message} ${frame.body}`));
+      options.onStompError?.(frame);
     };
     client.onWebSocketClose = event => {
       if (!client.connected) {
         clearTimeout(timer);
         reject(new Error(`WebSocket closed before CONNECTED (code ${event?.code})`));
       }
+      options.onWebSocketClose?.(event);
     };
     client.activate();
   });
@@ -188,11 +182,6 @@ export function subscribeInbox(client, destination, headers = {}) {
         if (i >= 0) waiters.splice(i, 1);
         throw err;
       });
-    },
-    /** Resolve true if nothing arrives within `ms` (and leave anything that does in the inbox). */
-    async quiet(ms) {
-      await sleep(ms);
-      return messages.length === 0;
     },
   };
 }

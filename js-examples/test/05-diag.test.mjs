@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
 
-import { connectClient, randomName, sleep, startBroker, subscribeInbox, withTimeout } from '../lib/harness.mjs';
+import { connectClient, randomName, receipt, sleep, startBroker, subscribeInbox, withTimeout } from '../lib/harness.mjs';
 
 const WAIT = 3000;
 let broker;
@@ -58,11 +58,12 @@ test('DIAG session, ws_buffer and stale', { timeout: 30000 }, async () => {
     const ws = numeric(await query(diag, inbox, destination, 'ws_buffer'), ['allocated', 'hits', 'misses']);
     assert.ok(ws.hits >= 4, `WebSocket reads that produced events: ${ws.hits}`);
 
-    // Park three messages in the stale queue (TTL=5000, no subscriber), then ask.
+    // Park four messages in the stale queue (TTL=5000, no subscriber), then ask.
     for (let i = 0; i < 3; i++) other.publish({ destination: `/topic/${randomName('stale-')}`, body: `${i}` });
+    await receipt(other, id => other.publish({ destination: `/topic/${randomName('stale-')}`, body: '3', headers: { receipt: id } }));
     const stale = numeric(await query(diag, inbox, destination, 'stale'),
       ['input-queue-size', 'output-queue-size', 'stale-queue-size']);
-    assert.ok(stale['stale-queue-size'] >= 3, `stale-queue-size ${stale['stale-queue-size']}`);
+    assert.ok(stale['stale-queue-size'] >= 4, `stale-queue-size ${stale['stale-queue-size']}`);
 
     // The counts follow the connections.
     await other.deactivate();

@@ -419,6 +419,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--master", default=None,
                     help="Spark master URL (default: spark-submit's --master, else local[*])")
     ap.add_argument("--format", choices=("md", "html"), default="md", help="report format (default md)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", type=_conf_pair,
+                    help="extra Spark setting for the session this command creates (repeatable)")
     ap.add_argument("--leak-min-slope", type=float, default=LEAK_MIN_SLOPE,
                     help=f"leak rule: minimum RSS slope in bytes/s (default {LEAK_MIN_SLOPE:.0f})")
     ap.add_argument("--leak-min-up-fraction", type=float, default=LEAK_MIN_UP_FRACTION,
@@ -430,8 +432,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _session(master):
+def _conf_pair(text: str) -> str:
+    if "=" not in text.strip("="):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
+
+
+def _session(master, conf=()):
     builder = SparkSession.builder.appName("stompbroker-diag-report")
+    for pair in conf:
+        key, value = pair.split("=", 1)
+        builder = builder.config(key.strip(), value.strip())
     if master:
         builder = builder.master(master)
     elif not os.environ.get("PYSPARK_GATEWAY_PORT") and "--master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
@@ -476,9 +487,9 @@ def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> t
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # Called in-process (tests, notebook): reuse the caller's session, --master is then moot.
+    # Called in-process (tests, notebook): reuse the caller's session; --master/--conf are then moot.
     existing = SparkSession.getActiveSession()
-    spark = existing or _session(args.master)
+    spark = existing or _session(args.master, args.conf)
     if existing is None:
         spark.sparkContext.setLogLevel("WARN")
     try:

@@ -20,7 +20,7 @@ from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head, render_frame
 from ..protocol.websocket import encode_close
 from ..diag.stats import QUERIES
-from .model import Delivery, Message, Outbox, Queue, Session, Subscription
+from .model import Delivery, Durable, Message, Outbox, Queue, Session, Subscription
 from .selector import SelectorError, compile_selector
 from .stale import StaleQueue
 from .subscriptions import SubscriptionIndex
@@ -54,6 +54,12 @@ class Broker:
         self.stale = StaleQueue(config.TTL / 1000, config.max_stale_queue_size) if config.TTL > 0 else None
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
         self.diag = None                 # the statistics provider (diag.stats.Statistics), set by the dispatcher
+        self.store = None                # the durable store (store.sqlite.Store), set by the dispatcher
+        self._ops_mark = 0
+        self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
+        self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
+        self.durables: dict[str, Durable] = {}
+        self.durable_index = SubscriptionIndex()
         self.next_monitor = 0.0
         self._message_ids = itertools.count(1)
         self._ack_ids = itertools.count(1)
@@ -77,6 +83,8 @@ class Broker:
         session = self.sessions.pop(conn, None)
         if session is None:
             return
+        session.held.clear()
+        self.holding.discard(session)
         self._end_session(session)
         self.stats["connections_closed"] += 1
         # The writer still holds its copy of the socket: let it go.
@@ -103,6 +111,8 @@ class Broker:
             return
         self.now = session.last_seen = now
         self.stats["frames_in"] += 1
+        if self.store is not None:
+            self._ops_mark = self.store.ops
         try:
             # CONNECT and STOMP are never escaped; peek at the command before decoding.
             unescape = session.escape and not head.startswith((b"CONNECT", b"STOMP"))
@@ -125,6 +135,8 @@ class Broker:
     def on_tick(self, now: float) -> None:
         """Close connections that never sent CONNECT or went silent; expire stale messages."""
         self.now = now
+        if self.store is not None:
+            self._ops_mark = self.store.ops
         connect_timeout = self.config.connect_timeout_ms / 1000
         grace = self.config.heartbeat_grace_ms / 1000
         for session in list(self.sessions.values()):
@@ -179,6 +191,7 @@ class Broker:
         session.escape = version != "1.0"
         session.id = f"{self.token}-{session.conn}"
         session.login = headers.get("login", "")
+        session.client_id = headers.get("client-id", session.login)
         session.hb_in = max(cx, sy) if cx and sy else 0
         out_interval = max(sx, cy) if sx and cy else 0
         reply = {"version": version, "server": SERVER, "session": session.id, "heart-beat": f"{sx},{sy}"}
@@ -249,9 +262,21 @@ class Broker:
             return 0
         if destination.startswith(QUEUE_PREFIX):
             queue = self._queue(destination)
+            self._persist(queue, message)
             queue.messages.append(message)
             queue.enqueued += 1
             return self._pump(queue)
+        kept = 0
+        if self.durables:
+            for durable in self.durable_index.match(destination):
+                copy = Message(message.id, destination, headers, body, expires)
+                self._persist(durable.queue, copy)
+                durable.queue.messages.append(copy)
+                durable.queue.enqueued += 1
+                if len(durable.queue.messages) > self.config.max_queue_messages:
+                    self._discard(durable.queue, durable.queue.messages.popleft())  # oldest goes
+                self._pump(durable.queue)
+                kept += 1
         subs = self.index.match(destination)
         if destination.startswith(WORKER_PREFIX):
             delivered = self._deliver_round_robin(destination, subs, message)
@@ -275,6 +300,8 @@ class Broker:
                 delivered += 1
         if delivered:
             self.stats["messages_delivered"] += delivered
+        elif kept:
+            pass
         elif self.stale is not None:
             self.stale.add(message, self.now)
         else:
@@ -304,6 +331,8 @@ class Broker:
             session.outbox.add2(session.conn, sub.prefix, shared)
         if queue is not None:
             queue.dequeued += 1
+            if message.seq:
+                self.store.delete(message.seq)
 
     def _deliver_tracked(self, sub: Subscription, message: Message, queue: Queue | None) -> None:
         session = sub.session
@@ -316,6 +345,8 @@ class Broker:
         session.outbox.add3(session.conn, sub.prefix, extra, message.shared(session.escape))
         if queue is not None:
             queue.unacked += 1
+            if message.seq:
+                self.store.mark_delivered(message.seq)
 
     # -- queues --------------------------------------------------------------------------------
     def _queue(self, name: str) -> Queue:
@@ -324,9 +355,28 @@ class Broker:
             queue = self.queues[name] = Queue(name)
         return queue
 
+    def _persist(self, queue: Queue, message: Message) -> None:
+        """Write a queued message to the durable store, unless sent with persistent:false."""
+        if self.store is None or message.headers.get("persistent") == "false":
+            return
+        expires_ms = (message.expires - self.now + self.clock()) * 1000 if message.expires else 0.0
+        message.seq = self.store.insert(queue.name, message.id, message.headers, message.body, expires_ms)
+        self.store.log(message.destination, message.id, message.headers, message.body)
+
+    def _discard(self, queue: Queue, message: Message) -> None:
+        """A queued message leaves without delivery (expired, or pushed out of a full queue)."""
+        if message.seq:
+            self.store.delete(message.seq)
+            message.seq = 0
+
+    def _consumers(self, queue: Queue) -> tuple:
+        if queue.owner is not None:
+            return (queue.owner.sub,) if queue.owner.sub is not None else ()
+        return self.index.match(queue.name)
+
     def _pump(self, queue: Queue) -> int:
         """Hand waiting messages to subscribers with room, round-robin; returns deliveries made."""
-        subs = self.index.match(queue.name)
+        subs = self._consumers(queue)
         if not subs or not queue.messages:
             return 0
         n = len(subs)
@@ -340,6 +390,7 @@ class Broker:
             if message.expired(self.now):
                 queue.expired += 1
                 self.stats["messages_expired"] += 1
+                self._discard(queue, message)
                 continue
             chosen = None
             for allow_avoided in (False, True):  # a NACKed message goes to another subscriber if any
@@ -392,10 +443,20 @@ class Broker:
                                 f"at most {self.config.max_subscriptions} subscriptions per connection", receipt)
         prefetch = self._prefetch(headers, ack, receipt)
         accepts = self._filter(headers, receipt)
+        replay_from = self._replay_from(headers, receipt)
         sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
+        durable_name = self._durable_name(session, headers, sub_id, destination, receipt)
         session.subs[sub_id] = sub
-        self.index.add(destination, sub)
+        if durable_name is not None:
+            self._attach_durable(sub, durable_name)
+        else:
+            self.index.add(destination, sub)
         self._receipt(session, receipt)
+        if replay_from is not None:
+            self._replay(sub, replay_from)
+        if sub.durable is not None:
+            self._pump(sub.durable.queue)
+            return
         for queue in self._queues_for(destination):
             self._pump(queue)
         if self.stale is not None and not destination.startswith(QUEUE_PREFIX):
@@ -405,6 +466,69 @@ class Broker:
             for message in late:
                 self._deliver(sub, message, None)
             self.stats["messages_delivered"] += len(late)
+
+    def _durable_name(self, session: Session, headers: dict, sub_id: str, destination: str, receipt) -> str | None:
+        """RabbitMQ's `durable:true` (named by the subscription id) or ActiveMQ's
+        `activemq.subscriptionName` (named with the CONNECT's client-id); None for a plain subscription."""
+        name = headers.get("activemq.subscriptionName")
+        if name is not None:
+            name = f"{session.client_id}/{name}"
+        elif headers.get("durable") == "true" or headers.get("persistent") == "true":
+            name = sub_id
+        else:
+            return None
+        if destination.startswith(QUEUE_PREFIX):
+            raise ProtocolError("durable queue subscription", "queues keep their messages already; "
+                                "durable subscriptions are for topics", receipt)
+        durable = self.durables.get(name)
+        if durable is not None and durable.sub is not None:
+            raise ProtocolError("durable subscription in use", f"durable subscription {name!r} is attached to "
+                                "another connection", receipt)
+        return name
+
+    def _attach_durable(self, sub: Subscription, name: str) -> None:
+        durable = self.durables.get(name)
+        if durable is None or durable.pattern != sub.destination:
+            if durable is not None:  # same name, new topic: start afresh, as RabbitMQ re-declares
+                self._drop_durable(durable)
+            durable = self.durables[name] = Durable(name, sub.destination)
+            self.queues[durable.queue.name] = durable.queue
+            self.durable_index.add(sub.destination, durable)
+            if self.store is not None:
+                self.store.add_durable(name, sub.destination)
+        durable.sub = sub
+        sub.durable = durable
+
+    def _drop_durable(self, durable: Durable) -> None:
+        for message in durable.queue.messages:
+            self._discard(durable.queue, message)
+        durable.queue.messages.clear()
+        self.durable_index.remove(durable.pattern, durable)
+        self.queues.pop(durable.queue.name, None)
+        del self.durables[durable.name]
+        if self.store is not None:
+            self.store.remove_durable(durable.name)
+
+    def _replay_from(self, headers: dict, receipt) -> float | None:
+        value = headers.get("replay-from")
+        if value is None:
+            return None
+        if self.store is None:
+            raise ProtocolError("replay unavailable", "replay-from needs the durable store (store=sqlite)", receipt)
+        try:
+            return float(int(value))
+        except ValueError:
+            raise ProtocolError("invalid replay-from", f"replay-from must be epoch milliseconds: {value!r}",
+                                receipt) from None
+
+    def _replay(self, sub: Subscription, since_ms: float) -> None:
+        """Deliver stored messages sent since ``since_ms`` to one subscription, as copies."""
+        prefix = SubscriptionIndex.wildcard_prefix(sub.destination)
+        exact = sub.destination if prefix is None else None
+        for destination, message_id, headers, body in self.store.replay(exact, prefix, since_ms):
+            if sub.accepts is None or sub.accepts(headers):
+                message = Message(message_id, destination, {**headers, "replayed": "true"}, body)
+                self._deliver(sub, message, None)
 
     def _prefetch(self, headers: dict, ack: str, receipt) -> int:
         value = headers.get("prefetch-count", headers.get("activemq.prefetchSize"))
@@ -453,13 +577,18 @@ class Broker:
         else:
             doomed = [session.subs[sub_id]] if sub_id in session.subs else []
         for sub in doomed:
+            durable = sub.durable
             self._remove_subscription(session, sub)
+            if durable is not None:  # an explicit UNSUBSCRIBE ends a durable subscription
+                self._drop_durable(durable)
         self._receipt(session, receipt)
 
     def _remove_subscription(self, session: Session, sub: Subscription) -> None:
         """Forget a subscription; its unacknowledged queue messages go back to the head of their queue."""
         session.subs.pop(sub.id, None)
         self.index.remove(sub.destination, sub)
+        if sub.durable is not None:  # detach: its messages wait for the client to come back
+            sub.durable.sub = None
         returned: dict[Queue, list] = {}
         for delivery in sub.unacked.values():
             session.acks.pop(delivery.ack_id, None)
@@ -493,9 +622,10 @@ class Broker:
                 if command == "ACK":
                     if delivery.queue is not None:
                         delivery.queue.dequeued += 1
+                        self._discard(delivery.queue, delivery.message)
                 else:
                     self._nacked(sub, delivery)
-            for queue in self._queues_for(sub.destination):
+            for queue in self._queues_for(sub.destination) if sub.durable is None else [sub.durable.queue]:
                 self._pump(queue)
         self._receipt(session, receipt)
 
@@ -529,6 +659,9 @@ class Broker:
 
     def _dead_letter(self, message: Message, reason: str) -> None:
         self.stats["dead_lettered"] += 1
+        if message.seq:
+            self.store.delete(message.seq)
+            message.seq = 0
         dlq = self.config.dead_letter_queue
         if message.destination == dlq:
             self.stats["messages_dropped"] += 1  # never loop in the dead-letter queue itself
@@ -539,9 +672,11 @@ class Broker:
         headers["dead-letter-reason"] = reason
         queue = self._queue(dlq)
         if len(queue.messages) >= self.config.max_queue_messages:
-            queue.messages.popleft()
+            self._discard(queue, queue.messages.popleft())
             self.stats["messages_dropped"] += 1
-        queue.messages.append(Message(message.id, dlq, headers, message.body, message.expires))
+        dead = Message(message.id, dlq, headers, message.body, message.expires)
+        self._persist(queue, dead)
+        queue.messages.append(dead)
         queue.enqueued += 1
         self._pump(queue)
 
@@ -620,8 +755,27 @@ class Broker:
 
     def _receipt(self, session: Session, receipt: str | None) -> None:
         if receipt is not None:
-            session.outbox.add(R.DATA, session.conn,
-                               render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape))
+            self._emit(session, R.DATA, render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape))
+
+    def _emit(self, session: Session, kind: int, payload: bytes = b"") -> None:
+        """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk)."""
+        store = self.store
+        if store is not None and store.sync_receipts and (session.held or store.ops != self._ops_mark):
+            session.held.append((store.generation, kind, payload))
+            self.holding.add(session)
+            self.need_commit = True
+        else:
+            session.outbox.add(kind, session.conn, payload)
+
+    def release(self, generation: int) -> None:
+        """The store has committed up to ``generation``: send the replies that waited for it."""
+        for session in list(self.holding):
+            held = session.held
+            while held and held[0][0] <= generation:
+                _, kind, payload = held.popleft()
+                session.outbox.add(kind, session.conn, payload)
+            if not held:
+                self.holding.discard(session)
 
     def _error(self, session: Session, message: str, detail: str = "", receipt: str | None = None,
                extra: dict | None = None) -> None:
@@ -634,7 +788,7 @@ class Broker:
             headers.update(extra)
         headers["content-type"] = "text/plain"
         body = (detail or message).encode()
-        session.outbox.add(R.DATA, session.conn, render_frame("ERROR", headers, body, escape_headers=session.escape))
+        self._emit(session, R.DATA, render_frame("ERROR", headers, body, escape_headers=session.escape))
         log.info("connection %s (%s): ERROR %s: %s", session.conn, session.peer, message, detail)
         self._close(session)
 
@@ -642,8 +796,8 @@ class Broker:
         session.closing = True
         self._end_session(session)
         if session.websocket and websocket_close:
-            session.outbox.add(R.RAW, session.conn, encode_close(1000))
-        session.outbox.add(R.CLOSE, session.conn)
+            self._emit(session, R.RAW, encode_close(1000))
+        self._emit(session, R.CLOSE)
 
     def hang_up(self, session: Session) -> None:
         """Close after a transport-level reply (HTTP response, WebSocket close) already written."""
@@ -655,6 +809,27 @@ class Broker:
         for sub in list(session.subs.values()):
             self._remove_subscription(session, sub)
         session.transactions.clear()
+
+    # -- recovery --------------------------------------------------------------------------------
+    def recover(self, store, now: float) -> int:
+        """Load durable subscriptions and stored queue messages, in send order; returns the count."""
+        for name, pattern in store.load_durables():
+            durable = self.durables[name] = Durable(name, pattern)
+            self.queues[durable.queue.name] = durable.queue
+            self.durable_index.add(pattern, durable)
+        wall = self.clock()
+        count = 0
+        for seq, name, message_id, headers, body, expires_ms, delivered in store.load():
+            queue = self.queues.get(name) or self._queue(name)
+            expires = now + (expires_ms / 1000 - wall) if expires_ms else 0.0
+            message = Message(message_id, headers.get("destination", name), headers, body, expires or 0.0)
+            message.seq = seq
+            message.redelivered = delivered  # delivered before the restart, never acknowledged
+            queue.messages.append(message)
+            queue.enqueued += 1
+            count += 1
+        self.store = store
+        return count
 
     # -- statistics ----------------------------------------------------------------------------
     def session_stats(self) -> dict:

@@ -62,7 +62,8 @@ class Outbox:
 
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
-                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login")
+                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login", "client_id",
+                 "held")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -81,10 +82,13 @@ class Session:
         self.websocket = False
         self.id = ""
         self.login = ""
+        self.client_id = ""
+        self.held: deque = deque()   # (store generation, record kind, payload) waiting for a commit
 
 
 class Subscription:
-    __slots__ = ("session", "id", "destination", "ack", "tracked", "prefetch", "accepts", "unacked", "prefix")
+    __slots__ = ("session", "id", "destination", "ack", "tracked", "prefetch", "accepts", "unacked", "prefix",
+                 "durable")
 
     def __init__(self, session: Session, sub_id: str, destination: str, ack: str, prefetch: int, accepts):
         self.session = session
@@ -95,6 +99,7 @@ class Subscription:
         self.prefetch = prefetch            # most unacknowledged deliveries (0 = no limit)
         self.accepts = accepts              # filter/selector predicate over headers, or None
         self.unacked: dict[str, Delivery] = {}  # ack id -> delivery, in delivery order
+        self.durable = None                 # the Durable it is attached to, if any
         # Rendered once: every delivery is this prefix plus the message's shared part.
         sid = escape(sub_id) if session.escape else sub_id
         self.prefix = b"MESSAGE\nsubscription:" + sid.encode() + b"\n"
@@ -106,7 +111,7 @@ class Subscription:
 class Message:
     """A published message, rendered once per escaping style (1.0 or 1.1+) and shared by deliveries."""
 
-    __slots__ = ("id", "destination", "headers", "body", "expires", "redelivered", "nacks", "avoid",
+    __slots__ = ("id", "destination", "headers", "body", "expires", "redelivered", "nacks", "avoid", "seq",
                  "_rendered")
 
     def __init__(self, message_id: str, destination: str, headers: dict, body: bytes, expires: float = 0.0):
@@ -118,6 +123,7 @@ class Message:
         self.redelivered = False    # went back to its queue unacknowledged
         self.nacks = 0
         self.avoid = None           # the subscription that NACKed it last (tried last next time)
+        self.seq = 0                # its row in the durable store (0 = memory only)
         self._rendered = [None, None]
 
     def expired(self, now: float) -> bool:
@@ -145,9 +151,9 @@ def _no_newlines(value: str) -> str:
 class Queue:
     """A /queue/ destination: messages wait here until one subscriber with room takes each."""
 
-    __slots__ = ("name", "messages", "rr", "enqueued", "dequeued", "unacked", "expired")
+    __slots__ = ("name", "messages", "rr", "enqueued", "dequeued", "unacked", "expired", "owner")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, owner=None):
         self.name = name
         self.messages: deque[Message] = deque()
         self.rr = 0            # round-robin position among the matching subscriptions
@@ -155,6 +161,19 @@ class Queue:
         self.dequeued = 0      # acknowledged (or delivered, for auto-ack subscriptions)
         self.unacked = 0
         self.expired = 0
+        self.owner = owner     # a Durable: its one consumer is the durable's attached subscription
+
+
+class Durable:
+    """A named durable topic subscription: matching messages wait in its queue while its client is away."""
+
+    __slots__ = ("name", "pattern", "queue", "sub")
+
+    def __init__(self, name: str, pattern: str):
+        self.name = name
+        self.pattern = pattern
+        self.queue = Queue(f"durable:{name}", owner=self)
+        self.sub = None
 
 
 class Delivery:

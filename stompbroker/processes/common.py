@@ -96,6 +96,7 @@ class Resources:
         self.output_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(config.writers)]
         self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
         self.reader_control = os.pipe()  # supervisor -> reader: "writer N was restarted"
+        self.dispatcher_ready = os.pipe()  # dispatcher -> supervisor: state loaded, start reading
         self.reader_stats = SharedStats(READER_STATS)
         self.writer_stats = [SharedStats(WRITER_STATS) for _ in range(config.writers)]
         self.writer_latency = [SharedHistogram(latency.BUCKETS) for _ in range(config.writers)]

@@ -9,6 +9,7 @@ the reader stop reading: backpressure all the way to the clients' TCP windows.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import time
 
@@ -16,6 +17,7 @@ import orjson
 
 from ..broker.core import Broker, Outbox
 from ..diag.stats import Statistics
+from ..store.sqlite import Store
 from ..ipc import records as R
 from . import common
 
@@ -39,6 +41,15 @@ class Dispatcher:
         self.broker = Broker(config, self.outboxes, clock=time.time)
         self.broker.diag = self.statistics = Statistics(self.broker, resources, config)
         self.next_tick = 0.0
+        self.wait_fds = [self.ring.data_fd]
+        self.store = None
+        if config.store == "sqlite":
+            self.store = Store(config.store_path, config.checkpoint, config.replay_retention)
+            recovered = self.broker.recover(self.store, time.monotonic())
+            self.wait_fds.append(self.store.done_fd)
+            log.info("store %s: recovered %d queued messages and %d durable subscriptions",
+                     config.store_path, recovered, len(self.broker.durables))
+        os.write(resources.dispatcher_ready[1], b"R")  # the supervisor starts the reader after this
         self.dump_channel = resources.diag_channel[0] if config.diag_dump else None
         self.next_dump = time.monotonic() + config.diag_interval / 1000
         self.dumps_dropped = 0
@@ -54,22 +65,29 @@ class Dispatcher:
                 deadlines.append(self.next_dump)
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
             if not ring.used_bytes:
-                select.select([ring.data_fd], [], [], timeout)
+                select.select(self.wait_fds, [], [], timeout)
             ring.clear_wakeup()
+            if self.store is not None:
+                self.broker.release(self.store.finished())
             while running:
                 blob = ring.read(READ_BYTES)
                 if not blob:
                     break
                 running = self.handle(blob, time.monotonic())
+                self.commit()
                 self.flush()
             now = time.monotonic()
             if now >= self.next_tick:
                 self.next_tick = now + TICK
                 self.broker.on_tick(now)
+                self.commit()
                 self.flush()
             if self.dump_channel is not None and now >= self.next_dump:
                 self.next_dump = now + self.config.diag_interval / 1000
                 self.dump()
+        if self.store is not None:
+            self.store.close()  # everything on disk, then the last receipts go out
+            self.broker.release(self.store.finished())
         for box in self.outboxes:
             box.add(R.STOP, 0)
         self.flush()
@@ -117,6 +135,12 @@ class Dispatcher:
         else:  # HTTP reply or WebSocket close: write it, then hang up
             box.add(R.RAW, conn, payload)
             self.broker.hang_up(session)
+
+    def commit(self) -> None:
+        """End of a round: hand the store what the round wrote (group commit), without waiting."""
+        if self.store is not None and (self.store.pending() or self.broker.need_commit):
+            self.store.submit()
+            self.broker.need_commit = False
 
     def dump(self) -> None:
         """Hand one statistics line to the supervisor, which writes the file: never wait for a disk."""

@@ -290,12 +290,18 @@ class Reader:
             self.websocket(conn, rest, now)
 
     def websocket(self, conn: Conn, data: bytes, now: float) -> None:
+        decoder = conn.ws
+        allocated, hits, misses = decoder.allocated, decoder.hits, decoder.misses
         try:
-            events = conn.ws.feed(data)
+            events = decoder.feed(data)
             error = None
         except ws.WsProtocolError as exc:
             # What arrived before the bad frame in the same read still counts (pings, frames).
             events, error = exc.events, exc
+        stats = self.stats  # DIAG ws_buffer; drop() takes a closed connection's allocated bytes back out
+        stats["ws_allocated"] += decoder.allocated - allocated
+        stats["ws_hits"] += decoder.hits - hits
+        stats["ws_misses"] += decoder.misses - misses
         frames = []
         for event in events:
             kind = event[0]

@@ -24,6 +24,7 @@ from setproctitle import setproctitle
 from .. import __version__
 from . import dispatcher, reader, writer
 from ..diag.dump import DumpWriter
+from ..store import sqlite as store
 from .common import Resources
 
 log = logging.getLogger("stompbroker.supervisor")
@@ -44,6 +45,9 @@ def open_listener(config) -> socket.socket:
 class Supervisor:
     def __init__(self, config):
         self.config = config
+        if config.store == "sqlite":  # refuse to start on a damaged store rather than lose messages
+            count = store.check(config.store_path)
+            log.info("store %s holds %d queued messages", config.store_path, count)
         self.ctx = multiprocessing.get_context("fork")
         self.listener = open_listener(config)
         self.port = self.listener.getsockname()[1]
@@ -77,7 +81,21 @@ class Supervisor:
 
     def start_all(self) -> None:
         for role in self.roles():
+            if role == "reader":
+                self.wait_for_dispatcher()
             self.spawn(role)
+
+    def wait_for_dispatcher(self) -> None:
+        """No connection is read before the dispatcher has loaded its state (the durable store)."""
+        ready = self.resources.dispatcher_ready[0]
+        dispatcher = self.children["dispatcher"]
+        while True:
+            readable = wait([ready, dispatcher.sentinel], timeout=60)
+            if ready in readable:
+                os.read(ready, 16)
+                return
+            if dispatcher.sentinel in readable or not readable:
+                raise SystemExit("the dispatcher did not start (see the log above)")
 
     def kill_all(self) -> None:
         for proc in self.children.values():
@@ -185,4 +203,10 @@ class Supervisor:
 
 
 def run(config) -> int:
-    return Supervisor(config).run()
+    try:
+        supervisor = Supervisor(config)
+    except store.StoreError as exc:
+        log.critical("%s; not starting. 'stompbroker-store check|export|repair %s' can help.", exc,
+                     config.store_path)
+        return 2
+    return supervisor.run()

@@ -37,7 +37,7 @@ from stompbroker.analysis import (  # noqa: E402
     to_pandas,
     write_report,
 )
-from stompbroker.analysis.report import chart_bucket  # noqa: E402
+from stompbroker.analysis.report import chart_bucket, parse_args  # noqa: E402
 
 RATES = fx.RATES
 
@@ -247,25 +247,29 @@ def test_downsample_bounds_chart_points(tables):
 # ---------------------------------------------------------------- report and CLI
 
 
-def test_write_report_html(tmp_path, tables, summ):
+def test_write_report_md_and_html(tmp_path, tables, summ):
     frames = collect_for_report(tables)
-    path = write_report(tmp_path, summ, frames, fmt="html", inputs=["x"])
-    text = path.read_text()
-    assert path.name == "report.html" and text.startswith("<!DOCTYPE html>")
+    md = write_report(tmp_path / "md", summ, frames, fmt="md", inputs=["x"], leak_rule={"min_slope": 2048.0})
+    text = md.read_text()
+    assert md.name == "report.md"
+    assert "![memory](charts/memory.png)" in text
+    assert "fitted RSS slope >= 2048 B/s" in text  # the thresholds actually used
+    html = write_report(tmp_path / "html", summ, frames, fmt="html", inputs=["x"])
+    text = html.read_text()
+    assert html.name == "report.html" and text.startswith("<!DOCTYPE html>")
     assert "<img src='charts/memory.png'" in text
-    assert "300.0/s" in text and "12.00" in text
+    assert "18000 / 300.0/s / 300.0/s" in text and "12.00" in text
     for name in ("throughput", "queue_depths", "writer_balance", "latency", "churn", "memory"):
-        assert (tmp_path / "charts" / f"{name}.png").stat().st_size > 1000
+        assert (tmp_path / "html" / "charts" / f"{name}.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "md" / "summary.json").read_text())["leaks"] == 2
 
 
-def test_main_in_process_reuses_session(spark, dump, tmp_path):
-    out = tmp_path / "out"
-    assert main([dump, "--out", str(out), "--leak-min-slope", "1e9"]) == 0
-    assert SparkSession.getActiveSession() is not None  # the caller's session is left running
-    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"  # and its config restored
-    s = json.loads((out / "summary.json").read_text())
-    assert s["leaks"] == 0  # the threshold reached leak_flags()
-    assert "1000000000 B/s" in (out / "report.md").read_text()
+def test_cli_arguments():
+    a = parse_args(["a", "b*", "--out", "o", "--format", "html", "--conf", "spark.x=1", "--leak-min-r2", "0.5"])
+    assert a.dumps == ["a", "b*"] and a.out == "o" and a.format == "html" and a.master is None
+    assert a.conf == ["spark.x=1"] and a.leak_min_r2 == 0.5
+    with pytest.raises(SystemExit):
+        parse_args(["a", "--out", "o", "--conf", "no-equals-sign"])
 
 
 def test_main_reports_missing_input(tmp_path, capsys, spark):

@@ -1,0 +1,1 @@
+"""Durable storage for queues (sqlite)."""
