@@ -67,6 +67,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat_grace_ms", int, 1_000, "silence allowed past a client's heart-beat interval before it is disconnected"),
     Setting("connect_timeout_ms", int, 10_000, "time a new connection has to send CONNECT before it is closed"),
     Setting("shutdown_timeout_ms", int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
+    Setting("auth", str, "off", "off: any login is accepted; passwd: logins are checked against passwd_file"),
+    Setting("passwd_file", str, "stompbroker.passwd", "users, as login:secret[:permissions] lines (stompbroker-passwd writes them); re-read on SIGHUP"),
+    Setting("acl_file", str, "", "optional per-user read/write/admin rules (lines: login read|write PATTERN,...; login admin)"),
+    Setting("secret", str, "", "xtomp token logins: passcode = base64(sha1(login + secret)), login = '<user> <unix-seconds> <random>'"),
+    Setting("secret_timeout", float, 60.0, "seconds a token login stays valid"),
+    Setting("token_mode", str, "sha1", "sha1 (xtomp's) or hmac (HMAC-SHA256: prefer it)"),
+    Setting("auth_fail_delay_ms", int, 250, "a refused login waits this long, doubling per failure from the same address (at most 10 s)"),
+    Setting("diag_admin_only", _bool, False, "only admin users may use DIAG and /queue/monitor"),
     Setting("diag_before_connect", _bool, True, "answer DIAG frames before CONNECT, as stompica did (off: only after CONNECT)"),
     Setting("diag_interval", int, 1_000, "milliseconds per statistics interval (latency percentiles, dump lines)"),
     Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
@@ -131,6 +139,10 @@ def validate(values: dict) -> None:
                  "connect_timeout_ms", "shutdown_timeout_ms"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
+    if values["auth"] not in ("off", "passwd"):
+        raise ValueError(f"auth must be off or passwd, got {values['auth']!r}")
+    if values["token_mode"] not in ("sha1", "hmac"):
+        raise ValueError(f"token_mode must be sha1 or hmac, got {values['token_mode']!r}")
     if values["store"] not in ("memory", "sqlite"):
         raise ValueError(f"store must be memory or sqlite, got {values['store']!r}")
     if values["checkpoint"] < 0 or values["replay_retention"] < 0:

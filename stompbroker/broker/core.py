@@ -55,6 +55,9 @@ class Broker:
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
         self.diag = None                 # the statistics provider (diag.stats.Statistics), set by the dispatcher
         self.store = None                # the durable store (store.sqlite.Store), set by the dispatcher
+        self.auth = None                 # the Authenticator (broker/auth.py), set by the dispatcher
+        self.failures: dict[str, int] = {}        # failed logins per client address
+        self.delayed: list[tuple[float, int]] = []  # refused logins, answered after a delay
         self._ops_mark = 0
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
@@ -111,6 +114,12 @@ class Broker:
             return
         self.now = session.last_seen = now
         self.stats["frames_in"] += 1
+        if session.pending is not None:  # its CONNECT is being checked: keep the frames until then
+            if len(session.backlog) >= 1000:
+                self._error(session, "too many frames before CONNECTED")
+            else:
+                session.backlog.append((head, body))
+            return
         if self.store is not None:
             self._ops_mark = self.store.ops
         try:
@@ -151,6 +160,13 @@ class Broker:
                             f"(heart-beat every {session.hb_in} ms)")
         if self.stale is not None:
             self.stale.sweep(now)
+        if self.delayed:
+            due = [conn for when, conn in self.delayed if when <= now]
+            self.delayed = [(when, conn) for when, conn in self.delayed if when > now]
+            for conn in due:
+                session = self.sessions.get(conn)
+                if session is not None:
+                    self._error(session, "access refused", "the login or passcode is not valid")
         if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
             self.next_monitor = now + self.config.monitor_interval / 1000
             status = Message(f"{self.token}-{next(self._message_ids)}", MONITOR, {"content-type": "text/plain"},
@@ -179,18 +195,51 @@ class Broker:
                 return
             version = common[-1]
         cx, cy = self._heart_beat(headers.get("heart-beat", "0,0") if version != "1.0" else "0,0", receipt)
-        hb_min = self.config.heartbeat_min_ms
         if cx and cx > self.config.heartbeat_max_ms:
             raise ProtocolError("heart-beat out of range",
                                 f"the client heart-beats every {cx} ms; the broker needs at least every "
                                 f"{self.config.heartbeat_max_ms} ms", receipt)
+        if self.auth is not None and self.auth.required:
+            session.pending = (version, cx, cy, headers)
+            self.auth.submit(session.conn, headers.get("login"), headers.get("passcode"))
+            return
+        self._connected(session, version, cx, cy, headers, headers.get("login", ""))
+
+    def on_auth(self, conn: int, user: str | None, now: float) -> None:
+        """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""
+        session = self.sessions.get(conn)
+        if session is None or session.pending is None:
+            return
+        version, cx, cy, headers = session.pending
+        session.pending = None
+        self.now = now
+        ip = session.peer.rsplit(":", 1)[0]
+        if user is None:
+            failures = self.failures[ip] = self.failures.get(ip, 0) + 1
+            if len(self.failures) > 100_000:
+                self.failures.clear()
+            delay = min(self.config.auth_fail_delay_ms * 2 ** min(failures - 1, 10), 10_000) / 1000
+            log.warning("login refused for %r from %s (%d failures from there)", headers.get("login"), ip, failures)
+            session.closing = True  # nothing more from it is read; the ERROR follows the delay
+            session.backlog.clear()
+            self.delayed.append((now + delay, conn))
+            return
+        self.failures.pop(ip, None)
+        self._connected(session, version, cx, cy, headers, user)
+        backlog, session.backlog = session.backlog, []
+        for head, body in backlog:
+            self.on_frame(conn, head, body, now)
+
+    def _connected(self, session: Session, version: str, cx: int, cy: int, headers: dict, login: str) -> None:
+        receipt = headers.get("receipt")
+        hb_min = self.config.heartbeat_min_ms
         sx = hb_min if cy else 0           # the broker can send every hb_min ms
         sy = max(cx, hb_min) if cx else 0  # and wants the client's beats at the client's pace
         session.connected = True
         session.version = version
         session.escape = version != "1.0"
         session.id = f"{self.token}-{session.conn}"
-        session.login = headers.get("login", "")
+        session.login = login
         session.client_id = headers.get("client-id", session.login)
         session.hb_in = max(cx, sy) if cx and sy else 0
         out_interval = max(sx, cy) if sx and cy else 0
@@ -215,6 +264,7 @@ class Broker:
     def _send(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         destination = self._check_send(headers, receipt)
+        self._allowed(session, destination, write=True, receipt=receipt)
         if destination.startswith(DIAG_PREFIX) and self.diag is not None:
             query = body.decode(errors="replace").strip()
             if query in QUERIES:
@@ -438,6 +488,7 @@ class Broker:
         if ack not in ACK_MODES:
             raise ProtocolError("invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}",
                                 receipt)
+        self._allowed(session, destination, write=False, receipt=receipt)
         if len(session.subs) >= self.config.max_subscriptions:
             raise ProtocolError("too many subscriptions",
                                 f"at most {self.config.max_subscriptions} subscriptions per connection", receipt)
@@ -466,6 +517,19 @@ class Broker:
             for message in late:
                 self._deliver(sub, message, None)
             self.stats["messages_delivered"] += len(late)
+
+    def _allowed(self, session: Session, destination: str, write: bool, receipt) -> None:
+        """Refuse, with an ERROR naming the destination, what the user's permissions do not allow."""
+        if self.config.diag_admin_only and (destination.startswith(DIAG_PREFIX) or destination == MONITOR) \
+                and not (self.auth is not None and self.auth.is_admin(session.login)):
+            raise ProtocolError(f"permission denied for {destination}", "diagnostics are for admin users", receipt)
+        if self.auth is None or not self.auth.required:
+            return
+        allowed = self.auth.can_write if write else self.auth.can_read
+        if not allowed(session.login, destination):
+            verb = "write to" if write else "read from"
+            raise ProtocolError(f"permission denied for {destination}", f"{session.login!r} may not {verb} "
+                                f"{destination}", receipt)
 
     def _durable_name(self, session: Session, headers: dict, sub_id: str, destination: str, receipt) -> str | None:
         """RabbitMQ's `durable:true` (named by the subscription id) or ActiveMQ's
@@ -744,6 +808,9 @@ class Broker:
         query = body.decode(errors="replace").strip()
         if self.diag is None or query not in QUERIES:
             raise ProtocolError("unknown DIAG query", f"DIAG queries: {', '.join(QUERIES)}", receipt)
+        if self.config.diag_admin_only and not (session.connected and self.auth is not None
+                                                and self.auth.is_admin(session.login)):
+            raise ProtocolError("permission denied for DIAG", "diagnostics are for admin users", receipt)
         reply = b"DIAG\ncontent-type:text/plain\n" + f"{query}:{self.diag.text(query)}".encode() + b"\n\n\0"
         session.outbox.add(R.DATA, session.conn, reply)
         self._receipt(session, receipt)

@@ -63,7 +63,7 @@ class Outbox:
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
                  "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login", "client_id",
-                 "held")
+                 "held", "pending", "backlog")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -84,6 +84,8 @@ class Session:
         self.login = ""
         self.client_id = ""
         self.held: deque = deque()   # (store generation, record kind, payload) waiting for a commit
+        self.pending = None          # a CONNECT waiting for its login check
+        self.backlog: list = []      # frames that arrived meanwhile
 
 
 class Subscription:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import time
 
 import orjson
 
+from ..broker.auth import Authenticator
 from ..broker.core import Broker, Outbox
 from ..diag.stats import Statistics
 from ..store.sqlite import Store
@@ -42,6 +44,17 @@ class Dispatcher:
         self.broker.diag = self.statistics = Statistics(self.broker, resources, config)
         self.next_tick = 0.0
         self.wait_fds = [self.ring.data_fd]
+        self.auth = None
+        if config.auth != "off" or config.secret or config.acl_file:
+            self.broker.auth = self.auth = Authenticator(config)
+            self.wait_fds.append(self.auth.done_fd)
+        # SIGHUP (relayed by the supervisor) re-reads the passwd file
+        self.signal_r, signal_w = os.pipe()
+        os.set_blocking(signal_w, False)
+        os.set_blocking(self.signal_r, False)
+        signal.set_wakeup_fd(signal_w)
+        signal.signal(signal.SIGHUP, lambda signum, frame: None)
+        self.wait_fds.append(self.signal_r)
         self.store = None
         if config.store == "sqlite":
             self.store = Store(config.store_path, config.checkpoint, config.replay_retention)
@@ -69,6 +82,11 @@ class Dispatcher:
             ring.clear_wakeup()
             if self.store is not None:
                 self.broker.release(self.store.finished())
+            if self.auth is not None:
+                now = time.monotonic()
+                for conn, user in self.auth.results():
+                    self.broker.on_auth(conn, user, now)
+            self.signals()
             while running:
                 blob = ring.read(READ_BYTES)
                 if not blob:
@@ -135,6 +153,14 @@ class Dispatcher:
         else:  # HTTP reply or WebSocket close: write it, then hang up
             box.add(R.RAW, conn, payload)
             self.broker.hang_up(session)
+
+    def signals(self) -> None:
+        try:
+            received = os.read(self.signal_r, 64)
+        except BlockingIOError:
+            return
+        if signal.SIGHUP in received and self.auth is not None:
+            self.auth.reload()
 
     def commit(self) -> None:
         """End of a round: hand the store what the round wrote (group commit), without waiting."""

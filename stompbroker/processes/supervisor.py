@@ -141,6 +141,10 @@ class Supervisor:
             self.stopping = "graceful"
         elif signum == signal.SIGINT:
             self.stopping = "fast"
+        elif signum == signal.SIGHUP:  # reload: the dispatcher re-reads the passwd file
+            dispatcher = self.children.get("dispatcher")
+            if dispatcher is not None and dispatcher.pid:
+                os.kill(dispatcher.pid, signal.SIGHUP)
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> int:
