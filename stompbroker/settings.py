@@ -46,6 +46,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("output_queue_bytes", int, 32 * MB, "bytes of shared memory for each dispatcher-to-writer queue"),
     Setting("max_stale_queue_size", int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
     Setting("TTL", int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
+    Setting("ssl_port", int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
+    Setting("ssl_cert", str, "", "PEM certificate chain for ssl_port"),
+    Setting("ssl_key", str, "", "PEM private key for ssl_port"),
+    Setting("ssl_ca", str, "", "CA bundle to verify client certificates (default: the system's)"),
+    Setting("ssl_verify_client", str, "none", "client certificates: none, optional or required"),
     Setting("max_queue_messages", int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
     Setting("client_prefetch", int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
     Setting("max_redeliveries", int, 5, "NACKs of one message before it goes to the dead-letter queue"),
@@ -139,6 +144,12 @@ def validate(values: dict) -> None:
                  "connect_timeout_ms", "shutdown_timeout_ms"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
+    if values["ssl_port"] and not (values["ssl_cert"] and values["ssl_key"]):
+        raise ValueError("ssl_port needs ssl_cert and ssl_key")
+    if values["ssl_verify_client"] not in ("none", "optional", "required"):
+        raise ValueError("ssl_verify_client must be none, optional or required")
+    if values["ssl_port"] > 65535:
+        raise ValueError("ssl_port must be at most 65535")
     if values["auth"] not in ("off", "passwd"):
         raise ValueError(f"auth must be off or passwd, got {values['auth']!r}")
     if values["token_mode"] not in ("sha1", "hmac"):

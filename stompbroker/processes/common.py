@@ -88,8 +88,9 @@ class SharedHistogram:
 class Resources:
     """Made once by the supervisor before any child is forked, so every child inherits them."""
 
-    def __init__(self, config, listener: socket.socket):
+    def __init__(self, config, listener: socket.socket, tls_listener: socket.socket | None = None):
         self.listener = listener
+        self.tls_listener = tls_listener
         # Big enough for a few maximum-size frames in flight.
         margin = 4 * config.max_frame_size + (1 << 20)
         self.input_ring = Ring(max(config.input_queue_bytes, margin), config.max_input_queue_size)

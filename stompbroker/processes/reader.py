@@ -16,6 +16,7 @@ import logging
 import os
 import selectors
 import socket
+import ssl
 import struct
 import time
 
@@ -37,7 +38,7 @@ NEW, STOMP, HTTP, WEBSOCKET, DEAD = range(5)
 
 
 class Conn:
-    __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive")
+    __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls")
 
     def __init__(self, conn_id: int, sock: socket.socket, writer: int, parser: FrameParser):
         self.id = conn_id
@@ -48,6 +49,25 @@ class Conn:
         self.buf = b""          # bytes of an HTTP request head not complete yet
         self.ws = None          # WsDecoder once upgraded
         self.last_alive = 0.0
+        self.tls = None         # TlsLink for connections on ssl_port
+
+
+class TlsLink:
+    """TLS for one connection, terminated here: the writer writes plaintext into ``inner``'s peer,
+    and the reader encrypts what comes out of ``inner`` onto the client's socket."""
+
+    __slots__ = ("inner", "out", "handshaking", "closing", "deadline", "inner_paused")
+
+    def __init__(self, inner: socket.socket):
+        self.inner = inner
+        self.out = bytearray()      # ciphertext-to-be that the client's socket would not take yet
+        self.handshaking = True
+        self.closing = False        # the writer is done: flush, say goodbye, wait for the client
+        self.deadline = 0.0
+        self.inner_paused = False
+
+
+TLS_OUT_LIMIT = 1 << 20  # past this, stop taking the writer's output: its socket fills, backpressure
 
 
 class Reader:
@@ -69,6 +89,8 @@ class Reader:
         self.running = True
         self.allowed_paths = getattr(config, "ws_paths", None) or None
         self.allowed_origins = getattr(config, "ws_origins", None) or None
+        self.tls_listener = resources.tls_listener
+        self.tls_context = tls_context(config) if self.tls_listener is not None else None
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -77,19 +99,32 @@ class Reader:
             sock.settimeout(2.0)
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(self.control, selectors.EVENT_READ, "control")
+        if self.tls_listener is not None:
+            self.tls_listener.setblocking(False)
+            self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept")
+        closing_tls: set = set()
         while self.running:
-            events = self.sel.select()
+            events = self.sel.select(0.25 if closing_tls else None)
             now = time.monotonic()
-            for key, _ in events:
+            for key, mask in events:
                 what = key.data
                 if what == "accept":
-                    self.accept()
+                    self.accept(key.fileobj)
                 elif what == "control":
                     self.on_control()
+                elif type(what) is tuple:  # ("inner", conn): plaintext from the writer, to encrypt
+                    self.tls_from_writer(what[1], now, closing_tls)
+                elif what.tls is not None:
+                    self.tls_event(what, mask, now)
                 else:
                     self.read(what, now)
                 if len(self.out) >= FLUSH_AT:
                     self.push()
+            if closing_tls:
+                for conn in [c for c in closing_tls if now > c.tls.deadline or c.sock.fileno() < 0]:
+                    closing_tls.discard(conn)
+                    if conn.sock.fileno() >= 0:
+                        self.drop(conn)
             self.push()
             if self.pushed:
                 self.ring.notify()
@@ -121,10 +156,10 @@ class Reader:
         self.count += 1
 
     # -- connections ---------------------------------------------------------------------------
-    def accept(self) -> None:
+    def accept(self, listener: socket.socket) -> None:
         for _ in range(256):  # then give the open connections a turn
             try:
-                sock, addr = self.listener.accept()
+                sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -141,8 +176,15 @@ class Reader:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             conn_id = next(self.ids)
             writer = next(self.next_writer)
+            link = None
+            if listener is self.tls_listener:
+                sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                inner, writer_end = socket.socketpair()
+                inner.setblocking(False)
+                link = TlsLink(inner)
             try:
-                socket.send_fds(self.fd_socks[writer], [_CONN_ID.pack(conn_id)], [sock.fileno()])
+                handed = writer_end if link is not None else sock
+                socket.send_fds(self.fd_socks[writer], [_CONN_ID.pack(conn_id)], [handed.fileno()])
             except OSError as exc:
                 log.error("cannot hand connection to writer %d: %s", writer, exc)
                 sock.close()
@@ -151,6 +193,10 @@ class Reader:
                                                            self.config.max_header_line))
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
+            if link is not None:
+                writer_end.close()  # the writer has its own copy now
+                conn.tls = link
+                self.sel.register(link.inner, selectors.EVENT_READ, ("inner", conn))
             self.stats["accepted"] += 1
             self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer)
 
@@ -168,6 +214,11 @@ class Reader:
         if conn.ws is not None:
             self.stats["websockets"] -= 1
             self.stats["ws_allocated"] -= conn.ws.allocated
+        if conn.tls is not None:
+            if not conn.tls.inner_paused:
+                self.sel.unregister(conn.tls.inner)
+            conn.tls.inner.close()  # the writer sees its socket closed and lets go
+            conn.tls.inner_paused = True
         self.sel.unregister(conn.sock)
         del self.conns[conn.sock.fileno()]
         conn.sock.close()
@@ -195,6 +246,105 @@ class Reader:
         self.sel.unregister(self.listener)
         self.listener.close()
 
+    # -- TLS ---------------------------------------------------------------------------------
+    def tls_event(self, conn: Conn, mask: int, now: float) -> None:
+        """Readable or writable client socket of a TLS connection."""
+        link = conn.tls
+        sock = conn.sock
+        if link.handshaking:
+            try:
+                sock.do_handshake()
+            except ssl.SSLWantReadError:
+                self.sel.modify(sock, selectors.EVENT_READ, conn)
+                return
+            except ssl.SSLWantWriteError:
+                self.sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+                return
+            except (ssl.SSLError, OSError) as exc:
+                log.info("TLS handshake with connection %d failed: %s", conn.id, exc)
+                self.drop(conn)
+                return
+            link.handshaking = False
+            self.sel.modify(sock, selectors.EVENT_READ, conn)
+        if mask & selectors.EVENT_WRITE and link.out:
+            self.tls_flush(conn)
+            if conn.sock.fileno() < 0:
+                return
+        if mask & selectors.EVENT_READ:
+            chunks = []
+            closed = False
+            try:
+                while True:  # drain what OpenSSL holds too: epoll cannot see it
+                    data = sock.recv(READ_SIZE)
+                    if not data:
+                        closed = True
+                        break
+                    chunks.append(data)
+                    if not sock.pending():
+                        break
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLWantWriteError:
+                self.sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            except (ssl.SSLError, OSError):
+                closed = True
+            if chunks:
+                self.received(conn, b"".join(chunks), now)
+            if closed and sock.fileno() >= 0:
+                self.drop(conn)
+
+    def tls_from_writer(self, conn: Conn, now: float, closing: set) -> None:
+        """The writer wrote (plaintext) for a TLS connection: encrypt it onto the client's socket."""
+        link = conn.tls
+        try:
+            data = link.inner.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            link.out += data
+            if not link.handshaking:
+                self.tls_flush(conn)
+            if len(link.out) > TLS_OUT_LIMIT and not link.inner_paused:
+                self.sel.unregister(link.inner)
+                link.inner_paused = True
+            return
+        # The writer hung up: send what is left, then close_notify and FIN; wait for the client.
+        if not link.inner_paused:
+            self.sel.unregister(link.inner)
+            link.inner_paused = True
+        link.closing = True
+        link.deadline = now + 2.0
+        closing.add(conn)
+        self.tls_flush(conn)
+
+    def tls_flush(self, conn: Conn) -> None:
+        link, sock = conn.tls, conn.sock
+        while link.out:
+            try:
+                sent = sock.send(link.out[:READ_SIZE])
+            except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                self.sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+                return
+            except (ssl.SSLError, OSError):
+                self.drop(conn)
+                return
+            del link.out[:sent]
+        self.sel.modify(sock, selectors.EVENT_READ, conn)
+        if link.inner_paused and not link.closing:
+            self.sel.register(link.inner, selectors.EVENT_READ, ("inner", conn))
+            link.inner_paused = False
+        if link.closing:
+            try:
+                sock.unwrap()
+            except (ssl.SSLError, OSError, ValueError):
+                pass
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
     # -- reading -------------------------------------------------------------------------------
     def read(self, conn: Conn, now: float) -> None:
         try:
@@ -206,6 +356,9 @@ class Reader:
         if not data:
             self.drop(conn)
             return
+        self.received(conn, data, now)
+
+    def received(self, conn: Conn, data: bytes, now: float) -> None:
         self.stats["bytes_in"] += len(data)
         mode = conn.mode
         if mode == NEW:
@@ -324,6 +477,19 @@ class Reader:
         if error is not None:
             conn.mode = DEAD
             self.emit(R.WS_CLOSE, conn.id, ws.encode_close(error.code, error.reason))
+
+
+def tls_context(config) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.ssl_cert, config.ssl_key)
+    if config.ssl_verify_client != "none":
+        context.verify_mode = ssl.CERT_REQUIRED if config.ssl_verify_client == "required" else ssl.CERT_OPTIONAL
+        if config.ssl_ca:
+            context.load_verify_locations(config.ssl_ca)
+        else:
+            context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+    return context
 
 
 def run(config, resources) -> None:

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import ssl
 import time
 from multiprocessing.connection import wait
 
@@ -33,11 +34,11 @@ RESTART_WINDOW = 10.0   # seconds
 RESTART_LIMIT = 10      # restarts within the window before the supervisor gives up
 
 
-def open_listener(config) -> socket.socket:
+def open_listener(config, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
+    sock.bind((config.host, port))
     sock.listen(min(max(config.max_connections, 128), 65535))
     return sock
 
@@ -49,9 +50,13 @@ class Supervisor:
             count = store.check(config.store_path)
             log.info("store %s holds %d queued messages", config.store_path, count)
         self.ctx = multiprocessing.get_context("fork")
-        self.listener = open_listener(config)
+        self.listener = open_listener(config, config.port)
         self.port = self.listener.getsockname()[1]
-        self.resources = Resources(config, self.listener)
+        self.tls_listener = None
+        if config.ssl_port:
+            reader.tls_context(config)  # a bad certificate or key stops the start here, clearly
+            self.tls_listener = open_listener(config, config.ssl_port)
+        self.resources = Resources(config, self.listener, self.tls_listener)
         self.children: dict[str, multiprocessing.Process] = {}
         self.restarts: list[float] = []
         self.stats = {"dump_lines": 0, "dump_errors": 0, "dump_dropped": 0, "restarts": 0}
@@ -154,6 +159,8 @@ class Supervisor:
                  self.port, self.config.writers)
         log.info("settings: %s", self.config.describe())
         self.start_all()
+        if self.tls_listener is not None:
+            log.info("TLS (STOMP and wss) on %s:%d", self.config.host, self.tls_listener.getsockname()[1])
         print(f"stompbroker listening on {self.config.host}:{self.port}", flush=True)
         while self.stopping is None:
             sentinels = {proc.sentinel: role for role, proc in self.children.items()}
@@ -212,5 +219,8 @@ def run(config) -> int:
     except store.StoreError as exc:
         log.critical("%s; not starting. 'stompbroker-store check|export|repair %s' can help.", exc,
                      config.store_path)
+        return 2
+    except (ssl.SSLError, OSError) as exc:
+        log.critical("cannot start: %s", exc)
         return 2
     return supervisor.run()
