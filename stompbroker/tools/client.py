@@ -273,7 +273,8 @@ class StompClient:
         self.send_frame("CONNECT", headers)
         frame = self.read_frame(timeout)
         if frame is None:
-            raise ClientError(f"no CONNECTED from {self.name} within {timeout:g} s (is it a STOMP broker?)")
+            raise ClientError(f"no answer to CONNECT from {self.name} within {timeout:g} s "
+                              f"(see --connect-timeout)")
         if frame.command != "CONNECTED":
             raise ClientError(f"expected CONNECTED from {self.name}, got {frame.command!r}")
         self.version = frame.headers.get("version", "1.0")

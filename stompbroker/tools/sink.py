@@ -9,7 +9,7 @@ import sys
 
 from . import (CONNECTION_EPILOG, EXIT_OK, add_connection_options, check_connection_options, connect,
                delimiter, exit_status_help, run_tool, where)
-from .client import StompClient
+from .client import ClientError, StompClient
 
 PROG = "stompbroker-sink"
 READ_SIZE = 1 << 16
@@ -123,13 +123,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sink(args: argparse.Namespace) -> int:
+    # Check stdin before connecting: with fd 0 closed, the socket itself would become fd 0.
+    fd = 0  # not sys.stdin.fileno(): sys.stdin is None when stdin is closed (<&-)
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise ClientError("stdin is closed") from None
     client = connect(args)
     sent = 0
     try:
         if args.verbose:
             print(f"{PROG}: connected to {where(args)} (STOMP {client.version}, {client.server or '?'})",
                   file=sys.stderr, flush=True)
-        fd = 0  # not sys.stdin.fileno(): sys.stdin is None when stdin is closed (<&-)
         batches = [[read_all(fd, client)]] if args.whole else pieces(fd, args.delimiter, client)
         for batch in batches:
             for body in batch:

@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from conftest import BrokerProcess
+
 from stompbroker.tools import decode_escapes
 
 PY = sys.executable
@@ -37,6 +39,24 @@ def run_tool(name: str, conn: list[str], *args: str, input: bytes = b"", timeout
     return subprocess.run(tool_cmd(name, conn, *args), input=input, capture_output=True, timeout=timeout)
 
 
+def wait_stderr(proc: subprocess.Popen, text: bytes, seen: bytes = b"", timeout: float = 15.0) -> bytes:
+    """Read proc's stderr until ``text`` shows up; returns everything read (plus ``seen``)."""
+    deadline = time.monotonic() + timeout
+    fd = proc.stderr.fileno()
+    while text not in seen:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            proc.kill()
+            raise AssertionError(f"{text!r} did not show up on stderr; so far: {seen!r}")
+        if select.select([fd], [], [], remaining)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                proc.wait(5)
+                raise AssertionError(f"exited ({proc.returncode}) before printing {text!r}: {seen!r}")
+            seen += chunk
+    return seen
+
+
 class Tap:
     """A running tap; the constructor returns once its subscription is in place."""
 
@@ -45,23 +65,7 @@ class Tap:
                                      stderr=subprocess.PIPE)
         if procs is not None:
             procs.append(self.proc)
-        self.err = b""
-        self._wait_stderr(b"subscribed to")
-
-    def _wait_stderr(self, text: bytes, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stderr.fileno()
-        while text not in self.err:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.proc.kill()
-                raise AssertionError(f"tap did not print {text!r}; stderr so far: {self.err!r}")
-            if select.select([fd], [], [], remaining)[0]:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    self.proc.wait(5)
-                    raise AssertionError(f"tap exited ({self.proc.returncode}) before {text!r}: {self.err!r}")
-                self.err += chunk
+        self.err = wait_stderr(self.proc, b"subscribed to")
 
     def finish(self, timeout: float = TIMEOUT) -> tuple[bytes, bytes, int]:
         try:
@@ -132,12 +136,7 @@ def test_tap_piped_into_sink_relays(tcp, procs):
     relay_sink = subprocess.Popen(tool_cmd("sink", tcp, dst), stdin=relay_tap.stdout, stderr=subprocess.PIPE)
     procs.append(relay_sink)
     relay_tap.stdout.close()  # the pipe now belongs to the two children
-    line = b""
-    deadline = time.monotonic() + 15
-    while b"subscribed to" not in line and time.monotonic() < deadline:
-        if select.select([relay_tap.stderr], [], [], 1)[0]:
-            line += os.read(relay_tap.stderr.fileno(), 4096)
-    assert b"subscribed to" in line, line
+    wait_stderr(relay_tap, b"subscribed to")
     published = run_tool("sink", tcp, src, input=b"one\ntwo\nthree\n")
     assert published.returncode == 0, published.stderr
     assert relay_tap.wait(TIMEOUT) == 0
@@ -146,18 +145,18 @@ def test_tap_piped_into_sink_relays(tcp, procs):
     assert (out, rc) == (b"one\ntwo\nthree\n", 0), err
 
 
-@pytest.mark.parametrize("sink_args, data, tap_args, expected", [
-    ([], b"a\nb\n", [], b"a\nb\n"),                                   # newline both ways
-    ([], b"a\nb", ["-d", ","], b"a,b,"),                              # last line without newline
-    ([], b"a\n\nb\n", ["-d", "|"], b"a||b|"),                         # an empty line is an empty message
-    (["-d", ","], b"x,y,z", ["-d", ";"], b"x;y;z;"),                  # custom delimiter
-    (["-d", "\\0"], b"one\0two words\0", ["-d", "\\0"], b"one\0two words\0"),  # NUL, like find -print0
-    (["-d", "\\t"], b"p\tq", ["-d", "\\r\\n"], b"p\r\nq\r\n"),       # escapes, multi-byte delimiter
-    (["-d", "::"], b"l1\nstill l1::l2", ["-d", ""], b"l1\nstill l1l2"),  # no delimiter at all
+@pytest.mark.parametrize("sink_args, data, count, tap_args, expected", [
+    ([], b"a\nb\n", 2, [], b"a\nb\n"),                                   # newline both ways
+    ([], b"a\nb", 2, ["-d", ","], b"a,b,"),                              # last line without newline
+    ([], b"a\n\nb\n", 3, ["-d", "|"], b"a||b|"),                         # an empty line is an empty message
+    (["-d", ","], b"x,y,z", 3, ["-d", ";"], b"x;y;z;"),                  # custom delimiter
+    (["-d", "\\0"], b"one\0two words\0", 2, ["-d", "\\0"], b"one\0two words\0"),  # NUL (find -print0)
+    (["-d", "\\t"], b"p\tq", 2, ["-d", "\\r\\n"], b"p\r\nq\r\n"),       # escapes, multi-byte delimiter
+    (["-d", "::"], b"l1\nstill l1::l2", 2, ["-d", ""], b"l1\nstill l1l2"),  # no delimiter at all
 ], ids=["newline", "no-final-newline", "empty-line", "comma", "nul", "tab-crlf", "multibyte-none"])
-def test_delimiters(tcp, procs, sink_args, data, tap_args, expected):
+def test_delimiters(tcp, procs, sink_args, data, count, tap_args, expected):
     dest = unique("/topic/delim")
-    tap = Tap(tcp, "--timeout", "1.5", *tap_args, dest, procs=procs)
+    tap = Tap(tcp, "-n", str(count), "--timeout", "15", *tap_args, dest, procs=procs)
     sent = run_tool("sink", tcp, *sink_args, dest, input=data)
     assert sent.returncode == 0, sent.stderr
     out, err, rc = tap.finish()
@@ -194,22 +193,21 @@ def test_tap_stops_after_n(tcp, procs):
 
 
 def test_tap_timeout_is_silence(tcp, procs):
-    """--timeout restarts at every message: messages 0.4 s apart keep a 1.5 s timeout from firing."""
+    """--timeout restarts at every message: messages 0.5 s apart keep a 1.5 s timeout from firing."""
     dest = unique("/topic/silence")
-    start = time.monotonic()
-    tap = Tap(tcp, "--timeout", "1.5", dest, procs=procs)
-    sink = subprocess.Popen(tool_cmd("sink", tcp, dest), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    sink = subprocess.Popen(tool_cmd("sink", tcp, "-v", dest), stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     procs.append(sink)
-    for i in range(6):  # 2.4 s in all: longer than the timeout
+    wait_stderr(sink, b"connected to")  # connected first: only the delivery itself counts below
+    tap = Tap(tcp, "--timeout", "1.5", dest, procs=procs)
+    for i in range(5):  # 2.5 s in all: longer than the timeout
         sink.stdin.write(b"m%d\n" % i)
         sink.stdin.flush()
-        time.sleep(0.4)
+        time.sleep(0.5)
     sink.stdin.close()
     assert sink.wait(TIMEOUT) == 0, sink.stderr.read()
     out, err, rc = tap.finish()
     assert rc == 0, err
-    assert out == b"".join(b"m%d\n" % i for i in range(6))
-    assert time.monotonic() - start < TIMEOUT
+    assert out == b"".join(b"m%d\n" % i for i in range(5))
 
 
 def test_tap_timeout_without_messages(tcp):
@@ -313,12 +311,13 @@ def test_sink_frame_too_large(conn):
 
 def test_sink_broker_goes_away(start_broker, procs):
     broker = start_broker("processors=3")
-    sink = subprocess.Popen(tool_cmd("sink", ["--port", str(broker.port)], "/topic/gone"),
+    sink = subprocess.Popen(tool_cmd("sink", ["--port", str(broker.port)], "-v", "/topic/gone"),
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     procs.append(sink)
+    seen = wait_stderr(sink, b"connected to")
     sink.stdin.write(b"first\n")
     sink.stdin.flush()
-    time.sleep(0.5)
+    time.sleep(0.2)
     broker.stop(signal.SIGKILL)
     os.killpg(broker.proc.pid, signal.SIGKILL)  # the broker's children too: nobody holds the socket
     time.sleep(0.3)
@@ -331,8 +330,31 @@ def test_sink_broker_goes_away(start_broker, procs):
     except BrokenPipeError:
         pass  # sink already gave up: fine
     assert sink.wait(TIMEOUT) == 1
-    err = sink.stderr.read()
+    err = seen + sink.stderr.read()
     assert b"closed" in err or b"lost" in err, err
+    assert_clean(err)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_sink_notices_broker_gone_while_waiting_for_input(start_broker, procs, transport):
+    """`tail -f log | sink`: a broker that stops is noticed at once, not at the next line of input."""
+    broker = start_broker("processors=3")
+    conn = (["--port", str(broker.port)] if transport == "tcp"
+            else ["--ws", f"ws://127.0.0.1:{broker.port}/"])
+    sink = subprocess.Popen(tool_cmd("sink", conn, "-v", "/topic/idle"), stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    procs.append(sink)
+    seen = wait_stderr(sink, b"connected to")
+    sink.stdin.write(b"first\n")
+    sink.stdin.flush()
+    time.sleep(0.2)
+    broker.stop()  # SIGTERM: a graceful stop that closes every connection
+    try:
+        assert sink.wait(10) == 1  # stdin is still open and silent
+    finally:
+        sink.stdin.close()
+    err = seen + sink.stderr.read()
+    assert b"closed" in err, err
     assert_clean(err)
 
 
@@ -378,6 +400,43 @@ def test_tap_on_queue_leaves_what_it_did_not_print(tcp):
     assert got.stdout in (b"q1\n", b"q2\n", b"q3\n")
     done = run_tool("drain", tcp, "--quiet", "--idle", "1", queue)
     assert b"drained 2 messages" in done.stderr, done.stderr
+
+
+# --- login and passcode --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def auth_broker(tmp_path_factory):
+    """A broker checking logins against a passwd file with alice:sekret."""
+    passwd = tmp_path_factory.mktemp("auth") / "passwd"
+    made = subprocess.run([PY, "-m", "stompbroker.tools.passwd", str(passwd), "alice", "--password-stdin"],
+                          input=b"sekret\n", capture_output=True, timeout=TIMEOUT)
+    assert made.returncode == 0, f"cannot make a passwd file: {made.stderr!r}"
+    b = BrokerProcess("processors=3", "auth=passwd", f"passwd_file={passwd}", "auth_fail_delay_ms=10")
+    yield b
+    b.stop()
+    try:
+        os.killpg(b.proc.pid, signal.SIGKILL)  # anything left of its process group
+    except ProcessLookupError:
+        pass
+    os.unlink(b.log_path)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_login_passcode(auth_broker, procs, transport):
+    conn = (["--port", str(auth_broker.port)] if transport == "tcp"
+            else ["--ws", f"ws://127.0.0.1:{auth_broker.port}/"])
+    dest = unique("/topic/auth")
+    refused = run_tool("sink", conn, "--login", "alice", "--passcode", "wrong", dest, input=b"x\n")
+    assert refused.returncode == 1
+    assert b"ERROR from the broker" in refused.stderr, refused.stderr
+    assert_clean(refused.stderr)
+    tap = Tap(conn, "--login", "alice", "--passcode", "sekret", "-n", "1", "--timeout", "15", dest, procs=procs)
+    # the passcode may also come from the environment (out of `ps`)
+    sent = subprocess.run(tool_cmd("sink", conn, "--login", "alice", "--receipt", dest), input=b"hi\n",
+                          capture_output=True, timeout=TIMEOUT, env={**os.environ, "STOMPBROKER_PASSCODE": "sekret"})
+    assert sent.returncode == 0, sent.stderr
+    out, err, rc = tap.finish()
+    assert (out, rc) == (b"hi\n", 0), err
 
 
 # --- command line --------------------------------------------------------------------------------
