@@ -190,7 +190,9 @@ class Writer:
         stats["frames"] += 1
         stats["pending_bytes"] += n
         if c.pending > self.max_pending:
-            self.slow_consumer(c)
+            self.flush(c)  # a burst bigger than the limit is not slowness: see what the socket takes
+            if c.pending > self.max_pending and not c.closing:
+                self.slow_consumer(c)
 
     @staticmethod
     def close_batch(c: Conn) -> None:
@@ -242,16 +244,18 @@ class Writer:
                     self.index, c.id, c.pending)
         self.stats["slow_consumers"] += 1
         keep = deque()
-        if c.batches and isinstance(c.batches[0], memoryview):
-            keep.append(c.batches[0])
+        if c.batches and isinstance(c.batches[0][0], memoryview):
+            keep.append(c.batches[0])  # part-sent: finish it, so the ERROR starts on a frame boundary
         c.batches = keep
-        c.cur = bytearray()
         error = render_frame("ERROR", {"message": "slow consumer", "content-type": "text/plain"},
                              f"more than {self.max_pending} bytes waiting to be sent".encode())
-        c.cur += encode_message(error) if c.ws else error
+        c.cur = bytearray(encode_message(error) if c.ws else error)
         if c.ws:
             c.cur += encode_close(1008, "slow consumer")  # a close frame, not a bare FIN (RFC 6455 7.1.1)
-        c.pending = sum(map(len, keep)) + len(c.cur)
+        c.cur_frames, c.cur_stamp = 1, 0
+        before = c.pending
+        c.pending = sum(len(b[0]) for b in keep) + len(c.cur)
+        self.stats["pending_bytes"] += c.pending - before
         c.closing = True
         c.deadline = time.monotonic() + 1.0
 

@@ -86,7 +86,7 @@ class FrameParser:
         try:
             frames, pos = self._parse(buf)
         except ProtocolError as e:
-            self._error = e
+            self._error = ProtocolError(e.message, e.detail, e.receipt)  # re-raised later without frames
             self._buf = bytearray()
             self._pending = None
             raise
@@ -100,6 +100,13 @@ class FrameParser:
     def _parse(self, buf):
         """Parse frames from ``buf``; return them and the offset of the first unconsumed byte."""
         frames = []
+        try:
+            return self._parse_into(buf, frames)
+        except ProtocolError as e:
+            e.frames = frames  # the whole frames before the bad one
+            raise
+
+    def _parse_into(self, buf, frames):
         n = len(buf)
         pos = 0
         copy = type(buf) is not bytes  # slices of the bytearray must become bytes
@@ -164,6 +171,8 @@ class FrameParser:
                 scan = bstart
             b = start + bstart
             if clen >= 0:
+                if bstart + clen > mfs:
+                    raise _fail("frame too large", f"headers and body exceed {mfs} bytes", head)
                 end = b + clen
                 if end >= n:
                     self._pending = (head, bstart, clen, 0, 0)
@@ -173,11 +182,11 @@ class FrameParser:
             else:
                 end = buf.find(b"\0", start + scan)
                 if end < 0:
-                    if n - b > mfs:
+                    if n - start > mfs:
                         raise _fail("frame too large", f"no NUL within {mfs} bytes of body", head)
                     self._pending = (head, bstart, -1, n - start, 0)
                     return frames, start
-                if end - b > mfs:
+                if end - start > mfs:
                     raise _fail("frame too large", f"no NUL within {mfs} bytes of body", head)
             body = buf[b:end]
             frames.append((head, bytes(body) if copy else body))
@@ -201,7 +210,8 @@ class FrameParser:
         if nl >= 0:
             line = nl + 1 - start
         if n - start - line - (buf[n - 1] == 13) > self.max_header_line:  # a final CR may start a CRLF
-            raise ProtocolError("header line too long", f"a header line exceeds {self.max_header_line} bytes")
+            raise _fail("header line too long", f"a header line exceeds {self.max_header_line} bytes",
+                        bytes(buf[start:start + line]).replace(b"\r\n", b"\n"))
         return line
 
     def _check_head(self, head, size):

@@ -167,42 +167,43 @@ def test_1mb_binary_body_full_of_nuls():
         assert p.buffered == 0
 
 
-def test_body_exactly_max_frame_size():
+def test_frame_exactly_max_frame_size():
+    # the limit counts the whole frame before its NUL: command, headers, blank line and body
     p = FrameParser(max_frame_size=100)
-    assert p.feed(b"SEND\n\n" + b"x" * 100 + b"\0") == [(b"SEND", b"x" * 100)]
-    assert p.feed(b"SEND\ncontent-length:100\n\n" + bytes(100) + b"\0") == [
-        (b"SEND\ncontent-length:100", bytes(100))]
-    # the header block is counted up to and including the EOL of its last line
-    head = b"SEND\na:" + b"x" * 92
-    assert p.feed(head + b"\n\n\0") == [(head, b"")]
-    # raw bytes count: a CRLF is two
-    assert feed_all(p, one_by_one(head[:-1] + b"\r\n\r\n\0")) == [(head[:-1], b"")]
-    with pytest.raises(ProtocolError):
-        FrameParser(max_frame_size=100).feed(head + b"\r\n\r\n\0")
+    assert p.feed(b"SEND\n\n" + b"x" * 94 + b"\0") == [(b"SEND", b"x" * 94)]
+    head = b"SEND\ncontent-length:76"  # 22 bytes, 24 with the blank line, 100 with the body
+    assert p.feed(head + b"\n\n" + bytes(76) + b"\0") == [(head, bytes(76))]
+    assert feed_all(p, one_by_one(head + b"\n\n" + bytes(76) + b"\0")) == [(head, bytes(76))]
+    for frame in (b"SEND\n\n" + b"x" * 95 + b"\0", b"SEND\ncontent-length:77\n\n" + bytes(77) + b"\0"):
+        for chunks in ([frame], one_by_one(frame)):
+            with pytest.raises(ProtocolError) as info:
+                feed_all(FrameParser(max_frame_size=100), chunks)
+            assert info.value.message == "frame too large"
+
+
+def test_headers_and_body_together_over_the_limit():
+    # 60 bytes of head and 60 of body: each fits, the frame does not
+    frame = b"SEND\nh:" + b"y" * 53 + b"\n\n" + b"z" * 60 + b"\0"
     with pytest.raises(ProtocolError) as info:
-        p.feed(head + b"x\n\n\0")
+        FrameParser(max_frame_size=100).feed(frame)
     assert info.value.message == "frame too large"
 
 
-def test_limits_exactly_reached_are_fine():
-    p = FrameParser(max_headers=3, max_header_line=10)
-    head = b"SEND\na:12345678\nb:1\nc:1"
-    assert p.feed(head + b"\n\n\0") == [(head, b"")]
-    # fed byte by byte the CR of a CRLF is not yet counted against the line
-    crlf = b"SEND\r\nb:1\r\na:12345678\r\n\r\n\0"
-    assert feed_all(p, one_by_one(crlf)) == [(b"SEND\nb:1\na:12345678", b"")]
+def test_frames_before_a_bad_one_are_kept_on_the_error():
+    good = b"SEND\ndestination:/a\n\nhello\0"
+    with pytest.raises(ProtocolError) as info:
+        FrameParser().feed(good + b"SEND\ndestination:/a\r\x01bad\n\n\0")
+    assert info.value.frames == [(b"SEND\ndestination:/a", b"hello")]
 
 
 def test_unfinished_header_block_limit():
-    # 99 bytes + LF is a 100-byte block; its blank line may still be CR LF
     p = FrameParser(max_frame_size=100)
-    head = b"SEND\na:" + b"x" * 92
-    assert p.feed(head + b"\n\r") == []
+    head = b"SEND\na:" + b"x" * 91  # 98 bytes: with LF LF, 100
+    assert p.feed(head + b"\n") == []
     assert p.feed(b"\n\0") == [(head, b"")]
     p = FrameParser(max_frame_size=100)
-    assert p.feed(head + b"xx") == []  # 101 bytes: not yet proven too large
     with pytest.raises(ProtocolError) as info:
-        p.feed(b"x")
+        feed_all(p, [head + b"xxx", b"x", b"\n\n\0"])
     assert info.value.message == "frame too large"
 
 
@@ -219,7 +220,7 @@ ERRORS = [
     ({}, b"SEND\ncontent-length:" + b"9" * 5000 + b"\n\n\0", "frame too large", None),
     ({"max_headers": 3}, b"SEND\na:1\nb:2\nc:3\nreceipt:r4\n\n\0", "too many headers", "r4"),
     ({"max_header_line": 10}, b"SEND\na:123456789\n\n\0", "header line too long", None),
-    ({"max_header_line": 10}, b"SEND\nreceipt:r5\na:123456789", "header line too long", None),
+    ({"max_header_line": 10}, b"SEND\nreceipt:r5\na:123456789", "header line too long", "r5"),
     ({"max_header_line": 10}, b"SEND\nreceipt:5\na:123456789\n\n\0", "header line too long", "5"),
     ({"max_header_line": 10}, b"SEND_A_VERY_LONG_COMMAND\n\n\0", "header line too long", None),
     ({}, b"SEND\ncontent-length:abc\n\n\0", "invalid content-length", None),
