@@ -18,7 +18,9 @@ case "${1:-setup}" in
     test)
         shift
         setup
-        .venv/bin/python -m pytest "$@" ;;
+        .venv/bin/python -m pytest "$@"
+        command -v npm >/dev/null || { echo "build.sh: js-examples/ needs Node.js 20+ and npm" >&2; exit 1; }
+        (cd js-examples && npm ci --omit=optional --no-audit --no-fund --loglevel=error && npm test) ;;
     run)
         shift
         setup >&2

@@ -46,6 +46,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("output_queue_bytes", int, 32 * MB, "bytes of shared memory for each dispatcher-to-writer queue"),
     Setting("max_stale_queue_size", int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
     Setting("TTL", int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
+    Setting("ws_paths", _list, "", "comma list of the only paths a WebSocket upgrade may use (empty = any path)"),
+    Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any)"),
     Setting("ssl_port", int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
     Setting("ssl_cert", str, "", "PEM certificate chain for ssl_port"),
     Setting("ssl_key", str, "", "PEM private key for ssl_port"),
@@ -121,7 +123,7 @@ class Config:
 
 def make_config(**overrides: Any) -> Config:
     """Defaults plus overrides, validated; used by the CLI and by tests."""
-    values = {s.name: s.default for s in SETTINGS}
+    values = {s.name: s.type(s.default) if isinstance(s.default, str) else s.default for s in SETTINGS}
     for key, value in overrides.items():
         setting = BY_LOWER.get(key.lower())
         if setting is None:

@@ -388,6 +388,7 @@ class Reader:
         try:
             frames = conn.parser.feed(data)
         except ProtocolError as exc:
+            self.frames(conn, getattr(exc, "frames", []), now)
             self.bad_frame(conn, exc.message, exc.detail, exc.receipt)
             return
         self.frames(conn, frames, now)
@@ -470,7 +471,7 @@ class Reader:
                     self.emit(R.WS_CLOSE, conn.id, ws.encode_close(event[1]))
                     return
             except ProtocolError as exc:
-                self.frames(conn, frames, now)
+                self.frames(conn, frames + getattr(exc, "frames", []), now)
                 self.bad_frame(conn, exc.message, exc.detail, exc.receipt)
                 return
         self.frames(conn, frames, now)
