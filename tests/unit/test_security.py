@@ -152,11 +152,12 @@ def test_verify_is_fast_enough_and_uniform():
     u = users(f"alice:{hashed('right')}\nbob:plain\n", cache_size=0)
 
     def cost(login, passcode):
+        # CPU time of this thread (scrypt runs here): not inflated by other processes on the machine
         best = float("inf")
         for _ in range(3):
-            t = time.perf_counter()
+            t = time.thread_time()
             u.verify(login, passcode)
-            best = min(best, time.perf_counter() - t)
+            best = min(best, time.thread_time() - t)
         return best
 
     wrong, unknown, plain = cost("alice", "wrong"), cost("nobody", "wrong"), cost("bob", "wrong")

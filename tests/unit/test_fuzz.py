@@ -1,0 +1,373 @@
+"""Property-based fuzzing of the sans-IO parsers that face the network.
+
+Every byte a client sends goes through ``FrameParser`` (STOMP), ``WsDecoder`` and
+``parse_http_request`` (WebSocket) in the reader, and every head through ``parse_head`` in the
+dispatcher. The properties here, for arbitrary input in arbitrary chunks:
+
+- nothing but the parser's own protocol error escapes (ProtocolError, WsProtocolError,
+  HandshakeError): any other exception would kill the reader or the dispatcher process;
+- an error is final (every later feed raises again);
+- the outcome does not depend on how the stream is chunked;
+- what a parser holds between feeds is bounded by its limits (a hostile client cannot make it
+  buffer more).
+
+Inputs are both raw random bytes and streams built from protocol-shaped pieces (which reach the
+deep states that random bytes rarely do). ``max_examples`` is bounded so the module runs in well
+under 20 s on two cores; set ``FUZZ_EXAMPLES`` (a multiplier) for a longer soak.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from stompbroker.protocol.stomp import FrameParser, ProtocolError, escape, parse_head, render_frame, unescape
+from stompbroker.protocol.websocket import (OP_BIN, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT, HandshakeError,
+                                            WsDecoder, WsProtocolError, encode_close, encode_frame,
+                                            encode_message, handshake_response, mask_bytes, parse_http_request)
+
+SCALE = max(1, int(os.environ.get("FUZZ_EXAMPLES", "1")))
+
+
+def fuzz(n: int):
+    return settings(max_examples=n * SCALE, deadline=None, derandomize=False,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    """``data`` cut at the given offsets (taken modulo its length + 1)."""
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    out, prev = [], 0
+    for c in points + [len(data)]:
+        out.append(data[prev:c])
+        prev = c
+    return out
+
+
+cuts_st = st.lists(st.integers(min_value=0, max_value=1 << 16), max_size=40)
+
+
+# --- STOMP --------------------------------------------------------------------------------------
+
+STOMP_PIECES = [
+    b"\n", b"\r", b"\r\n", b"\n\n", b"\r\n\r\n", b"\0", b":", b"\\", b"\\c", b"\\n", b"\\r", b"\\\\", b"\\t",
+    b"SEND", b"CONNECT", b"STOMP", b"SUBSCRIBE", b"MESSAGE", b"DISCONNECT",
+    b"destination:/topic/a", b"receipt:", b"receipt:r1", b"content-length:", b"content-length:0",
+    b"content-length:5", b"content-length:-1", b"content-length:99999999999999999999999",
+    b"content-length: 3", b"accept-version:1.2", b"heart-beat:", b"0", b"7", b"x" * 17, b"\xff", b"\xc3\xa9",
+    b"\xed\xa0\x80", b"\xc3", b" ",
+]
+stomp_stream = st.one_of(
+    st.binary(max_size=600),
+    st.lists(st.sampled_from(STOMP_PIECES), max_size=120).map(b"".join),
+)
+limits_st = st.sampled_from([
+    {},
+    {"max_frame_size": 48, "max_headers": 4, "max_header_line": 16},
+    {"max_frame_size": 16, "max_headers": 1, "max_header_line": 64},
+    {"max_frame_size": 200, "max_headers": 2, "max_header_line": 8},
+])
+
+
+def stomp_limit(kwargs: dict) -> int:
+    """What FrameParser may hold between feeds: an unfinished head and body, each within the frame limit."""
+    mfs = kwargs.get("max_frame_size", 4 * 1024 * 1024)
+    return 2 * mfs + 4
+
+
+def run_stomp(kwargs: dict, chunks: list[bytes]):
+    """Feed chunks; return (frames, error or None, parser). Checks the invariants on the way."""
+    p = FrameParser(**kwargs)
+    frames = []
+    for chunk in chunks:
+        try:
+            got = p.feed(chunk)
+        except ProtocolError as e:
+            assert isinstance(e.message, str) and e.message
+            assert e.receipt is None or isinstance(e.receipt, str)
+            # The whole frames that came before the bad one in the same feed, if the parser
+            # hands them over with the error (see test_valid_frames_before_garbage_are_delivered).
+            frames += getattr(e, "frames", None) or []
+            return frames, e, p
+        for head, body in got:
+            assert type(head) is bytes and type(body) is bytes
+            assert b"\0" not in head and b"\r" not in head
+        frames += got
+        assert p.buffered <= stomp_limit(kwargs)
+    return frames, None, p
+
+
+def check_heads(frames):
+    for head, _ in frames:
+        for flag in (True, False):
+            try:
+                command, headers = parse_head(head, flag)
+            except ProtocolError:
+                continue
+            assert isinstance(command, str) and all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in headers.items())
+
+
+def assert_same_verdict(chunked, whole, data):
+    """Chunked and whole feeds of ``data`` agree, except that chunks may find an error earlier.
+
+    Limits are checked on the unfinished frame as it grows, with the checks of a finished head in
+    a different order, so a stream cut short can fail when fed in pieces and still be pending when
+    fed whole; but then the whole feed must be holding that unfinished frame, and must agree on
+    every frame before it. Which of several faults is named may differ too.
+    """
+    frames, error, p = chunked
+    whole_frames, whole_error, whole = whole
+    assert not (error is None and whole_error is not None), f"accepted in chunks, refused whole: {whole_error!r}"
+    if error is None:
+        assert frames == whole_frames
+        assert (p.heartbeats, p.buffered) == (whole.heartbeats, whole.buffered)
+    elif whole_error is None:
+        assert whole.buffered > 0, f"refused in chunks ({error!r}), nothing pending whole"
+        assert frames == whole_frames
+    if error is not None:
+        for later in (b"", b"SEND\n\n\0", data):  # the error is final
+            with pytest.raises(ProtocolError):
+                p.feed(later)
+
+
+@fuzz(600)
+@given(data=stomp_stream, cuts=cuts_st, kwargs=limits_st)
+def test_stomp_parser_any_bytes_any_chunks(data, cuts, kwargs):
+    chunked = run_stomp(kwargs, split(data, cuts))
+    check_heads(chunked[0])
+    assert_same_verdict(chunked, run_stomp(kwargs, [data]), data)
+
+
+@fuzz(300)
+@given(data=stomp_stream, kwargs=limits_st)
+def test_stomp_parser_one_byte_at_a_time(data, kwargs):
+    assert_same_verdict(run_stomp(kwargs, [data[i:i + 1] for i in range(len(data))]), run_stomp(kwargs, [data]), data)
+
+
+@fuzz(400)
+@given(head=st.one_of(st.binary(max_size=300),
+                      st.lists(st.sampled_from(STOMP_PIECES), max_size=60).map(b"".join)))
+def test_parse_head_any_bytes(head):
+    # The dispatcher gets heads from FrameParser, but must not crash on anything.
+    for flag in (True, False):
+        try:
+            command, headers = parse_head(head, flag)
+        except ProtocolError as e:
+            assert e.message
+            continue
+        assert isinstance(command, str) and isinstance(headers, dict)
+
+
+@fuzz(300)
+@given(st.text(max_size=60))
+def test_escape_roundtrip(text):
+    assert unescape(escape(text)) == text
+    escaped = escape(text)
+    assert "\n" not in escaped and "\r" not in escaped and ":" not in escaped
+
+
+header_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=20)
+
+
+@fuzz(200)
+@given(frames=st.lists(st.tuples(st.sampled_from(["SEND", "MESSAGE", "x"]),
+                                 st.lists(st.tuples(header_text.filter(lambda n: n and n != "content-length"),
+                                                    header_text), max_size=4),
+                                 st.binary(max_size=64)), min_size=1, max_size=4),
+       garbage=st.binary(max_size=40), cuts=cuts_st)
+def test_valid_frames_before_garbage_are_delivered(frames, garbage, cuts):
+    """Frames before a bad byte sequence are all delivered, in order, whatever the chunking.
+
+    A client's valid SEND must not be lost, nor its RECEIPT, because the next frame in the same
+    TCP segment is malformed. ``feed`` returns nothing when it raises, so the whole frames parsed
+    before the error have to travel on the exception (``ProtocolError.frames``, as
+    ``WsProtocolError.events`` does for WebSocket) for the reader to forward them.
+    """
+    wire = b"".join(render_frame(c, h, b) for c, h, b in frames)
+    expected = FrameParser().feed(wire)
+    got, error, _ = run_stomp({}, split(wire + garbage, cuts))
+    assert got[:len(expected)] == expected, f"frames lost before {error!r}"
+
+
+# --- WebSocket framing --------------------------------------------------------------------------
+
+def client_frame(payload: bytes, opcode: int, fin: bool = True, rsv: int = 0, mask: bytes = b"\x01\x02\x03\x04",
+                 masked: bool = True, length_form: int = 0) -> bytes:
+    """A client frame; length_form 1/2 forces the 16/64-bit length encodings (non-minimal allowed)."""
+    n = len(payload)
+    b0 = (0x80 if fin else 0) | (rsv << 4) | opcode
+    m = 0x80 if masked else 0
+    if length_form == 2 or n > 0xFFFF:
+        head = struct.pack("!BBQ", b0, m | 127, n)
+    elif length_form == 1 or n > 125:
+        head = struct.pack("!BBH", b0, m | 126, n)
+    else:
+        head = struct.pack("!BB", b0, m | n)
+    return head + (mask + mask_bytes(payload, mask) if masked else payload)
+
+
+ws_frame_st = st.builds(
+    client_frame,
+    payload=st.one_of(st.binary(max_size=140), st.text(max_size=40).map(lambda t: t.encode()),
+                      st.sampled_from([b"\x03\xe8", b"\x03\xe8bye", b"\x0f\xa0", b"\x03", b"\x03\xe8\xff",
+                                       b"CONNECT\naccept-version:1.2\n\n\0", b"SEND\n\n\xff\0"])),
+    opcode=st.sampled_from([OP_TEXT, OP_BIN, OP_CONT, OP_PING, OP_PONG, OP_CLOSE, 0x3, 0xB]),
+    fin=st.booleans(),
+    rsv=st.sampled_from([0, 0, 0, 1, 4]),
+    mask=st.binary(min_size=4, max_size=4),
+    masked=st.sampled_from([True, True, True, False]),
+    length_form=st.sampled_from([0, 0, 1, 2]),
+)
+ws_stream = st.one_of(
+    st.binary(max_size=600),
+    st.lists(ws_frame_st, max_size=8).map(b"".join),
+    st.tuples(st.lists(ws_frame_st, max_size=6).map(b"".join), st.binary(max_size=30)).map(lambda t: t[0] + t[1]),
+)
+ws_limit_st = st.sampled_from([4 * 1024 * 1024, 200, 16])
+
+
+def run_ws(max_size: int, chunks: list[bytes]):
+    dec = WsDecoder(max_message_size=max_size)
+    events = []
+    for chunk in chunks:
+        try:
+            got = dec.feed(chunk)
+        except WsProtocolError as e:
+            assert e.code in (1002, 1007, 1009) and e.reason
+            events += e.events
+            return events, e, dec
+        events += got
+        assert dec.allocated <= max_size + 14 + 131
+    return events, None, dec
+
+
+def check_events(events, max_size):
+    for event in events:
+        kind = event[0]
+        if kind == "message":
+            payload, is_text = event[1], event[2]
+            assert len(payload) <= max_size
+            if is_text:
+                payload.decode("utf-8")
+        elif kind in ("ping", "pong"):
+            assert len(event[1]) <= 125
+        else:
+            assert kind == "close"
+            code, reason = event[1], event[2]
+            assert code is None or 1000 <= code <= 4999
+            assert isinstance(reason, str)
+
+
+@fuzz(600)
+@given(data=ws_stream, cuts=cuts_st, max_size=ws_limit_st)
+def test_ws_decoder_any_bytes_any_chunks(data, cuts, max_size):
+    events, error, dec = run_ws(max_size, split(data, cuts))
+    check_events(events, max_size)
+    whole_events, whole_error, _ = run_ws(max_size, [data])
+    assert events == whole_events
+    assert (error is None) == (whole_error is None)
+    if error is not None:
+        assert (error.code, error.reason) == (whole_error.code, whole_error.reason)
+        with pytest.raises(WsProtocolError):
+            dec.feed(client_frame(b"x", OP_TEXT))
+    if any(e[0] == "close" for e in events):
+        assert dec.closed and dec.feed(data) == []  # bytes after a close are ignored
+
+
+@fuzz(400)
+@given(data=ws_stream, cuts=cuts_st, limits=limits_st)
+def test_reader_pipeline_ws_then_stomp(data, cuts, limits):
+    """What the reader does with a WebSocket connection: decode, answer pings, parse messages as STOMP."""
+    dec = WsDecoder(max_message_size=limits.get("max_frame_size", 4 * 1024 * 1024))
+    parser = FrameParser(**limits)
+    for chunk in split(data, cuts):
+        try:
+            events = dec.feed(chunk)
+            error = None
+        except WsProtocolError as e:
+            events, error = e.events, e
+        try:
+            for event in events:
+                if event[0] == "message":
+                    check_heads(parser.feed(event[1]))
+                elif event[0] == "ping":
+                    assert encode_frame(event[1], OP_PONG)
+                elif event[0] == "close":
+                    assert encode_close(event[1])
+                    return
+        except ProtocolError:
+            return
+        if error is not None:
+            assert encode_close(error.code, error.reason)
+            return
+
+
+@fuzz(200)
+@given(frame=st.binary(max_size=300), code=st.one_of(st.none(), st.integers(1000, 4999)), reason=st.text(max_size=200))
+def test_encoders_accept_anything_they_may_be_given(frame, code, reason):
+    out = encode_message(frame)
+    assert out[0] in (0x80 | OP_TEXT, 0x80 | OP_BIN)
+    close = encode_close(code, reason)
+    assert len(close) <= 2 + 125
+
+
+# --- HTTP handshake -----------------------------------------------------------------------------
+
+HTTP_PIECES = [
+    b"GET ", b"GET / HTTP/1.1", b"POST / HTTP/1.1", b"GET /ws HTTP/1.0", b"HTTP/1.1", b"/", b"/ws?x=1", b" ",
+    b"\r\n", b"\r\n\r\n", b"\n", b"\r", b"\0", b":", b": ", b"Host: a", b"Upgrade: websocket",
+    b"Upgrade: WebSocket, h2c", b"Connection: Upgrade", b"Connection: keep-alive, upgrade",
+    b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 8", b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+    b"Sec-WebSocket-Key: !!", b"Sec-WebSocket-Protocol: v12.stomp, v10.stomp", b"Origin: http://a",
+    b"X\x80Y: \xff\xfe", b"\tfolded", b"a" * 50,
+]
+http_stream = st.one_of(
+    st.binary(max_size=400),
+    st.lists(st.sampled_from(HTTP_PIECES), max_size=40).map(b"".join),
+    st.lists(st.sampled_from(HTTP_PIECES[2:]), max_size=30).map(lambda parts: b"GET / HTTP/1.1\r\n" + b"".join(parts)),
+)
+
+
+def http_outcome(buf: bytes, max_size: int):
+    try:
+        return ("ok", parse_http_request(buf, max_size))
+    except HandshakeError as e:
+        assert e.status in (400, 431)
+        assert e.response().startswith(b"HTTP/1.1 %d " % e.status)
+        return ("error", e.status)
+
+
+@fuzz(500)
+@given(data=http_stream, cuts=cuts_st, max_size=st.sampled_from([8192, 64, 16]))
+def test_http_request_any_bytes_incrementally(data, cuts, max_size):
+    """The reader re-parses its growing buffer after every read: the outcome must not depend on the reads."""
+    buf = b""
+    outcome = ("ok", None)
+    for chunk in split(data, cuts):
+        buf += chunk
+        outcome = http_outcome(buf, max_size)
+        if outcome != ("ok", None):
+            break
+    if outcome == ("ok", None):
+        assert http_outcome(data, max_size) == ("ok", None)
+        return
+    assert http_outcome(data, max_size) == outcome
+    if outcome[0] == "ok":
+        request, used = outcome[1]
+        assert 4 <= used <= min(len(data), max_size)
+        assert data[used - 4:used] == b"\r\n\r\n"
+        for name, value in request["headers"].items():
+            assert name == name.lower() and "\r" not in value and "\n" not in value
+        for paths, origins in ((None, None), (["/ws"], ["http://a"])):
+            try:
+                response, subprotocol = handshake_response(request, paths, origins)
+            except HandshakeError as e:
+                assert e.status in (400, 403, 404, 426)
+                assert e.response()
+                continue
+            assert response.startswith(b"HTTP/1.1 101 ") and response.endswith(b"\r\n\r\n")
+            assert subprotocol in (None, "v12.stomp", "v11.stomp", "v10.stomp", "stomp")
