@@ -215,10 +215,8 @@ class Reader:
             self.stats["websockets"] -= 1
             self.stats["ws_allocated"] -= conn.ws.allocated
         if conn.tls is not None:
-            if not conn.tls.inner_paused:
-                self.sel.unregister(conn.tls.inner)
+            self.pause_inner(conn.tls)
             conn.tls.inner.close()  # the writer sees its socket closed and lets go
-            conn.tls.inner_paused = True
         self.sel.unregister(conn.sock)
         del self.conns[conn.sock.fileno()]
         conn.sock.close()
@@ -296,28 +294,28 @@ class Reader:
     def tls_from_writer(self, conn: Conn, now: float, closing: set) -> None:
         """The writer wrote (plaintext) for a TLS connection: encrypt it onto the client's socket."""
         link = conn.tls
-        try:
-            data = link.inner.recv(READ_SIZE)
-        except (BlockingIOError, InterruptedError):
+        data = receive(link.inner)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if data:
             link.out += data
             if not link.handshaking:
                 self.tls_flush(conn)
-            if len(link.out) > TLS_OUT_LIMIT and not link.inner_paused:
-                self.sel.unregister(link.inner)
-                link.inner_paused = True
+            if len(link.out) > TLS_OUT_LIMIT:
+                self.pause_inner(link)
             return
         # The writer hung up: send what is left, then close_notify and FIN; wait for the client.
-        if not link.inner_paused:
-            self.sel.unregister(link.inner)
-            link.inner_paused = True
+        self.pause_inner(link)
         link.closing = True
         link.deadline = now + 2.0
         closing.add(conn)
         self.tls_flush(conn)
+
+    def pause_inner(self, link: TlsLink) -> None:
+        """Stop taking the writer's output for this connection (its socket then pushes back)."""
+        if not link.inner_paused:
+            self.sel.unregister(link.inner)
+            link.inner_paused = True
 
     def tls_flush(self, conn: Conn) -> None:
         link, sock = conn.tls, conn.sock
@@ -347,12 +345,9 @@ class Reader:
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, conn: Conn, now: float) -> None:
-        try:
-            data = conn.sock.recv(READ_SIZE)
-        except (BlockingIOError, InterruptedError):
+        data = receive(conn.sock)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self.drop(conn)
             return
@@ -478,6 +473,16 @@ class Reader:
         if error is not None:
             conn.mode = DEAD
             self.emit(R.WS_CLOSE, conn.id, ws.encode_close(error.code, error.reason))
+
+
+def receive(sock: socket.socket) -> bytes | None:
+    """What one recv() gives: bytes, b"" at the end of the stream (or on an error), None if nothing yet."""
+    try:
+        return sock.recv(READ_SIZE)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 def tls_context(config) -> ssl.SSLContext:
