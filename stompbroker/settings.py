@@ -67,7 +67,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_header_line", int, 64 * KB, "longest header line, in bytes"),
     Setting("max_connections", int, 10_000, "most open client connections; more are refused with an ERROR"),
     Setting("max_subscriptions", int, 1_000, "most subscriptions per connection"),
-    Setting("max_pending_bytes", int, 16 * MB, "unsent output per connection before it is closed as a slow consumer"),
+    Setting("max_pending_bytes", int, 16 * MB, "unsent output per connection; past it, a connection that took nothing for 1 s (or has 4x this unsent) is closed as a slow consumer"),
     Setting("write_buffer_size", int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
     Setting("heartbeat_min_ms", int, 100, "the broker never sends or expects heart-beats more often than this"),
     Setting("heartbeat_max_ms", int, 120_000, "a client that can heart-beat only less often than this is refused"),

@@ -108,7 +108,7 @@ DUMP_SCHEMA = StructType(
 )
 
 
-def _quiet_glob_warning(spark: SparkSession) -> None:
+def quiet_glob_warning(spark: SparkSession) -> None:
     """Spark logs a WARN plus stack trace for every glob path while probing it for a
     streaming-sink metadata directory; it is harmless, so raise that one logger to ERROR."""
     try:
@@ -141,7 +141,7 @@ def load_dumps(spark: SparkSession, paths) -> DataFrame:
     """
     if isinstance(paths, str):
         paths = [paths]
-    _quiet_glob_warning(spark)
+    quiet_glob_warning(spark)
     raw = spark.read.schema(DUMP_SCHEMA).json(list(paths))
     # Corrupt or truncated lines (e.g. the broker was killed mid-write) parse
     # as all-null rows; drop them together with lines of unknown shape.

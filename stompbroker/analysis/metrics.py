@@ -239,7 +239,8 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
     if tp is not None:
         s = _one(
             tp,
-            F.countDistinct("run").alias("runs"),
+            # size(collect_set) rather than countDistinct: one shuffle, not two
+            F.size(F.collect_set("run")).alias("runs"),
             F.count("*").alias("intervals"),
             F.min("ts").alias("first"),
             F.max("ts").alias("last"),
@@ -291,7 +292,7 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
     if wb is not None:
         s = _one(
             wb,
-            F.countDistinct("writer").alias("writers"),
+            F.size(F.collect_set("writer")).alias("writers"),
             F.avg("imbalance").alias("imb_mean"),
             F.max("imbalance").alias("imb_max"),
             F.avg("batch_fill").alias("fill_mean"),
@@ -327,7 +328,7 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
 
     mem = tables.get("memory")
     if mem is not None:
-        s = _one(mem, F.max("rss_mb").alias("peak"), F.countDistinct("run", "role", "pid").alias("n"))
+        s = _one(mem, F.max("rss_mb").alias("peak"), F.size(F.collect_set(F.struct("run", "role", "pid"))).alias("n"))
         out["processes"] = s.get("n")
         out["rss_mb_peak"] = s.get("peak")
 

@@ -22,12 +22,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime as _dt  # noqa: E402
 import html  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import warnings  # noqa: E402
 from urllib.parse import urlparse  # noqa: E402
 
 from pyspark.errors import AnalysisException  # noqa: E402
@@ -36,7 +38,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType  # noqa: E402
 
 from stompbroker.analysis import charts  # noqa: E402
-from stompbroker.analysis.dumps import DUMP_SCHEMA, load_dumps  # noqa: E402
+from stompbroker.analysis.dumps import DUMP_SCHEMA, load_dumps, quiet_glob_warning  # noqa: E402
 from stompbroker.analysis.metrics import (  # noqa: E402
     LEAK_MIN_R2,
     LEAK_MIN_SAMPLES,
@@ -63,9 +65,9 @@ def to_pandas(df: DataFrame):
 
 
 def chart_bucket(df: DataFrame, max_points: int = CHART_MAX_POINTS):
-    """Seconds per chart point so a per-interval table has at most ~max_points
-    points, or None when it is small enough to plot as is."""
-    s = df.agg(F.max("t_s").alias("span"), F.countDistinct("ts").alias("n")).first()
+    """Seconds per chart point so a one-row-per-interval table (e.g. throughput)
+    has at most ~max_points points, or None when it is small enough to plot as is."""
+    s = df.agg(F.max("t_s").alias("span"), F.count("*").alias("n")).first()
     if not s or s["n"] is None or s["n"] <= max_points:
         return None
     return max(float(s["span"] or 0.0) / max_points, 1e-9)
@@ -205,11 +207,11 @@ def _summary_rows(s: dict):
     for c in THROUGHPUT_COUNTERS:
         label = c.replace("_", " ")
         rows.append((f"{label.capitalize()}: total / mean / peak",
-                     f"{_num(g(c + '_total'), 0)} / {_num(g(c + '_per_s_mean'))}/s / {_num(g(c + '_per_s_peak'))}/s"))
+                     f"{_num(g(c + '_total'), 0)} / {_num(g(c + '_per_s_mean'), 1, '/s')} / {_num(g(c + '_per_s_peak'), 1, '/s')}"))
     rows += [
         ("Connections opened / closed",
          f"{_num(g('connections_opened_total'), 0)} / {_num(g('connections_closed_total'), 0)}"
-         f" (mean {_num(g('connections_opened_per_s_mean'), 2)}/s / {_num(g('connections_closed_per_s_mean'), 2)}/s)"),
+         f" (mean {_num(g('connections_opened_per_s_mean'), 2, '/s')} / {_num(g('connections_closed_per_s_mean'), 2, '/s')})"),
         ("Peak clients", _num(g("clients_peak"))),
         ("Deepest queue", f"{_num(g('queue_depth_max'))} ({g('queue_depth_max_destination') or 'n/a'})"),
         ("Writers", _num(g("writers"))),
@@ -270,9 +272,9 @@ def _blocks(summ: dict, frames: dict, images: dict, inputs, leak_rule=None) -> l
 
     b += [("h2", "Connection churn"), ("img", images["churn"]),
           ("p", f"Opened {_num(summ.get('connections_opened_total'), 0)} "
-                f"(mean {_num(summ.get('connections_opened_per_s_mean'), 2)}/s), closed "
+                f"(mean {_num(summ.get('connections_opened_per_s_mean'), 2, '/s')}), closed "
                 f"{_num(summ.get('connections_closed_total'), 0)} "
-                f"(mean {_num(summ.get('connections_closed_per_s_mean'), 2)}/s), peak clients "
+                f"(mean {_num(summ.get('connections_closed_per_s_mean'), 2, '/s')}), peak clients "
                 f"{_num(summ.get('clients_peak'))}.")]
 
     lf = frames["leak_flags"]
@@ -451,42 +453,65 @@ def _session(master, conf=()):
     return builder.getOrCreate()
 
 
+@contextlib.contextmanager
+def small_table_settings(spark: SparkSession, dumps):
+    """Session settings suited to this job, restored afterwards; settings given at
+    launch (--conf / spark-defaults) are left alone.
+
+    The per-interval tables are small (a day at 1 s is 86,400 lines), so:
+    * shuffle partitions sized from the number of input splits (a file listing,
+      no data read) instead of 200 tiny tasks per window/aggregate stage;
+    * adaptive execution off: its per-stage re-planning costs more than it saves
+      here, as our joins are explicit broadcasts of tiny tables and the
+      partition count is already sized.
+    """
+    launch = spark.sparkContext.getConf()
+    wanted = {}
+    if not launch.contains("spark.sql.shuffle.partitions"):
+        quiet_glob_warning(spark)
+        splits = spark.read.schema(DUMP_SCHEMA).json(list(dumps)).rdd.getNumPartitions()
+        wanted["spark.sql.shuffle.partitions"] = str(min(200, max(2, 2 * splits)))
+    if not launch.contains("spark.sql.adaptive.enabled"):
+        wanted["spark.sql.adaptive.enabled"] = "false"
+    previous = {k: spark.conf.get(k) for k in wanted}
+    for k, v in wanted.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            spark.conf.set(k, v)
+
+
 def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> tuple[dict, str]:
     """The whole job: load, compute, write tables and report.  Returns (summary, report path).
 
     leak_args are passed to leak_flags() (min_samples, min_slope, ...).
     """
     dumps = [dumps] if isinstance(dumps, str) else list(dumps)
-    # Per-interval data is small (a day at 1 s is 86,400 lines): Spark's default
-    # of 200 shuffle partitions would make every window/aggregate stage run 200
-    # tiny tasks and dominate the run time.  Size it from the number of input
-    # splits (a file listing, no data read) unless the user configured it at
-    # launch (--conf); the caller's value is restored afterwards.
-    key = "spark.sql.shuffle.partitions"
-    previous = spark.conf.get(key)
-    if not spark.sparkContext.getConf().contains(key):
-        splits = spark.read.schema(DUMP_SCHEMA).json(dumps).rdd.getNumPartitions()
-        spark.conf.set(key, str(min(200, max(2, 2 * splits))))
-    df = load_dumps(spark, dumps).cache()
-    tables = {}
-    try:
-        if df.isEmpty():
-            raise ValueError(f"no diagnostic lines (schema >= 1) found in {', '.join(dumps)}")
-        tables = {k: v.cache() for k, v in compute_tables(df, **leak_args).items()}
-        summ = summary(tables)
-        write_tables({**tables, "summary": summary_frame(spark, summ)}, out)
-        frames = collect_for_report(tables)
-        path = publish_report(spark, summ, frames, out, fmt, dumps, leak_args)
-    finally:
-        for t in tables.values():
-            t.unpersist()
-        df.unpersist()
-        spark.conf.set(key, previous)
+    with small_table_settings(spark, dumps):
+        df = load_dumps(spark, dumps).cache()
+        tables = {}
+        try:
+            if df.isEmpty():
+                raise ValueError(f"no diagnostic lines (schema >= 1) found in {', '.join(dumps)}")
+            tables = {k: v.cache() for k, v in compute_tables(df, **leak_args).items()}
+            summ = summary(tables)
+            write_tables({**tables, "summary": summary_frame(spark, summ)}, out)
+            frames = collect_for_report(tables)
+            path = publish_report(spark, summ, frames, out, fmt, dumps, leak_args)
+        finally:
+            for t in tables.values():
+                t.unpersist()
+            df.unpersist()
     return summ, path
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # pyspark warns about pandas versions at session start; this job only uses
+    # plain pandas on collected rows, never pyspark's pandas conversion.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     # Called in-process (tests, notebook): reuse the caller's session; --master/--conf are then moot.
     existing = SparkSession.getActiveSession()
     spark = existing or _session(args.master, args.conf)

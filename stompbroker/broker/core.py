@@ -61,6 +61,7 @@ class Broker:
         self._ops_mark = 0
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
+        self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.durables: dict[str, Durable] = {}
         self.durable_index = SubscriptionIndex()
         self.next_monitor = 0.0
@@ -79,7 +80,8 @@ class Broker:
 
     # -- events --------------------------------------------------------------------------------
     def on_open(self, conn: int, writer: int, peer: str, now: float) -> None:
-        self.sessions[conn] = Session(conn, self.outboxes[writer], peer, now)
+        session = self.sessions[conn] = Session(conn, self.outboxes[writer], peer, now)
+        self.timed.add(session)  # until CONNECT: the connect timeout applies
         self.stats["connections_opened"] += 1
 
     def on_closed(self, conn: int) -> None:
@@ -88,6 +90,7 @@ class Broker:
             return
         session.held.clear()
         self.holding.discard(session)
+        self.timed.discard(session)
         self._end_session(session)
         self.stats["connections_closed"] += 1
         # The writer still holds its copy of the socket: let it go.
@@ -148,8 +151,9 @@ class Broker:
             self._ops_mark = self.store.ops
         connect_timeout = self.config.connect_timeout_ms / 1000
         grace = self.config.heartbeat_grace_ms / 1000
-        for session in list(self.sessions.values()):
+        for session in list(self.timed):
             if session.closing:
+                self.timed.discard(session)
                 continue
             if not session.connected:
                 if connect_timeout and now - session.opened > connect_timeout:
@@ -175,7 +179,7 @@ class Broker:
                 self._deliver(sub, status, None)
 
     def needs_tick(self) -> bool:
-        return bool(self.sessions) or bool(self.stale)
+        return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR))
 
     # -- connecting ----------------------------------------------------------------------------
     def _connect(self, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -242,6 +246,8 @@ class Broker:
         session.login = login
         session.client_id = headers.get("client-id", session.login)
         session.hb_in = max(cx, sy) if cx and sy else 0
+        if not session.hb_in:
+            self.timed.discard(session)  # nothing to watch: idle connections cost no timer work
         out_interval = max(sx, cy) if sx and cy else 0
         reply = {"version": version, "server": SERVER, "session": session.id, "heart-beat": f"{sx},{sy}"}
         session.outbox.add(R.DATA, session.conn, render_frame("CONNECTED", reply, escape_headers=False))

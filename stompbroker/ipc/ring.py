@@ -11,15 +11,17 @@ than per record; the write() system call is also a full barrier.
 
 The segment is created with ``multiprocessing.shared_memory`` by the supervisor and unlinked at once:
 every broker process is forked from the supervisor and inherits the mapping, and nothing is left in
-/dev/shm when the process group is killed.
+/dev/shm when the process group is killed. For the same reason multiprocessing's resource tracker
+(an extra Python process of about 7 MB) is not involved: there is nothing left for it to clean up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import struct
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 _BATCH = struct.Struct("<II")  # blob length, record count
 _CONTROL_BYTES = 256
@@ -27,6 +29,24 @@ _CONTROL_BYTES = 256
 # u64 control slots, each written by one side only (consumer: HEAD, READ; producer: TAIL, WAITING).
 HEAD, READ = 0, 1          # consumer cache line
 TAIL, WAITING, WRITTEN = 8, 9, 10   # producer cache line
+
+
+@contextlib.contextmanager
+def _untracked():
+    register, unregister = resource_tracker.register, resource_tracker.unregister
+    resource_tracker.register = resource_tracker.unregister = lambda *args: None
+    try:
+        yield
+    finally:
+        resource_tracker.register, resource_tracker.unregister = register, unregister
+
+
+def anonymous_segment(size: int) -> shared_memory.SharedMemory:
+    """Shared memory that only this process and its forked children can reach (unlinked at once)."""
+    with _untracked():
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        shm.unlink()
+    return shm
 
 
 class RingFull(Exception):
@@ -37,8 +57,7 @@ class Ring:
     def __init__(self, capacity: int, max_records: int = 1 << 62):
         self.capacity = capacity
         self.max_records = max_records
-        self._shm = shared_memory.SharedMemory(create=True, size=_CONTROL_BYTES + capacity)
-        self._shm.unlink()
+        self._shm = anonymous_segment(_CONTROL_BYTES + capacity)
         self._ctl = self._shm.buf[:_CONTROL_BYTES].cast("Q")
         self._data = self._shm.buf[_CONTROL_BYTES:_CONTROL_BYTES + capacity]
         self.data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)

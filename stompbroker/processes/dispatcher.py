@@ -86,6 +86,8 @@ class Dispatcher:
                 now = time.monotonic()
                 for conn, user in self.auth.results():
                     self.broker.on_auth(conn, user, now)
+                self.commit()
+            self.flush()  # receipts released by the store, replies to checked logins: out now
             self.signals()
             while running:
                 blob = ring.read(READ_BYTES)

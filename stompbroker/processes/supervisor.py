@@ -26,7 +26,7 @@ from .. import __version__
 from . import dispatcher, reader, writer
 from ..diag.dump import DumpWriter
 from ..store import sqlite as store
-from .common import Resources
+from .common import Resources, tune_malloc
 
 log = logging.getLogger("stompbroker.supervisor")
 
@@ -46,6 +46,7 @@ def open_listener(config, port: int) -> socket.socket:
 class Supervisor:
     def __init__(self, config):
         self.config = config
+        tune_malloc()
         if config.store == "sqlite":  # refuse to start on a damaged store rather than lose messages
             count = store.check(config.store_path)
             log.info("store %s holds %d queued messages", config.store_path, count)

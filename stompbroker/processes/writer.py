@@ -4,7 +4,8 @@ Each connection belongs to exactly one writer (the reader passes the socket's fd
 so frames for one connection leave in the order the dispatcher produced them. Frames are gathered
 per connection into batches of ``write_buffer_size`` bytes (stompica's 10 KB), each written with
 one send(); a frame larger than that is a batch of its own. A connection whose unsent output passes
-``max_pending_bytes`` is a slow consumer: it gets an ERROR and is closed, and nobody else waits.
+``max_pending_bytes`` and that took nothing for a second (or has four times that unsent: memory stays
+bounded) is a slow consumer: it gets an ERROR and is closed, and nobody else waits.
 
 Closing: ``shutdown(SHUT_WR)`` sends what is queued and a FIN; after a short linger the read side is
 shut too, which the reader sees as end of file and reports to the dispatcher.
@@ -28,6 +29,7 @@ from . import common
 log = logging.getLogger("stompbroker.writer")
 
 LINGER = 1.0          # seconds a closed connection may still read before its read side is cut
+STALLED = 1.0         # over max_pending_bytes, a connection that took nothing for this long is slow
 _CONN_ID = struct.Struct("<Q")
 
 
@@ -191,7 +193,8 @@ class Writer:
         stats["pending_bytes"] += n
         if c.pending > self.max_pending:
             self.flush(c)  # a burst bigger than the limit is not slowness: see what the socket takes
-            if c.pending > self.max_pending and not c.closing:
+            if c.pending > self.max_pending and not c.closing and (
+                    c.pending > 4 * self.max_pending or time.monotonic() - c.last_write > STALLED):
                 self.slow_consumer(c)
 
     @staticmethod
