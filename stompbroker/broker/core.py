@@ -844,9 +844,13 @@ class Broker:
         """The store has committed up to ``generation``: send the replies that waited for it."""
         for session in list(self.holding):
             held = session.held
-            while held and held[0][0] <= generation:
-                _, kind, payload = held.popleft()
+            done = 0
+            for due, kind, payload in held:
+                if due > generation:
+                    break
                 session.outbox.add(kind, session.conn, payload)
+                done += 1
+            del held[:done]
             if not held:
                 self.holding.discard(session)
 

@@ -83,7 +83,7 @@ class Session:
         self.id = ""
         self.login = ""
         self.client_id = ""
-        self.held: deque = deque()   # (store generation, record kind, payload) waiting for a commit
+        self.held: list = []         # (store generation, record kind, payload) waiting for a commit
         self.pending = None          # a CONNECT waiting for its login check
         self.backlog: list = []      # frames that arrived meanwhile
 

@@ -18,7 +18,6 @@ import selectors
 import socket
 import struct
 import time
-from collections import deque
 
 from ..diag import latency
 from ..ipc import records as R
@@ -43,7 +42,7 @@ class Conn:
         self.ws = False
         # Full batches waiting to be sent, as (bytes, stamp of the first frame, frame count); the
         # first may be part-sent (then its bytes are a memoryview of the rest).
-        self.batches: deque = deque()
+        self.batches: list = []   # (a list, not a deque: 56 bytes instead of 760 per idle connection)
         self.cur = bytearray()          # the batch being filled
         self.cur_stamp = 0
         self.cur_frames = 0
@@ -229,7 +228,7 @@ class Writer:
                     self.sel.register(c.sock, selectors.EVENT_WRITE, c)
                     c.writing = True
                 return
-            batches.popleft()
+            del batches[0]
             stats["batches"] += 1
             stats["fill"] += min(len(batch) / self.batch_size, 1.0)
             if stamp:  # the batch's oldest frame stands for all of its frames
@@ -246,7 +245,7 @@ class Writer:
         log.warning("writer %d: connection %d is a slow consumer (%d bytes pending), closing",
                     self.index, c.id, c.pending)
         self.stats["slow_consumers"] += 1
-        keep = deque()
+        keep = []
         if c.batches and isinstance(c.batches[0][0], memoryview):
             keep.append(c.batches[0])  # part-sent: finish it, so the ERROR starts on a frame boundary
         c.batches = keep
