@@ -8,8 +8,23 @@ PYTHON=${PYTHON:-python3}
 
 setup() {
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+    local log
+    log=$(mktemp)
+    if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,analysis,bench]" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+    # The Spark analysis needs a Java runtime: install one where it is missing and we may.
+    if ! command -v java >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+        else
+            echo "build.sh: the Spark analysis needs Java 17+ (e.g. apt-get install default-jre-headless)" >&2
+        fi
+    fi
 }
 
 case "${1:-setup}" in
