@@ -217,11 +217,16 @@ class BrokerProcs:
 
 
 class SpawnedBroker(BrokerProcs):
-    def __init__(self, args: list[str]):
-        self.log_path = os.path.join(tempfile.gettempdir(), f"bench-broker-{os.getpid()}-{time.monotonic_ns()}.log")
+    """``python -m stompbroker port=0 ARGS`` in a scratch directory (removed at stop), so files the broker
+    writes with relative paths (a sqlite store, diagnostics dumps) never land in the source tree."""
+
+    def __init__(self, args: list[str], extra_env: dict | None = None):
+        self.workdir = tempfile.mkdtemp(prefix="bench-broker-")
+        self.log_path = os.path.join(self.workdir, "broker.log")
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "stompbroker", "port=0", *args], cwd=ROOT,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "stompbroker", "port=0", *args], cwd=self.workdir,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         super().__init__(self.proc.pid, "stompbroker " + " ".join(args))
         deadline = time.monotonic() + 30
         self.port = None
@@ -253,8 +258,8 @@ class SpawnedBroker(BrokerProcs):
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         self._log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log_path)
+        import shutil
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def broker_has_setting(name: str) -> bool:
@@ -341,7 +346,8 @@ class Runner:
         self.results: list[dict] = []
         self.ceilings: dict = {}
         self.spawn_args = shlex.split(opts.spawn) if opts.spawn is not None else None
-        self.label = opts.label or ("stompbroker " + (opts.spawn or "(defaults)") if self.spawn_args is not None
+        self.label = opts.label or ("stompbroker " + (opts.spawn or "(defaults)") +
+                                    (f" [{opts.spawn_env}]" if opts.spawn_env else "") if self.spawn_args is not None
                                     else f"{opts.host}:{opts.port or ''} {opts.ws or ''}".strip())
 
     # -- the broker under test ----------------------------------------------------------------
@@ -350,7 +356,8 @@ class Runner:
         """Yields (Target, BrokerProcs or None): a fresh broker when spawning, else the given one."""
         o = self.opts
         if self.spawn_args is not None:
-            b = SpawnedBroker(self.spawn_args + list(extra_args))
+            env = dict(word.split("=", 1) for word in shlex.split(o.spawn_env or ""))
+            b = SpawnedBroker(self.spawn_args + list(extra_args), env)
             try:
                 target = Target("127.0.0.1", b.port, f"ws://127.0.0.1:{b.port}/ws", o.login, o.passcode, o.vhost)
                 time.sleep(0.3)  # let every process finish starting
@@ -1155,6 +1162,10 @@ def compare(paths: list[str]) -> str:
                     cell = f"p50 {r['latency_ms']['p50']} / p99 {r['latency_ms']['p99']} / p99.9 {r['latency_ms']['p99.9']} ms"
                 if r.get("deliveries_per_cpu_s"):
                     cell += f" ({fmt_num(r['deliveries_per_cpu_s'])}/CPU-s)"
+                if any("missing" in n for n in r["notes"]):
+                    cell += " (incomplete: deliveries missing)"
+                if r.get("machine"):
+                    cell += f" [others {r['machine']['other_processes_cores']} cores]"
                 cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -1167,6 +1178,8 @@ def parse_args(argv=None):
     g = p.add_argument_group("broker")
     g.add_argument("--spawn", nargs="?", const="", default=None, metavar="ARGS",
                    help="start this project's broker (python -m stompbroker port=0 ARGS), a fresh one per run")
+    g.add_argument("--spawn-env", default=None, metavar="K=V ...",
+                   help="environment variables for the spawned broker, e.g. \"MALLOC_MMAP_THRESHOLD_=268435456\"")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=None, help="TCP port of a running broker")
     g.add_argument("--ws", default=None, metavar="URL", help="WebSocket URL of a running broker (ws://host:port/path)")

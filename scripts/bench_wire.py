@@ -391,9 +391,3 @@ class Link:
                 pass
             self.sock = None
 
-
-def ws_handshake_request(host: str, port: int, path: str) -> bytes:
-    key = base64.b64encode(os.urandom(16)).decode()
-    return (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-            f"Sec-WebSocket-Protocol: v12.stomp, v11.stomp, v10.stomp\r\n\r\n").encode()

@@ -206,7 +206,7 @@ class Producer:
         if cap and fan:
             per = max(min(per, cap // (2 * fan)), 1)  # one batch must not overshoot the in-flight limit
         if each:
-            per = max(min(per, window // 4 or per), 1)
+            per = max(min(per, window // 4), 1)
             batch = with_receipt * per
         elif window:
             per = min(per, max(window // 4, 1))
