@@ -166,7 +166,8 @@ def write_tables(tables: dict[str, DataFrame], out: str) -> list[str]:
     the tables are per-interval, i.e. small)."""
     written = []
     for name, df in tables.items():
-        keys = [c for c in ("run_seq", "ts", "destination", "writer", "role", "pid", "metric") if c in df.columns]
+        # sorted for readable CSVs (the summary keeps its own, meaningful order)
+        keys = [c for c in ("run_seq", "ts", "destination", "writer", "role", "pid") if c in df.columns]
         one = df.coalesce(1).sortWithinPartitions(*keys) if keys else df.coalesce(1)
         base = f"{out.rstrip('/')}/{name}"
         one.write.mode("overwrite").parquet(f"{base}/parquet")

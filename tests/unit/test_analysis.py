@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")
-pytest.importorskip("matplotlib")
-pytest.importorskip("pandas")
+import matplotlib  # noqa: F401  (the analysis extra: ./build.sh installs it)
+import pandas  # noqa: F401
+import pyspark  # noqa: F401
 
 import diag_dump_fixture as fx  # noqa: E402  (tests/unit is on sys.path)
 
@@ -33,13 +33,17 @@ from stompbroker.analysis import (  # noqa: E402
     leak_flags,
     load_dumps,
     main,
+    publish_report,
     summary,
     to_pandas,
     write_report,
 )
+from stompbroker.analysis import report as report_mod  # noqa: E402
 from stompbroker.analysis.report import chart_bucket, parse_args  # noqa: E402
 
 RATES = fx.RATES
+# Short-lived test JVMs: C1-only JIT spends less CPU compiling code run only a few times.
+FAST_JVM = "-XX:TieredStopAtLevel=1"
 
 
 def _env():
@@ -56,6 +60,8 @@ def spark():
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.adaptive.enabled", "false")  # tiny tables: as the CLI does
+        .config("spark.driver.extraJavaOptions", FAST_JVM)
         .getOrCreate()
     )
     s.sparkContext.setLogLevel("ERROR")
@@ -93,6 +99,11 @@ def pdfs(tables):
 @pytest.fixture(scope="session")
 def summ(tables):
     return summary(tables)
+
+
+@pytest.fixture(scope="session")
+def frames(tables):
+    return collect_for_report(tables)
 
 
 # ---------------------------------------------------------------- loading
@@ -234,6 +245,25 @@ def test_counter_reset_inside_a_run_is_not_negative(spark, tmp_path):
     assert q["enqueued_delta"].tolist() == [10, 10, 10, 5, 10]
 
 
+def test_sparse_lines_still_give_a_report(spark, tmp_path):
+    # Readers must tolerate absent sections and ignore unknown fields.
+    p = tmp_path / "sparse.jsonl"
+    p.write_text("".join(
+        json.dumps({"schema": 1, "ts": 5000.0 + 1000 * k, "interval_ms": 1000, "broker": {"start": 5000.0, "pid": 1},
+                    "totals": {"frames_in": 10 * k}, "added_in_v2": {"x": 1}}) + "\n"
+        for k in range(1, 13)
+    ))
+    df = load_dumps(spark, str(p)).cache()  # many small actions follow, as in run()
+    t = compute_tables(df)
+    s = summary(t)
+    assert s["intervals"] == 12 and s["frames_in_per_s_mean"] == pytest.approx(10.0)
+    assert s["frames_out_total"] is None and s["leaks"] == 0 and s["writers"] == 0
+    text = write_report(tmp_path / "r", s, collect_for_report(t)).read_text()
+    assert "| Frames in: total / mean / peak | 120 / 10.0/s / 10.0/s |" in text
+    assert "| Frames out: total / mean / peak | n/a / n/a / n/a |" in text
+    df.unpersist()
+
+
 def test_downsample_bounds_chart_points(tables):
     tp = tables["throughput"]
     b = chart_bucket(tp, max_points=10)
@@ -247,8 +277,7 @@ def test_downsample_bounds_chart_points(tables):
 # ---------------------------------------------------------------- report and CLI
 
 
-def test_write_report_md_and_html(tmp_path, tables, summ):
-    frames = collect_for_report(tables)
+def test_write_report_md_and_html(tmp_path, frames, summ):
     md = write_report(tmp_path / "md", summ, frames, fmt="md", inputs=["x"], leak_rule={"min_slope": 2048.0})
     text = md.read_text()
     assert md.name == "report.md"
@@ -264,6 +293,20 @@ def test_write_report_md_and_html(tmp_path, tables, summ):
     assert json.loads((tmp_path / "md" / "summary.json").read_text())["leaks"] == 2
 
 
+def test_report_goes_through_hadoop_for_remote_out(spark, frames, summ, tmp_path, monkeypatch):
+    # Local paths and file:// URIs are written directly ...
+    assert report_mod._local_dir(spark, str(tmp_path / "a")) == tmp_path / "a"
+    assert report_mod._local_dir(spark, f"file://{tmp_path}/b") == tmp_path / "b"
+    # ... anything else (hdfs://, s3a://) is rendered locally and copied with Hadoop's
+    # FileSystem API; exercised here against the local filesystem.
+    monkeypatch.setattr(report_mod, "_local_dir", lambda spark, out: None)
+    out = f"file://{tmp_path}/remote"
+    assert publish_report(spark, summ, frames, out, "md") == f"{out}/report.md"
+    assert "300.0/s" in (tmp_path / "remote" / "report.md").read_text()
+    assert (tmp_path / "remote" / "charts" / "memory.png").is_file()
+    assert (tmp_path / "remote" / "summary.json").is_file()
+
+
 def test_cli_arguments():
     a = parse_args(["a", "b*", "--out", "o", "--format", "html", "--conf", "spark.x=1", "--leak-min-r2", "0.5"])
     assert a.dumps == ["a", "b*"] and a.out == "o" and a.format == "html" and a.master is None
@@ -277,10 +320,12 @@ def test_main_reports_missing_input(tmp_path, capsys, spark):
     assert "stompbroker-diag-report:" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(300)  # a fresh JVM; slow when the machine is busy
 def test_cli_end_to_end(dump, tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "stompbroker.analysis", dump, "--out", str(out), "--master", "local[2]"],
+        [sys.executable, "-m", "stompbroker.analysis", dump, "--out", str(out), "--master", "local[2]",
+         "--conf", f"spark.driver.extraJavaOptions={FAST_JVM}", "--conf", "spark.ui.showConsoleProgress=false"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -305,14 +350,15 @@ def test_cli_end_to_end(dump, tmp_path):
     assert {float(r.split(",")[col]) for r in tp_csv[1:]} == {300.0}
 
 
+@pytest.mark.timeout(300)  # a kernel plus a fresh JVM
 def test_notebook_executes(dump, tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    import nbclient
+    import nbformat
     nb = nbformat.read(ROOT / "scripts" / "diag_analysis.ipynb", as_version=4)
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
     monkeypatch.setenv("STOMPBROKER_DUMP", dump)
     monkeypatch.setenv("STOMPBROKER_SPARK_MASTER", "local[2]")
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", FAST_JVM)
     monkeypatch.setenv("STOMPBROKER_REPORT_OUT", str(tmp_path / "nb-out"))
     client = nbclient.NotebookClient(
         nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "scripts")}}
