@@ -106,6 +106,11 @@ class Broker:
         if session is not None and not session.closing:
             self._error(session, message, detail, receipt)
 
+    def on_internal_error(self, conn: int) -> None:
+        session = self.sessions.get(conn)
+        if session is not None and not session.closing:
+            self._error(session, "internal error", "the broker could not handle this frame (see its log)")
+
     def on_websocket(self, conn: int) -> None:
         session = self.sessions.get(conn)
         if session is not None:

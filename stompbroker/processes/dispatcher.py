@@ -122,22 +122,27 @@ class Dispatcher:
             stop = pos + length
             pos = stop
             self.stamp[0] = stamp
-            if kind == R.FRAME:
-                split = start + aux
-                broker.on_frame(conn, blob[start:split], blob[split:stop], now)
-            elif kind == R.OPEN:
-                broker.on_open(conn, aux, blob[start:stop].decode(), now)
-            elif kind == R.CLOSED:
-                broker.on_closed(conn)
-            elif kind == R.ALIVE:
-                broker.on_alive(conn, now)
-            elif kind == R.BAD_FRAME:
-                message, detail, receipt = blob[start:stop].decode(errors="replace").split("\0")
-                broker.on_bad_frame(conn, message, detail, None if receipt == "\x01" else receipt)
-            elif kind in (R.HTTP, R.WS_OPEN, R.WS_REPLY, R.WS_CLOSE):
-                self.transport(kind, conn, blob[start:stop])
-            elif kind == R.SHUTDOWN:
-                return False
+            try:
+                if kind == R.FRAME:
+                    split = start + aux
+                    broker.on_frame(conn, blob[start:split], blob[split:stop], now)
+                elif kind == R.OPEN:
+                    broker.on_open(conn, aux, blob[start:stop].decode(), now)
+                elif kind == R.CLOSED:
+                    broker.on_closed(conn)
+                elif kind == R.ALIVE:
+                    broker.on_alive(conn, now)
+                elif kind == R.BAD_FRAME:
+                    message, detail, receipt = blob[start:stop].decode(errors="replace").split("\0")
+                    broker.on_bad_frame(conn, message, detail, None if receipt == "\x01" else receipt)
+                elif kind in (R.HTTP, R.WS_OPEN, R.WS_REPLY, R.WS_CLOSE):
+                    self.transport(kind, conn, blob[start:stop])
+                elif kind == R.SHUTDOWN:
+                    return False
+            except Exception:
+                # A bug must cost one connection, not every client's session (a dispatcher restart).
+                log.exception("internal error on connection %d; closing it", conn)
+                broker.on_internal_error(conn)
         self.stamp[0] = 0  # records made by timers are not stamped
         return True
 

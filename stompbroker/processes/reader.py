@@ -112,12 +112,8 @@ class Reader:
                     self.accept(key.fileobj)
                 elif what == "control":
                     self.on_control()
-                elif type(what) is tuple:  # ("inner", conn): plaintext from the writer, to encrypt
-                    self.tls_from_writer(what[1], now, closing_tls)
-                elif what.tls is not None:
-                    self.tls_event(what, mask, now)
                 else:
-                    self.read(what, now)
+                    self.serve(what, mask, now, closing_tls)
                 if len(self.out) >= FLUSH_AT:
                     self.push()
             if closing_tls:
@@ -134,6 +130,21 @@ class Reader:
         self.emit(R.SHUTDOWN, 0)
         self.push()
         self.ring.notify()
+
+    def serve(self, what, mask: int, now: float, closing_tls: set) -> None:
+        """One connection's event: bytes from its client, or (TLS) from its writer."""
+        conn = what[1] if type(what) is tuple else what
+        try:
+            if type(what) is tuple:  # ("inner", conn): plaintext from the writer, to encrypt
+                self.tls_from_writer(conn, now, closing_tls)
+            elif conn.tls is not None:
+                self.tls_event(conn, mask, now)
+            else:
+                self.read(conn, now)
+        except Exception:
+            # A bug must cost one connection, not every client (a reader restart).
+            log.exception("internal error on connection %d; closing it", conn.id)
+            self.bad_frame(conn, "internal error", "the broker could not read this connection", None)
 
     def push(self) -> None:
         """Move gathered records into the ring; wait (not reading anything) while it is full."""
