@@ -7,7 +7,6 @@ import os
 import re
 import time
 
-import pytest
 
 from stompwire import Wire
 

@@ -4,7 +4,6 @@ round-robin, the TTL stale queue, expiry, filters and selectors."""
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import pytest
 

@@ -255,7 +255,7 @@ def test_acl_file_and_default_rules():
            "alice write #jobs\n"
            "bob admin\n"
            "  *   read /topic/public/*  \n")
-    u = users(f"alice:x\nbob:y\ncarol:z:write=/queue/c\n", acl)
+    u = users("alice:x\nbob:y\ncarol:z:write=/queue/c\n", acl)
     assert u.can_read("alice", "/topic/a/1") and u.can_read("alice", "/topic/b")
     assert not u.can_read("alice", "/topic/public/x")  # own rules: the default does not apply
     assert u.can_write("alice", "#jobs") and not u.can_write("alice", "#other")
