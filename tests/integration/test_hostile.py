@@ -268,6 +268,19 @@ def test_silent_client_is_closed_after_connect_timeout(start_broker, greeting):
     assert_still_serving(b, before)
 
 
+def small_buffer_subscriber(b, destination: str, sub_id: str) -> Wire:
+    """A subscriber with a small receive buffer, so the kernel cannot absorb a flood for it."""
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
+    raw.settimeout(10)
+    raw.connect(b.address)
+    slow = Wire(raw)
+    slow.connect()
+    slow.frame("SUBSCRIBE", {"id": sub_id, "destination": destination, "receipt": "s"})
+    assert slow.read()[0] == "RECEIPT"
+    return slow
+
+
 def test_subscriber_that_never_reads(start_broker):
     """50 MB published to a subscriber that never reads: it is cut off, the others get everything,
     and the broker's memory stays bounded."""
@@ -276,15 +289,7 @@ def test_subscriber_that_never_reads(start_broker):
                      "input_queue_bytes=1048576", "output_queue_bytes=1048576")
     before = pids(b)
 
-    # The slow one: a small receive buffer so the kernel cannot absorb the flood for it.
-    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
-    raw.settimeout(10)
-    raw.connect(b.address)
-    slow = Wire(raw)
-    slow.connect()
-    slow.frame("SUBSCRIBE", {"id": "slow", "destination": "/topic/flood", "receipt": "s"})
-    assert slow.read()[0] == "RECEIPT"
+    slow = small_buffer_subscriber(b, "/topic/flood", "slow")
 
     fasts = []
     for name in ("fast1", "fast2"):
@@ -375,14 +380,7 @@ def test_slow_consumer_gets_whole_frames_then_error(start_broker):
     sent so far, whole, then the ERROR (README: "queued batches are dropped, an ERROR is appended")."""
     b = start_broker("processors=3", "max_pending_bytes=1000000")
     before = pids(b)
-    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)
-    raw.settimeout(10)
-    raw.connect(b.address)
-    slow = Wire(raw)
-    slow.connect()
-    slow.frame("SUBSCRIBE", {"id": "s", "destination": "/topic/f", "receipt": "s"})
-    assert slow.read()[0] == "RECEIPT"
+    slow = small_buffer_subscriber(b, "/topic/f", "s")
     pub = connected_wire(b)
     # Not reading yet: its socket fills, a batch is left half-sent, then the pending output passes
     # the limit. As soon as the broker says so, read everything (within its 1 s linger).
@@ -395,7 +393,7 @@ def test_slow_consumer_gets_whole_frames_then_error(start_broker):
                 break
     else:
         raise AssertionError("never declared a slow consumer")
-    data = bytes(slow.buf) + read_until_gone(raw, timeout=15)
+    data = bytes(slow.buf) + read_until_gone(slow.sock, timeout=15)
     frames = parse_frames(data)  # ValueError: a frame cut short and the ERROR glued to it
     assert frames[-1][0] == "ERROR" and frames[-1][1]["message"] == "slow consumer"
     messages = frames[:-1]
