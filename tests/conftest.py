@@ -64,6 +64,15 @@ class BrokerProcess:
         self._log.close()
         return self.proc.returncode
 
+    def close(self) -> None:
+        """Stop it, kill anything left of its process group, delete its log."""
+        self.stop()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.unlink(self.log_path)
+
 
 @pytest.fixture
 def start_broker():
@@ -77,12 +86,7 @@ def start_broker():
 
     yield start
     for broker in started:
-        broker.stop()
-        try:
-            os.killpg(broker.proc.pid, signal.SIGKILL)  # anything left of the process group
-        except ProcessLookupError:
-            pass
-        os.unlink(broker.log_path)
+        broker.close()
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +94,4 @@ def broker():
     """One broker shared by the tests of a module (default settings, 4 processors)."""
     b = BrokerProcess("processors=4")
     yield b
-    b.stop()
-    try:
-        os.killpg(b.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os.unlink(b.log_path)
+    b.close()

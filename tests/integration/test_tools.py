@@ -413,12 +413,7 @@ def auth_broker(tmp_path_factory):
     assert made.returncode == 0, f"cannot make a passwd file: {made.stderr!r}"
     b = BrokerProcess("processors=3", "auth=passwd", f"passwd_file={passwd}", "auth_fail_delay_ms=10")
     yield b
-    b.stop()
-    try:
-        os.killpg(b.proc.pid, signal.SIGKILL)  # anything left of its process group
-    except ProcessLookupError:
-        pass
-    os.unlink(b.log_path)
+    b.close()
 
 
 @pytest.mark.parametrize("transport", ["tcp", "ws"])
