@@ -93,7 +93,17 @@ def run_worker(kind: str, spec: dict, shared: Shared, slot: int, conn) -> None:
 
 
 # -- producer ----------------------------------------------------------------------------------
-class Producer:
+class Worker:
+    """A benchmark process's job: its spec, the shared counters, its slot in them, its control pipe."""
+
+    def __init__(self, spec, shared, slot, conn):
+        self.spec = spec
+        self.shared = shared
+        self.slot = slot
+        self.conn = conn
+
+
+class Producer(Worker):
     """Sends SEND frames all-out (pre-rendered batches) or at a fixed rate (open loop, timestamped).
 
     spec keys: target, transport, destination, size, duration, mode ("allout" | "paced"), rate,
@@ -104,10 +114,7 @@ class Producer:
     """
 
     def __init__(self, spec, shared, slot, conn):
-        self.spec = spec
-        self.shared = shared
-        self.slot = slot
-        self.conn = conn
+        super().__init__(spec, shared, slot, conn)
         self.receipts = TokenCounter(b"RECEIPT")
         self.receipts_total = 0
         self.final_seen = False
@@ -305,18 +312,12 @@ class Producer:
 
 
 # -- consumer ----------------------------------------------------------------------------------
-class Consumer:
+class Consumer(Worker):
     """Holds connections with subscriptions and counts what arrives.
 
     spec keys: target, transport, links (list of lists of (destination, id, extra headers)),
     mode ("count" | "latency").
     """
-
-    def __init__(self, spec, shared, slot, conn):
-        self.spec = spec
-        self.shared = shared
-        self.slot = slot
-        self.conn = conn
 
     def run(self) -> dict:
         spec = self.spec
@@ -418,17 +419,11 @@ class Consumer:
 
 
 # -- idle connections --------------------------------------------------------------------------
-class IdleHolder:
+class IdleHolder(Worker):
     """Opens many STOMP connections (TCP), keeps them idle until told to stop.
 
     spec keys: target, n, in_flight (connection attempts at once), timeout.
     """
-
-    def __init__(self, spec, shared, slot, conn):
-        self.spec = spec
-        self.shared = shared
-        self.slot = slot
-        self.conn = conn
 
     def run(self) -> dict:
         spec = self.spec
