@@ -134,6 +134,10 @@ class Reader:
     def serve(self, what, mask: int, now: float, closing_tls: set) -> None:
         """One connection's event: bytes from its client, or (TLS) from its writer."""
         conn = what[1] if type(what) is tuple else what
+        if conn.sock.fileno() < 0:
+            # Dropped by an earlier event of the same batch (a TLS connection has two sockets,
+            # so its client's close and its writer's output can arrive together): nothing to do.
+            return
         try:
             if type(what) is tuple:  # ("inner", conn): plaintext from the writer, to encrypt
                 self.tls_from_writer(conn, now, closing_tls)
