@@ -677,9 +677,10 @@ class Broker:
             self._pump(queue)
 
     # -- acknowledgement -----------------------------------------------------------------------
-    def _ack(self, session: Session, command: str, headers: dict, body: bytes) -> None:
+    def _ack(self, session: Session, command: str, headers: dict, body: bytes, committed: bool = False) -> None:
         receipt = headers.get("receipt")
-        sub, ack_id = self._find_delivery(session, command, headers, receipt)
+        # A committed ACK was checked when it was held; what went meanwhile (a cumulative ACK) is done.
+        sub, ack_id = self._find_delivery(session, command, headers, receipt, strict=not committed)
         if sub is not None:
             if sub.ack == "client":  # cumulative: this one and every earlier one
                 ids = []
@@ -704,22 +705,27 @@ class Broker:
                 self._pump(queue)
         self._receipt(session, receipt)
 
-    def _find_delivery(self, session: Session, command: str, headers: dict, receipt):
-        """(subscription, ack id) named by an ACK/NACK, or (None, None) when it is not pending."""
-        ack_id = headers.get("id")
-        if ack_id is not None and session.version == "1.2":
-            sub = session.acks.get(ack_id)
-            return (sub, ack_id) if sub is not None else (None, None)
-        message_id = headers.get("message-id", ack_id)
-        if message_id is None:
+    def _find_delivery(self, session: Session, command: str, headers: dict, receipt, strict: bool = True):
+        """(subscription, ack id) of the delivery an ACK/NACK names by its id within the connection
+        (1.2 `id`, before that `message-id`), whatever its `subscription` header says. An id the
+        connection does not hold is an ERROR naming it; (None, None) when not ``strict``."""
+        wanted = headers.get("id") if session.version == "1.2" else None
+        if wanted is None:
+            wanted = headers.get("message-id", headers.get("id"))
+        if wanted is None:
             raise ProtocolError("missing id", f"{command} needs an id header (message-id before 1.2)", receipt)
-        sub_id = headers.get("subscription")
-        subs = [session.subs[sub_id]] if sub_id in session.subs else ([] if sub_id else session.subs.values())
-        for sub in subs:
+        sub = session.acks.get(wanted)
+        if sub is not None:
+            return sub, wanted
+        named = session.subs.get(headers.get("subscription", ""))
+        for sub in ([named] if named is not None else []) + [s for s in session.subs.values() if s is not named]:
             for key, delivery in sub.unacked.items():
-                if delivery.message.id == message_id or key == message_id:
+                if delivery.message.id == wanted:
                     return sub, key
-        return None, None
+        if not strict:
+            return None, None
+        raise ProtocolError(f"{command} of unknown id {wanted}",
+                            f"this connection holds no unacknowledged message with id {wanted!r}", receipt)
 
     def _nacked(self, sub: Subscription, delivery: Delivery) -> None:
         message = delivery.message
@@ -768,6 +774,8 @@ class Broker:
         if command == "SEND":
             self._check_send(headers, receipt)
             expires = self._expiry(headers, receipt)
+        else:
+            self._find_delivery(session, command, headers, receipt)  # an id not held is refused now
         frames.append((command, headers, body, expires))
         self._receipt(session, receipt)  # accepted now, applied at COMMIT
 
@@ -805,7 +813,7 @@ class Broker:
             if cmd == "SEND":
                 self.publish(h["destination"], h, b, expires)
             else:
-                self._ack(session, cmd, h, b)
+                self._ack(session, cmd, h, b, committed=True)
         self._receipt(session, receipt)
 
     def _abort(self, session: Session, command: str, headers: dict, body: bytes) -> None:
