@@ -62,6 +62,7 @@ class Broker:
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
+        self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables: dict[str, Durable] = {}
         self.durable_index = SubscriptionIndex()
         self.next_monitor = 0.0
@@ -163,7 +164,7 @@ class Broker:
             if not session.connected:
                 if connect_timeout and now - session.opened > connect_timeout:
                     self._error(session, "connect timeout", "no CONNECT frame in time")
-            elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace:
+            elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace + self.alive_lag:
                 self._error(session, "heart-beat timeout",
                             f"nothing received for {now - session.last_seen:.1f} s "
                             f"(heart-beat every {session.hb_in} ms)")
