@@ -6,13 +6,17 @@ connection. Tests drive it directly with plain outboxes.
 
 Destination kinds: ``/queue/...`` is a queue (each message to one subscriber, kept while nobody can
 take it); a name starting with ``#`` is stompica's worker queue (each message to one subscriber,
-round-robin, not kept); anything else is a topic (every matching subscription gets it).
+round-robin, not kept); ``/temp-queue/NAME`` and ``/temp-topic/NAME`` are temporary destinations,
+private to the connection that names them and reached by others through the reply name the broker
+writes into ``reply-to`` (``/reply-queue/...``, ``/reply-topic/...``); anything else is a topic
+(every matching subscription gets it).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import time
 
 from .. import __version__
@@ -20,7 +24,7 @@ from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head, render_frame
 from ..protocol.websocket import encode_close
 from ..diag.stats import QUERIES
-from .model import Delivery, Durable, Message, Outbox, Queue, Session, Subscription
+from .model import Delivery, Durable, Message, Outbox, Queue, Session, Subscription, Temp
 from .selector import SelectorError, compile_selector
 from .stale import StaleQueue
 from .subscriptions import SubscriptionIndex
@@ -38,6 +42,9 @@ QUEUE_PREFIX = "/queue/"
 MONITOR = "/queue/monitor"   # stompserver's status destination: every subscriber gets each status
 DIAG_PREFIX = "DIAG"         # stompica's DIAG topics: a SEND here gets the named statistics as headers
 WORKER_PREFIX = "#"
+TEMP_QUEUE = "/temp-queue/"  # RabbitMQ's and ActiveMQ's temporary destinations, private to one connection
+TEMP_PREFIXES = (TEMP_QUEUE, "/temp-topic/")
+REPLY_PREFIXES = ("/reply-queue/", "/reply-topic/")  # their broker-wide names, for others to send to
 REDELIVERED = b"redelivered:true\n"
 
 
@@ -65,6 +72,8 @@ class Broker:
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables: dict[str, Durable] = {}
         self.durable_index = SubscriptionIndex()
+        self.temps: dict[str, Temp] = {}     # temporary destinations by reply name
+        self._temp_ids = itertools.count(1)
         self.next_monitor = 0.0
         self._message_ids = itertools.count(1)
         self._ack_ids = itertools.count(1)
@@ -276,12 +285,16 @@ class Broker:
     def _send(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         destination = self._check_send(headers, receipt)
-        self._allowed(session, destination, write=True, receipt=receipt)
+        if not destination.startswith(TEMP_PREFIXES):  # a connection's own temporary ones are always its own
+            self._allowed(session, destination, write=True, receipt=receipt)
+        destination = self._temporaries(session, headers, destination, receipt)
         if destination.startswith(DIAG_PREFIX) and self.diag is not None:
             query = body.decode(errors="replace").strip()
             if query in QUERIES:
                 headers = {**headers, **self.diag.headers(query)}
         queue = self.queues.get(destination)
+        if queue is None and destination in self.temps:
+            queue = self.temps[destination].queue
         if queue is not None and len(queue.messages) >= self.config.max_queue_messages:
             raise ProtocolError("queue full", f"{destination} holds {len(queue.messages)} messages, "
                                 f"the most allowed (max_queue_messages)", receipt)
@@ -322,6 +335,8 @@ class Broker:
         if expires and message.expired(self.now):
             self.stats["messages_expired"] += 1
             return 0
+        if destination.startswith(REPLY_PREFIXES):
+            return self._publish_temp(destination, message)
         if destination.startswith(QUEUE_PREFIX):
             queue = self._queue(destination)
             self._persist(queue, message)
@@ -500,7 +515,14 @@ class Broker:
         if ack not in ACK_MODES:
             raise ProtocolError("invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}",
                                 receipt)
-        self._allowed(session, destination, write=False, receipt=receipt)
+        temp = None
+        if destination.startswith(TEMP_PREFIXES):
+            temp = self._temp_to_subscribe(session, destination, receipt)
+        elif destination.startswith(REPLY_PREFIXES):
+            raise ProtocolError(f"permission denied for {destination}", "a reply destination is read only by the "
+                                "connection that made it, by its /temp-queue/ or /temp-topic/ name", receipt)
+        else:
+            self._allowed(session, destination, write=False, receipt=receipt)
         if len(session.subs) >= self.config.max_subscriptions:
             raise ProtocolError("too many subscriptions",
                                 f"at most {self.config.max_subscriptions} subscriptions per connection", receipt)
@@ -508,17 +530,21 @@ class Broker:
         accepts = self._filter(headers, receipt)
         replay_from = self._replay_from(headers, receipt)
         sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
-        durable_name = self._durable_name(session, headers, sub_id, destination, receipt)
+        durable_name = None if temp is not None else self._durable_name(session, headers, sub_id, destination,
+                                                                        receipt)
         session.subs[sub_id] = sub
-        if durable_name is not None:
+        if temp is not None:
+            temp.sub, sub.temp = sub, temp
+        elif durable_name is not None:
             self._attach_durable(sub, durable_name)
         else:
             self.index.add(destination, sub)
         self._receipt(session, receipt)
         if replay_from is not None:
             self._replay(sub, replay_from)
-        if sub.durable is not None:
-            self._pump(sub.durable.queue)
+        if sub.durable is not None or sub.temp is not None:
+            for queue in self._sub_queues(sub):
+                self._pump(queue)
             return
         for queue in self._queues_for(destination):
             self._pump(queue)
@@ -665,6 +691,8 @@ class Broker:
         self.index.remove(sub.destination, sub)
         if sub.durable is not None:  # detach: its messages wait for the client to come back
             sub.durable.sub = None
+        if sub.temp is not None and sub.temp.sub is sub:  # a temporary queue's messages wait too
+            sub.temp.sub = None
         returned: dict[Queue, list] = {}
         for delivery in sub.unacked.values():
             session.acks.pop(delivery.ack_id, None)
@@ -676,6 +704,90 @@ class Broker:
         for queue, messages in returned.items():
             queue.messages.extendleft(reversed(messages))
             self._pump(queue)
+
+    # -- temporary destinations ----------------------------------------------------------------
+    def _temp(self, session: Session, name: str, receipt) -> Temp:
+        """The connection's temporary destination ``name`` (/temp-queue/X or /temp-topic/X), made on first use."""
+        temp = session.temps.get(name)
+        if temp is None:
+            if "*" in name:
+                raise ProtocolError("wildcard destination", f"a temporary destination cannot be a wildcard: {name}",
+                                    receipt)
+            if len(session.temps) >= self.config.max_subscriptions:
+                raise ProtocolError("too many temporary destinations", f"at most {self.config.max_subscriptions} "
+                                    "temporary destinations per connection (max_subscriptions)", receipt)
+            is_queue = name.startswith(TEMP_QUEUE)
+            # Unique in the broker's life (session id, counter) and not guessable (others may write, not read).
+            public = (f"{REPLY_PREFIXES[0] if is_queue else REPLY_PREFIXES[1]}{session.id}-{next(self._temp_ids)}"
+                      f"-{secrets.token_hex(4)}")
+            temp = session.temps[name] = self.temps[public] = Temp(name, public, session, is_queue)
+        return temp
+
+    def _temporaries(self, session: Session, headers: dict, destination: str, receipt) -> str:
+        """A SEND naming the connection's temporary destinations: a ``reply-to`` one is rewritten to its
+        reply name and the connection is subscribed to it, with the temporary name as the subscription
+        id (RabbitMQ's behaviour), unless it already is; a ``destination`` one becomes its reply name,
+        which is returned."""
+        reply_to = headers.get("reply-to")
+        if reply_to is not None and reply_to.startswith(TEMP_PREFIXES):
+            temp = self._temp(session, reply_to, receipt)
+            if temp.sub is None:
+                if reply_to in session.subs:
+                    raise ProtocolError("duplicate subscription", f"subscription id {reply_to!r} is already in use",
+                                        receipt)
+                if len(session.subs) >= self.config.max_subscriptions:
+                    raise ProtocolError("too many subscriptions", f"at most {self.config.max_subscriptions} "
+                                        "subscriptions per connection", receipt)
+                sub = session.subs[reply_to] = Subscription(session, reply_to, reply_to, "auto", 0, None)
+                temp.sub, sub.temp, temp.auto = sub, temp, True
+                if temp.queue is not None:
+                    self._pump(temp.queue)
+            headers["reply-to"] = temp.public
+        if destination.startswith(TEMP_PREFIXES):
+            destination = headers["destination"] = self._temp(session, destination, receipt).public
+        return destination
+
+    def _temp_to_subscribe(self, session: Session, destination: str, receipt) -> Temp:
+        """The owner subscribes to its temporary destination: the broker's own subscription gives way;
+        a second explicit one is refused (one subscription per temporary destination)."""
+        temp = self._temp(session, destination, receipt)
+        if temp.sub is not None:
+            if not temp.auto:
+                raise ProtocolError("already subscribed", f"{destination} already has subscription "
+                                    f"{temp.sub.id!r}", receipt)
+            self._remove_subscription(session, temp.sub)
+        temp.auto = False
+        return temp
+
+    def _publish_temp(self, destination: str, message: Message) -> int:
+        temp = self.temps.get(destination)
+        if temp is None:  # its connection has gone, and the destination with it
+            self.stats["messages_dropped"] += 1
+            return 0
+        message.destination = temp.private  # its one reader knows it by that name
+        queue = temp.queue
+        if queue is not None:
+            if len(queue.messages) >= self.config.max_queue_messages:  # (a SEND is refused before this)
+                queue.messages.popleft()
+                self.stats["messages_dropped"] += 1
+            queue.messages.append(message)
+            queue.enqueued += 1
+            return self._pump(queue)
+        sub = temp.sub
+        if sub is None or (sub.accepts is not None and not sub.accepts(message.headers)):
+            self.stats["messages_dropped"] += 1
+            return 0
+        self._deliver(sub, message, None)
+        self.stats["messages_delivered"] += 1
+        return 1
+
+    def _sub_queues(self, sub: Subscription) -> list[Queue]:
+        """The queues a subscription takes from."""
+        if sub.durable is not None:
+            return [sub.durable.queue]
+        if sub.temp is not None:
+            return [sub.temp.queue] if sub.temp.queue is not None else []
+        return self._queues_for(sub.destination)
 
     # -- acknowledgement -----------------------------------------------------------------------
     def _ack(self, session: Session, command: str, headers: dict, body: bytes, committed: bool = False) -> None:
@@ -702,7 +814,7 @@ class Broker:
                         self._discard(delivery.queue, delivery.message)
                 else:
                     self._nacked(sub, delivery)
-            for queue in self._queues_for(sub.destination) if sub.durable is None else [sub.durable.queue]:
+            for queue in self._sub_queues(sub):
                 self._pump(queue)
         self._receipt(session, receipt)
 
@@ -773,7 +885,7 @@ class Broker:
                                 f"at most {self.config.max_transaction_frames} frames per transaction", receipt)
         expires = 0.0
         if command == "SEND":
-            self._check_send(headers, receipt)
+            self._temporaries(session, headers, self._check_send(headers, receipt), receipt)
             expires = self._expiry(headers, receipt)
         else:
             self._find_delivery(session, command, headers, receipt)  # an id not held is refused now
@@ -900,6 +1012,11 @@ class Broker:
         for sub in list(session.subs.values()):
             self._remove_subscription(session, sub)
         session.transactions.clear()
+        for temp in session.temps.values():  # temporary destinations vanish with their connection
+            del self.temps[temp.public]
+            if temp.queue is not None:
+                self.stats["messages_dropped"] += len(temp.queue.messages)
+        session.temps.clear()
 
     # -- recovery --------------------------------------------------------------------------------
     def recover(self, store, now: float) -> int:
