@@ -6,13 +6,17 @@ connection. Tests drive it directly with plain outboxes.
 
 Destination kinds: ``/queue/...`` is a queue (each message to one subscriber, kept while nobody can
 take it); a name starting with ``#`` is stompica's worker queue (each message to one subscriber,
-round-robin, not kept); anything else is a topic (every matching subscription gets it).
+round-robin, not kept); ``/temp-queue/NAME`` and ``/temp-topic/NAME`` are temporary destinations,
+private to the connection that names them and reached by others through the reply name the broker
+writes into ``reply-to`` (``/reply-queue/...``, ``/reply-topic/...``); anything else is a topic
+(every matching subscription gets it).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import time
 
 from .. import __version__
@@ -20,7 +24,7 @@ from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head, render_frame
 from ..protocol.websocket import encode_close
 from ..diag.stats import QUERIES
-from .model import Delivery, Durable, Message, Outbox, Queue, Session, Subscription
+from .model import Delivery, Durable, Message, Outbox, Queue, Session, Subscription, Temp
 from .selector import SelectorError, compile_selector
 from .stale import StaleQueue
 from .subscriptions import SubscriptionIndex
@@ -38,6 +42,9 @@ QUEUE_PREFIX = "/queue/"
 MONITOR = "/queue/monitor"   # stompserver's status destination: every subscriber gets each status
 DIAG_PREFIX = "DIAG"         # stompica's DIAG topics: a SEND here gets the named statistics as headers
 WORKER_PREFIX = "#"
+TEMP_QUEUE = "/temp-queue/"  # RabbitMQ's and ActiveMQ's temporary destinations, private to one connection
+TEMP_PREFIXES = (TEMP_QUEUE, "/temp-topic/")
+REPLY_PREFIXES = ("/reply-queue/", "/reply-topic/")  # their broker-wide names, for others to send to
 REDELIVERED = b"redelivered:true\n"
 
 
@@ -62,8 +69,11 @@ class Broker:
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
+        self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables: dict[str, Durable] = {}
         self.durable_index = SubscriptionIndex()
+        self.temps: dict[str, Temp] = {}     # temporary destinations by reply name
+        self._temp_ids = itertools.count(1)
         self.next_monitor = 0.0
         self._message_ids = itertools.count(1)
         self._ack_ids = itertools.count(1)
@@ -163,7 +173,7 @@ class Broker:
             if not session.connected:
                 if connect_timeout and now - session.opened > connect_timeout:
                     self._error(session, "connect timeout", "no CONNECT frame in time")
-            elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace:
+            elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace + self.alive_lag:
                 self._error(session, "heart-beat timeout",
                             f"nothing received for {now - session.last_seen:.1f} s "
                             f"(heart-beat every {session.hb_in} ms)")
@@ -275,12 +285,16 @@ class Broker:
     def _send(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         destination = self._check_send(headers, receipt)
-        self._allowed(session, destination, write=True, receipt=receipt)
+        if not destination.startswith(TEMP_PREFIXES):  # a connection's own temporary ones are always its own
+            self._allowed(session, destination, write=True, receipt=receipt)
+        destination = self._temporaries(session, headers, destination, receipt)
         if destination.startswith(DIAG_PREFIX) and self.diag is not None:
             query = body.decode(errors="replace").strip()
             if query in QUERIES:
                 headers = {**headers, **self.diag.headers(query)}
         queue = self.queues.get(destination)
+        if queue is None and destination in self.temps:
+            queue = self.temps[destination].queue
         if queue is not None and len(queue.messages) >= self.config.max_queue_messages:
             raise ProtocolError("queue full", f"{destination} holds {len(queue.messages)} messages, "
                                 f"the most allowed (max_queue_messages)", receipt)
@@ -321,6 +335,8 @@ class Broker:
         if expires and message.expired(self.now):
             self.stats["messages_expired"] += 1
             return 0
+        if destination.startswith(REPLY_PREFIXES):
+            return self._publish_temp(destination, message)
         if destination.startswith(QUEUE_PREFIX):
             queue = self._queue(destination)
             self._persist(queue, message)
@@ -499,7 +515,14 @@ class Broker:
         if ack not in ACK_MODES:
             raise ProtocolError("invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}",
                                 receipt)
-        self._allowed(session, destination, write=False, receipt=receipt)
+        temp = None
+        if destination.startswith(TEMP_PREFIXES):
+            temp = self._temp_to_subscribe(session, destination, receipt)
+        elif destination.startswith(REPLY_PREFIXES):
+            raise ProtocolError(f"permission denied for {destination}", "a reply destination is read only by the "
+                                "connection that made it, by its /temp-queue/ or /temp-topic/ name", receipt)
+        else:
+            self._allowed(session, destination, write=False, receipt=receipt)
         if len(session.subs) >= self.config.max_subscriptions:
             raise ProtocolError("too many subscriptions",
                                 f"at most {self.config.max_subscriptions} subscriptions per connection", receipt)
@@ -507,17 +530,21 @@ class Broker:
         accepts = self._filter(headers, receipt)
         replay_from = self._replay_from(headers, receipt)
         sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
-        durable_name = self._durable_name(session, headers, sub_id, destination, receipt)
+        durable_name = None if temp is not None else self._durable_name(session, headers, sub_id, destination,
+                                                                        receipt)
         session.subs[sub_id] = sub
-        if durable_name is not None:
+        if temp is not None:
+            temp.sub, sub.temp = sub, temp
+        elif durable_name is not None:
             self._attach_durable(sub, durable_name)
         else:
             self.index.add(destination, sub)
         self._receipt(session, receipt)
         if replay_from is not None:
             self._replay(sub, replay_from)
-        if sub.durable is not None:
-            self._pump(sub.durable.queue)
+        if sub.durable is not None or sub.temp is not None:
+            for queue in self._sub_queues(sub):
+                self._pump(queue)
             return
         for queue in self._queues_for(destination):
             self._pump(queue)
@@ -664,6 +691,8 @@ class Broker:
         self.index.remove(sub.destination, sub)
         if sub.durable is not None:  # detach: its messages wait for the client to come back
             sub.durable.sub = None
+        if sub.temp is not None and sub.temp.sub is sub:  # a temporary queue's messages wait too
+            sub.temp.sub = None
         returned: dict[Queue, list] = {}
         for delivery in sub.unacked.values():
             session.acks.pop(delivery.ack_id, None)
@@ -676,10 +705,95 @@ class Broker:
             queue.messages.extendleft(reversed(messages))
             self._pump(queue)
 
+    # -- temporary destinations ----------------------------------------------------------------
+    def _temp(self, session: Session, name: str, receipt) -> Temp:
+        """The connection's temporary destination ``name`` (/temp-queue/X or /temp-topic/X), made on first use."""
+        temp = session.temps.get(name)
+        if temp is None:
+            if "*" in name:
+                raise ProtocolError("wildcard destination", f"a temporary destination cannot be a wildcard: {name}",
+                                    receipt)
+            if len(session.temps) >= self.config.max_subscriptions:
+                raise ProtocolError("too many temporary destinations", f"at most {self.config.max_subscriptions} "
+                                    "temporary destinations per connection (max_subscriptions)", receipt)
+            is_queue = name.startswith(TEMP_QUEUE)
+            # Unique in the broker's life (session id, counter) and not guessable (others may write, not read).
+            public = (f"{REPLY_PREFIXES[0] if is_queue else REPLY_PREFIXES[1]}{session.id}-{next(self._temp_ids)}"
+                      f"-{secrets.token_hex(4)}")
+            temp = session.temps[name] = self.temps[public] = Temp(name, public, session, is_queue)
+        return temp
+
+    def _temporaries(self, session: Session, headers: dict, destination: str, receipt) -> str:
+        """A SEND naming the connection's temporary destinations: a ``reply-to`` one is rewritten to its
+        reply name and the connection is subscribed to it, with the temporary name as the subscription
+        id (RabbitMQ's behaviour), unless it already is; a ``destination`` one becomes its reply name,
+        which is returned."""
+        reply_to = headers.get("reply-to")
+        if reply_to is not None and reply_to.startswith(TEMP_PREFIXES):
+            temp = self._temp(session, reply_to, receipt)
+            if temp.sub is None:
+                if reply_to in session.subs:
+                    raise ProtocolError("duplicate subscription", f"subscription id {reply_to!r} is already in use",
+                                        receipt)
+                if len(session.subs) >= self.config.max_subscriptions:
+                    raise ProtocolError("too many subscriptions", f"at most {self.config.max_subscriptions} "
+                                        "subscriptions per connection", receipt)
+                sub = session.subs[reply_to] = Subscription(session, reply_to, reply_to, "auto", 0, None)
+                temp.sub, sub.temp, temp.auto = sub, temp, True
+                if temp.queue is not None:
+                    self._pump(temp.queue)
+            headers["reply-to"] = temp.public
+        if destination.startswith(TEMP_PREFIXES):
+            destination = headers["destination"] = self._temp(session, destination, receipt).public
+        return destination
+
+    def _temp_to_subscribe(self, session: Session, destination: str, receipt) -> Temp:
+        """The owner subscribes to its temporary destination: the broker's own subscription gives way;
+        a second explicit one is refused (one subscription per temporary destination)."""
+        temp = self._temp(session, destination, receipt)
+        if temp.sub is not None:
+            if not temp.auto:
+                raise ProtocolError("already subscribed", f"{destination} already has subscription "
+                                    f"{temp.sub.id!r}", receipt)
+            self._remove_subscription(session, temp.sub)
+        temp.auto = False
+        return temp
+
+    def _publish_temp(self, destination: str, message: Message) -> int:
+        temp = self.temps.get(destination)
+        if temp is None:  # its connection has gone, and the destination with it
+            self.stats["messages_dropped"] += 1
+            return 0
+        message.destination = temp.private  # its one reader knows it by that name
+        queue = temp.queue
+        if queue is not None:
+            if len(queue.messages) >= self.config.max_queue_messages:  # (a SEND is refused before this)
+                queue.messages.popleft()
+                self.stats["messages_dropped"] += 1
+            queue.messages.append(message)
+            queue.enqueued += 1
+            return self._pump(queue)
+        sub = temp.sub
+        if sub is None or (sub.accepts is not None and not sub.accepts(message.headers)):
+            self.stats["messages_dropped"] += 1
+            return 0
+        self._deliver(sub, message, None)
+        self.stats["messages_delivered"] += 1
+        return 1
+
+    def _sub_queues(self, sub: Subscription) -> list[Queue]:
+        """The queues a subscription takes from."""
+        if sub.durable is not None:
+            return [sub.durable.queue]
+        if sub.temp is not None:
+            return [sub.temp.queue] if sub.temp.queue is not None else []
+        return self._queues_for(sub.destination)
+
     # -- acknowledgement -----------------------------------------------------------------------
-    def _ack(self, session: Session, command: str, headers: dict, body: bytes) -> None:
+    def _ack(self, session: Session, command: str, headers: dict, body: bytes, committed: bool = False) -> None:
         receipt = headers.get("receipt")
-        sub, ack_id = self._find_delivery(session, command, headers, receipt)
+        # A committed ACK was checked when it was held; what went meanwhile (a cumulative ACK) is done.
+        sub, ack_id = self._find_delivery(session, command, headers, receipt, strict=not committed)
         if sub is not None:
             if sub.ack == "client":  # cumulative: this one and every earlier one
                 ids = []
@@ -700,26 +814,31 @@ class Broker:
                         self._discard(delivery.queue, delivery.message)
                 else:
                     self._nacked(sub, delivery)
-            for queue in self._queues_for(sub.destination) if sub.durable is None else [sub.durable.queue]:
+            for queue in self._sub_queues(sub):
                 self._pump(queue)
         self._receipt(session, receipt)
 
-    def _find_delivery(self, session: Session, command: str, headers: dict, receipt):
-        """(subscription, ack id) named by an ACK/NACK, or (None, None) when it is not pending."""
-        ack_id = headers.get("id")
-        if ack_id is not None and session.version == "1.2":
-            sub = session.acks.get(ack_id)
-            return (sub, ack_id) if sub is not None else (None, None)
-        message_id = headers.get("message-id", ack_id)
-        if message_id is None:
+    def _find_delivery(self, session: Session, command: str, headers: dict, receipt, strict: bool = True):
+        """(subscription, ack id) of the delivery an ACK/NACK names by its id within the connection
+        (1.2 `id`, before that `message-id`), whatever its `subscription` header says. An id the
+        connection does not hold is an ERROR naming it; (None, None) when not ``strict``."""
+        wanted = headers.get("id") if session.version == "1.2" else None
+        if wanted is None:
+            wanted = headers.get("message-id", headers.get("id"))
+        if wanted is None:
             raise ProtocolError("missing id", f"{command} needs an id header (message-id before 1.2)", receipt)
-        sub_id = headers.get("subscription")
-        subs = [session.subs[sub_id]] if sub_id in session.subs else ([] if sub_id else session.subs.values())
-        for sub in subs:
+        sub = session.acks.get(wanted)
+        if sub is not None:
+            return sub, wanted
+        named = session.subs.get(headers.get("subscription", ""))
+        for sub in ([named] if named is not None else []) + [s for s in session.subs.values() if s is not named]:
             for key, delivery in sub.unacked.items():
-                if delivery.message.id == message_id or key == message_id:
+                if delivery.message.id == wanted:
                     return sub, key
-        return None, None
+        if not strict:
+            return None, None
+        raise ProtocolError(f"{command} of unknown id {wanted}",
+                            f"this connection holds no unacknowledged message with id {wanted!r}", receipt)
 
     def _nacked(self, sub: Subscription, delivery: Delivery) -> None:
         message = delivery.message
@@ -766,8 +885,10 @@ class Broker:
                                 f"at most {self.config.max_transaction_frames} frames per transaction", receipt)
         expires = 0.0
         if command == "SEND":
-            self._check_send(headers, receipt)
+            self._temporaries(session, headers, self._check_send(headers, receipt), receipt)
             expires = self._expiry(headers, receipt)
+        else:
+            self._find_delivery(session, command, headers, receipt)  # an id not held is refused now
         frames.append((command, headers, body, expires))
         self._receipt(session, receipt)  # accepted now, applied at COMMIT
 
@@ -805,7 +926,7 @@ class Broker:
             if cmd == "SEND":
                 self.publish(h["destination"], h, b, expires)
             else:
-                self._ack(session, cmd, h, b)
+                self._ack(session, cmd, h, b, committed=True)
         self._receipt(session, receipt)
 
     def _abort(self, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -891,6 +1012,11 @@ class Broker:
         for sub in list(session.subs.values()):
             self._remove_subscription(session, sub)
         session.transactions.clear()
+        for temp in session.temps.values():  # temporary destinations vanish with their connection
+            del self.temps[temp.public]
+            if temp.queue is not None:
+                self.stats["messages_dropped"] += len(temp.queue.messages)
+        session.temps.clear()
 
     # -- recovery --------------------------------------------------------------------------------
     def recover(self, store, now: float) -> int:

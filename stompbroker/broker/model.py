@@ -63,7 +63,7 @@ class Outbox:
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
                  "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login", "client_id",
-                 "held", "pending", "backlog")
+                 "held", "pending", "backlog", "temps")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -86,11 +86,12 @@ class Session:
         self.held: list = []         # (store generation, record kind, payload) waiting for a commit
         self.pending = None          # a CONNECT waiting for its login check
         self.backlog: list = []      # frames that arrived meanwhile
+        self.temps: dict[str, Temp] = {}  # its temporary destinations, by their private name
 
 
 class Subscription:
     __slots__ = ("session", "id", "destination", "ack", "tracked", "prefetch", "accepts", "unacked", "prefix",
-                 "durable")
+                 "durable", "temp")
 
     def __init__(self, session: Session, sub_id: str, destination: str, ack: str, prefetch: int, accepts):
         self.session = session
@@ -102,6 +103,7 @@ class Subscription:
         self.accepts = accepts              # filter/selector predicate over headers, or None
         self.unacked: dict[str, Delivery] = {}  # ack id -> delivery, in delivery order
         self.durable = None                 # the Durable it is attached to, if any
+        self.temp = None                    # the Temp it reads, if any (never in the subscription index)
         # Rendered once: every delivery is this prefix plus the message's shared part.
         sid = escape(sub_id) if session.escape else sub_id
         self.prefix = b"MESSAGE\nsubscription:" + sid.encode() + b"\n"
@@ -176,6 +178,22 @@ class Durable:
         self.pattern = pattern
         self.queue = Queue(f"durable:{name}", owner=self)
         self.sub = None
+
+
+class Temp:
+    """A temporary destination, private to the connection that uses it: /temp-queue/NAME (a queue:
+    messages wait for its subscription) or /temp-topic/NAME (a topic). Others reach it only by
+    its reply name, a broker-wide unique destination the broker writes into reply-to headers."""
+
+    __slots__ = ("private", "public", "session", "sub", "auto", "queue")
+
+    def __init__(self, private: str, public: str, session: Session, is_queue: bool):
+        self.private = private
+        self.public = public
+        self.session = session
+        self.sub = None          # its one subscription (the broker's own, or the owner's SUBSCRIBE)
+        self.auto = False        # the subscription is the one the broker made for a reply-to
+        self.queue = Queue(public, owner=self) if is_queue else None
 
 
 class Delivery:

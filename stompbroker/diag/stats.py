@@ -67,8 +67,10 @@ class Statistics:
         raise KeyError(name)
 
     def text(self, name: str) -> str:
-        """A query's value as stompica wrote it: JSON for objects and lists, plain for the rest."""
+        """A query's value as stompica's DIAG frame wrote it: JSON for objects and lists, plain for the rest."""
         value = self.query(name)
+        if name == "stale":  # the frame form has the two queue sizes only, named as stompica named them
+            value = {"in": value["input-queue-size"], "out": value["output-queue-size"]}
         if isinstance(value, (dict, list)):
             return orjson.dumps(value).decode()
         return str(value)

@@ -19,7 +19,7 @@ unpack_header = HEADER.unpack_from
 OPEN = 1        # aux: writer index, payload: peer address text
 FRAME = 2       # aux: length of the head (command and header lines), payload: head + body
 CLOSED = 3      # the socket is gone
-ALIVE = 4       # bytes arrived (heart-beats or part of a frame), rate-limited
+ALIVE = 4       # bytes arrived (heart-beats or part of a frame), at most every alive_every() per connection
 BAD_FRAME = 5   # payload: message NUL detail NUL receipt (a framing error; ERROR and close)
 HTTP = 6        # payload: an HTTP response to write raw, then close (health check, refused handshake)
 WS_OPEN = 7     # payload: the 101 response; the connection speaks WebSocket from now on
@@ -37,6 +37,18 @@ STOP = 25       # flush everything and exit
 
 
 STAMP_MASK = 0xFFFFFFFF
+
+
+def alive_every(config) -> float:
+    """Seconds between ALIVE reports for a connection that sends bytes but no complete frame.
+
+    A quarter of the shortest heart-beat deadline the broker can negotiate (heartbeat_min_ms plus
+    heartbeat_grace_ms), at most 250 ms. The dispatcher's view of a connection's last byte lags
+    by less than this, and it allows for that lag, so it never takes a client that keeps its
+    interval for a silent one, and closes a silent one within this (plus its own tick) of the
+    deadline. Reports are per read without a frame, never per frame.
+    """
+    return min(0.25, (config.heartbeat_min_ms + config.heartbeat_grace_ms) / 4000)
 
 
 def stamp(monotonic_seconds: float) -> int:

@@ -26,7 +26,7 @@ from . import common
 log = logging.getLogger("stompbroker.dispatcher")
 
 READ_BYTES = 256 * 1024   # input taken per round: bounds the latency added by one round
-TICK = 0.1                # seconds between timer checks while any connection is open
+TICK = 0.1                # seconds between timer checks while any connection is open (less for short heart-beats)
 
 
 class Dispatcher:
@@ -43,6 +43,7 @@ class Dispatcher:
         self.broker = Broker(config, self.outboxes, clock=time.time)
         self.broker.diag = self.statistics = Statistics(self.broker, resources, config)
         self.next_tick = 0.0
+        self.tick = min(TICK, R.alive_every(config))
         self.wait_fds = [self.ring.data_fd]
         self.auth = None
         if config.auth != "off" or config.secret or config.acl_file:
@@ -98,7 +99,7 @@ class Dispatcher:
                 self.flush()
             now = time.monotonic()
             if now >= self.next_tick:
-                self.next_tick = now + TICK
+                self.next_tick = now + self.tick
                 self.broker.on_tick(now)
                 self.commit()
                 self.flush()

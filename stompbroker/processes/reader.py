@@ -29,7 +29,6 @@ log = logging.getLogger("stompbroker.reader")
 
 READ_SIZE = 65536
 FLUSH_AT = 256 * 1024       # bytes of records gathered before they are pushed mid-loop
-ALIVE_EVERY = 0.25          # seconds between liveness reports for a connection that sends no frames
 _CONN_ID = struct.Struct("<Q")
 _GET = b"GET "
 _OTHER_METHODS = frozenset((b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"))
@@ -91,6 +90,7 @@ class Reader:
         self.allowed_origins = getattr(config, "ws_origins", None) or None
         self.tls_listener = resources.tls_listener
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
+        self.alive_every = R.alive_every(config)
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -134,6 +134,10 @@ class Reader:
     def serve(self, what, mask: int, now: float, closing_tls: set) -> None:
         """One connection's event: bytes from its client, or (TLS) from its writer."""
         conn = what[1] if type(what) is tuple else what
+        if conn.sock.fileno() < 0:
+            # Dropped by an earlier event of the same batch (a TLS connection has two sockets,
+            # so its client's close and its writer's output can arrive together): nothing to do.
+            return
         try:
             if type(what) is tuple:  # ("inner", conn): plaintext from the writer, to encrypt
                 self.tls_from_writer(conn, now, closing_tls)
@@ -401,7 +405,7 @@ class Reader:
 
     def frames(self, conn: Conn, frames: list, now: float) -> None:
         if not frames:
-            if now - conn.last_alive > ALIVE_EVERY:
+            if now - conn.last_alive >= self.alive_every:
                 conn.last_alive = now
                 self.emit(R.ALIVE, conn.id)
             return

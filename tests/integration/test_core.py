@@ -505,6 +505,26 @@ def test_client_heart_beats_keep_the_connection(start_broker):
     assert w.read()[:2] == ("RECEIPT", {"receipt-id": "alive"})
 
 
+def test_heart_beats_are_judged_exactly_with_a_short_grace(start_broker):
+    """heartbeat_grace_ms=100: a client beating every 50 ms (deadline 100 ms + 100 ms) stays for
+    2 s; once silent it is closed soon after its deadline."""
+    b = start_broker("heartbeat_grace_ms=100", "heartbeat_min_ms=100")
+    w = Wire(b.connect())
+    w.frame("CONNECT", {"accept-version": "1.2", "heart-beat": "50,0"})
+    assert w.read()[1]["heart-beat"] == "0,100"
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        w.send(b"\n")
+    w.frame("SEND", {"destination": "/topic/hb", "receipt": "alive"})
+    assert w.read()[:2] == ("RECEIPT", {"receipt-id": "alive"})
+    start = time.monotonic()
+    cmd, headers, _ = w.read(timeout=5)
+    assert (cmd, headers["message"]) == ("ERROR", "heart-beat timeout")
+    assert 0.2 <= time.monotonic() - start < 2
+    w.expect_closed()
+
+
 def test_heart_beat_out_of_range_and_invalid(start_broker):
     b = start_broker("heartbeat_max_ms=1000")
     w = Wire(b.connect())

@@ -261,6 +261,85 @@ def test_ack_by_message_id_and_subscription_in_1_1(broker):
     nothing_more(again)
 
 
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_ack_and_nack_by_message_id_whatever_the_subscription_header(broker, version):
+    """RabbitMQ's own tests NACK with a message-id and another subscription's id: the message id
+    alone, within the connection, says which delivery is meant."""
+    sub = wire(broker, version)
+    subscribe(sub, f"/queue/byid{version}", "s", ack="client-individual")
+    subscribe(sub, "/topic/byid-other", "other", ack="client-individual")
+    pub = wire(broker)
+    send(pub, f"/queue/byid{version}", "nacked", receipt="r1")
+    (m,) = messages(sub, 1)
+    sub.frame("NACK", {"message-id": m[1]["message-id"], "subscription": "other", "receipt": "n"})
+    again = [sub.read(), sub.read()]  # the redelivery and the RECEIPT
+    assert ("RECEIPT", {"receipt-id": "n"}) in [f[:2] for f in again]
+    (m,) = [f for f in again if f[0] == "MESSAGE"]
+    assert m[2] == b"nacked" and m[1]["redelivered"] == "true"
+    sub.frame("ACK", {"message-id": m[1]["message-id"], "subscription": "no-such-sub", "receipt": "a"})
+    assert sub.read()[:2] == ("RECEIPT", {"receipt-id": "a"})
+    sub.close()
+    after = wire(broker)
+    subscribe(after, f"/queue/byid{version}")
+    nothing_more(after)  # acknowledged: not redelivered
+
+
+@pytest.mark.parametrize("version,command,headers", [
+    ("1.2", "ACK", {"id": "never-delivered"}),
+    ("1.2", "NACK", {"id": "never-delivered", "subscription": "s"}),
+    ("1.1", "ACK", {"message-id": "never-delivered", "subscription": "s"}),
+    ("1.0", "NACK", {"message-id": "never-delivered"}),
+])
+def test_ack_or_nack_of_an_id_not_held_is_an_error_naming_it(broker, version, command, headers):
+    w = wire(broker, version)
+    subscribe(w, "/queue/notheld", ack="client")
+    w.frame(command, {**headers, "receipt": "r"})
+    frame = w.read()
+    assert frame[0] == "ERROR" and frame[1]["receipt-id"] == "r", frame
+    assert "never-delivered" in frame[1]["message"], frame
+    w.expect_closed()
+
+
+def test_ack_of_an_id_already_acknowledged_is_an_error(broker):
+    sub = wire(broker)
+    subscribe(sub, "/queue/twice", ack="client-individual")
+    pub = wire(broker)
+    send(pub, "/queue/twice", "x", receipt="r")
+    (m,) = messages(sub, 1)
+    sub.frame("ACK", {"id": m[1]["ack"], "receipt": "first"})
+    assert sub.read()[:2] == ("RECEIPT", {"receipt-id": "first"})
+    sub.frame("ACK", {"id": m[1]["ack"], "receipt": "second"})
+    frame = sub.read()
+    assert frame[0] == "ERROR" and frame[1]["receipt-id"] == "second" and m[1]["ack"] in frame[1]["message"]
+
+
+def test_transactional_ack_of_an_id_not_held_is_refused_when_held(broker):
+    w = wire(broker)
+    subscribe(w, "/queue/txnotheld", ack="client")
+    w.frame("BEGIN", {"transaction": "t"})
+    w.frame("ACK", {"id": "never-delivered", "transaction": "t", "receipt": "r"})
+    frame = w.read()
+    assert frame[0] == "ERROR" and frame[1]["receipt-id"] == "r" and "never-delivered" in frame[1]["message"]
+
+
+def test_commit_of_acks_that_a_cumulative_ack_settled_first(broker):
+    sub = wire(broker)
+    subscribe(sub, "/queue/txcumul", ack="client")
+    pub = wire(broker)
+    for i in range(3):
+        send(pub, "/queue/txcumul", str(i))
+    got = messages(sub, 3)
+    sub.frame("BEGIN", {"transaction": "t"})
+    sub.frame("ACK", {"id": got[2][1]["ack"], "transaction": "t"})  # settles all three
+    sub.frame("ACK", {"id": got[0][1]["ack"], "transaction": "t"})  # held while it was still pending
+    sub.frame("COMMIT", {"transaction": "t", "receipt": "c"})
+    assert sub.read()[:2] == ("RECEIPT", {"receipt-id": "c"})
+    sub.close()
+    again = wire(broker)
+    subscribe(again, "/queue/txcumul")
+    nothing_more(again)
+
+
 # -- transactions ----------------------------------------------------------------------------------
 
 def test_transaction_invisible_until_commit(broker):

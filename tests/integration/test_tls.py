@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import ssl
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 import stomp
 import trustme
@@ -126,3 +130,59 @@ def test_bad_certificate_stops_the_start(tmp_path):
                            f"ssl_cert={missing}", f"ssl_key={missing}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 2 and "cannot start" in proc.stderr
+
+
+def reader_pid(broker) -> int:
+    for child in psutil.Process(broker.proc.pid).children():
+        if " ".join(child.cmdline()).startswith("stompbroker: reader"):
+            return child.pid
+    raise AssertionError("no reader process")
+
+
+def test_client_close_and_writer_output_in_one_batch(tls_broker, ca):
+    """The reader sees a client's close and output from that client's writer in one batch of
+    events: handling the close must not leave the output's event to act on a closed socket. The
+    reader is paused so both are waiting when it wakes; the writer's output is heart-beats."""
+    wires = []
+    for _ in range(20):
+        w = tls_wire(tls_broker, ca)
+        w.connect(**{"heart-beat": "0,100"})
+        wires.append(w)
+    pid = reader_pid(tls_broker)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for w in wires:
+            w.close()
+        time.sleep(0.3)  # the writer beats into every connection meanwhile
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    probe = tls_wire(tls_broker, ca)  # the reader still serves, after handling every close
+    probe.connect()
+    probe.frame("DISCONNECT", {"receipt": "last"})
+    assert probe.read()[:2] == ("RECEIPT", {"receipt-id": "last"})
+    log = tls_broker.log()
+    errors = log.count("internal error")
+    assert errors == 0 and "Traceback" not in log, f"{errors} internal errors in 20 connections:\n{log[-3000:]}"
+
+
+def test_quick_tls_closes_cause_no_internal_error(tls_broker, ca):
+    """Clients that close right after sending CONNECT, or CONNECT and DISCONNECT, 30 at a time,
+    as happens in production: each close must be an ordinary one, never an internal error."""
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    for round in range(4):
+        wires = []
+        for _ in range(30):
+            raw = socket.create_connection(("127.0.0.1", tls_broker.tls_port), timeout=10)
+            wires.append(Wire(context.wrap_socket(raw, server_hostname="localhost")))
+        for w in wires:
+            w.send(b"CONNECT\naccept-version:1.2\n\n\0" + (b"DISCONNECT\n\n\0" if round % 2 else b""))
+        for w in wires:
+            w.close()
+    probe = tls_wire(tls_broker, ca)
+    probe.connect()
+    probe.frame("DISCONNECT", {"receipt": "last"})
+    assert probe.read()[:2] == ("RECEIPT", {"receipt-id": "last"})
+    log = tls_broker.log()
+    errors = log.count("internal error")
+    assert errors == 0 and "Traceback" not in log, f"{errors} internal errors in 121 connections:\n{log[-3000:]}"
