@@ -1,7 +1,8 @@
 """Reader process: accepts every connection and reads every socket (one epoll loop).
 
-It tells the protocols apart by the first bytes (``GET `` is HTTP: a WebSocket upgrade or the health
-check; anything else is raw STOMP), splits the byte stream into STOMP frames with the sans-IO
+It tells the protocols apart by the first bytes (``GET `` is HTTP: a WebSocket upgrade, the health
+check, or a request for the console, API or metrics, which the dispatcher answers; anything else is
+raw STOMP), splits the byte stream into STOMP frames with the sans-IO
 parsers, and appends them as records to the shared-memory input queue, one batch and one wake-up
 per loop. When the queue is full it stops reading, so TCP pushes back on the clients: no frame is
 ever dropped. Every socket is passed to its writer right after accept; the reader never writes to
@@ -20,6 +21,7 @@ import ssl
 import struct
 import time
 
+from ..console.http import encode_request
 from ..ipc import records as R
 from ..protocol import websocket as ws
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
@@ -430,10 +432,12 @@ class Reader:
             request, used = parsed
             rest, conn.buf = conn.buf[used:], b""
             headers = request["headers"]
-            if (request["path"].split("?")[0] == "/health_check" and request["method"] == "GET"
-                    and "upgrade" not in headers):
+            if not ws.wants_upgrade(headers):
                 conn.mode = DEAD
-                self.emit(R.HTTP, conn.id, ws.http_response(200, "OK", b"OK\n"))
+                if request["path"].split("?")[0] == "/health_check" and request["method"] == "GET":
+                    self.emit(R.HTTP, conn.id, ws.http_response(200, "OK", b"OK\n"))
+                else:  # the console, the API, /metrics or a 404: the dispatcher has the figures
+                    self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
                 return
             response, _subprotocol = ws.handshake_response(request, self.allowed_paths, self.allowed_origins)
         except ws.HandshakeError as exc:

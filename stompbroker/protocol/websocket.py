@@ -26,7 +26,7 @@ import re
 import struct
 
 __all__ = [
-    "HandshakeError", "parse_http_request", "handshake_response", "http_response",
+    "HandshakeError", "parse_http_request", "handshake_response", "http_response", "wants_upgrade",
     "WsProtocolError", "WsDecoder", "encode_frame", "encode_message", "encode_close",
     "mask_bytes", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
     "STOMP_SUBPROTOCOLS", "WS_GUID",
@@ -176,6 +176,13 @@ def handshake_response(request: dict, allowed_paths: list[str] | None = None,
     if subprotocol is not None:
         lines.append("Sec-WebSocket-Protocol: " + subprotocol)
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii"), subprotocol
+
+
+def wants_upgrade(headers: dict) -> bool:
+    """Does a request try to open a WebSocket? Any sign of it gets the handshake's checks and errors;
+    a request with none is plain HTTP."""
+    return ("upgrade" in headers or "sec-websocket-key" in headers
+            or "upgrade" in (t.lower() for t in _tokens(headers.get("connection"))))
 
 
 def http_response(status: int, reason: str, body: bytes = b"", extra_headers: dict | None = None) -> bytes:
