@@ -9,6 +9,8 @@
   const MAX_QUEUE_SERIES = 10;
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                    "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#843c39"];
+  const BINARY_INCRS = [];   // memory ticks at round binary sizes: 1 KiB, 2 KiB, 4 KiB ...
+  for (let i = 10; i < 50; i++) BINARY_INCRS.push(2 ** i);
   const ROLE_ORDER = ["supervisor", "reader", "dispatcher"];
 
   const meta = (name) => (document.querySelector(`meta[name="${name}"]`) || {}).content || "";
@@ -29,15 +31,16 @@
     const units = ["B", "KiB", "MiB", "GiB", "TiB"];
     let i = 0;
     while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-    return (i ? v.toFixed(v >= 100 ? 0 : 1) : Math.round(v)) + " " + units[i];
+    return (i ? v.toFixed(v >= 10 ? 0 : 1) : Math.round(v)) + " " + units[i];
   }
   function ms(v) {
     if (v == null || isNaN(v)) return "–";
+    if (v === 0) return "0 ms";
     if (v >= 1000) return (v / 1000).toFixed(2) + " s";
     if (v >= 10) return v.toFixed(0) + " ms";
     return v.toFixed(v >= 1 ? 1 : 2) + " ms";
   }
-  const pct = (v) => (v == null || isNaN(v) ? "–" : v.toFixed(v >= 10 ? 0 : 1) + " %");
+  const pct = (v) => (v == null || isNaN(v) ? "–" : v === 0 ? "0 %" : v.toFixed(v >= 10 ? 0 : 1) + " %");
   function duration(s) {
     s = Math.floor(s);
     const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60);
@@ -68,6 +71,7 @@
     const data = [times.slice(), ...spec.series.map((s) => s.values.slice())];
     if (chart && chart.labels === labels) {
       chart.plot.setData(data);
+      showLatest(chart.plot);
       return;
     }
     if (chart) chart.plot.destroy();
@@ -75,18 +79,24 @@
       width: chartWidth(el), height: 190,
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
-      scales: { x: { time: true }, y: { range: (u, lo, hi) => [Math.min(0, lo), Math.max(hi * 1.1, spec.floor || 1)] } },
+      scales: { x: { time: true, range: (u, lo, hi) => [Math.min(lo, hi - 60), hi] }, y: { range: (u, lo, hi) => [Math.min(0, lo), Math.max(hi * 1.1, spec.floor || 1)] } },
       axes: [
         { stroke: "#444", grid: { stroke: "#eee" } },
-        { stroke: "#444", grid: { stroke: "#eee" }, size: 64, values: (u, ticks) => ticks.map(spec.format) },
+        Object.assign({ stroke: "#444", grid: { stroke: "#eee" }, size: 78, values: (u, ticks) => ticks.map(spec.format) },
+                      spec.incrs ? { incrs: spec.incrs } : {}),
       ],
       series: [{ label: "time", value: (u, v) => (v == null ? "–" : new Date(v * 1000).toLocaleTimeString()) }]
         .concat(spec.series.map((s) => ({
           label: s.label, stroke: s.colour, width: 2, points: { show: false },
-          value: (u, v) => spec.format(v),
+          value: (u, v) => (v == null ? "–" : spec.format(v)),
         }))),
     };
     charts[spec.id] = { plot: new uPlot(opts, data, el), labels };
+    showLatest(charts[spec.id].plot);
+  }
+  // The legend shows the newest values unless the pointer is over the chart.
+  function showLatest(plot) {
+    if (plot.cursor.left == null || plot.cursor.left < 0) plot.setLegend({ idx: times.length - 1 });
   }
   window.addEventListener("resize", () => {
     for (const id in charts) charts[id].plot.setSize({ width: chartWidth($(id)), height: 190 });
@@ -210,7 +220,7 @@
     const roles = Object.keys(series).filter((n) => n.startsWith("rss:")).map((n) => n.slice(4));
     draw({ id: "chart-cpu", format: pct, floor: 5, series: roles.map((r) => (
       { label: r, colour: roleColour(r), values: values("cpu:" + r) })) });
-    draw({ id: "chart-memory", format: bytes, floor: 1 << 20, series: roles.map((r) => (
+    draw({ id: "chart-memory", format: bytes, floor: 1 << 20, incrs: BINARY_INCRS, series: roles.map((r) => (
       { label: r, colour: roleColour(r), values: values("rss:" + r) })) });
     draw({ id: "chart-stale", format: si, series: [
       { label: "stale queue (messages)", colour: PALETTE[4], values: values("stale") },
