@@ -163,7 +163,9 @@ class Site:
                                  {"Content-Type": content_type, "Cache-Control": "max-age=3600", **SECURITY_HEADERS})
         if path in PAGES:
             page = self._file("index.html").decode()
-            page = page.replace("{{login}}", html.escape(login)).replace("{{passcode}}", html.escape(passcode))
+            ws_path = (getattr(self.config, "ws_paths", None) or ["/"])[0]  # an allowed WebSocket path
+            for name, value in (("login", login), ("passcode", passcode), ("ws_path", ws_path)):
+                page = page.replace("{{%s}}" % name, html.escape(value))
             return http_response(200, "OK", page.encode(), {"Content-Type": "text/html; charset=utf-8", **PAGE_HEADERS})
         snapshot = self.snapshot()
         if path == METRICS:

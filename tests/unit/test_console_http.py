@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import json
+import os
+import re
 import types
 
 import pytest
@@ -110,7 +113,9 @@ SNAPSHOT = {
     "broker": {"version": "9.9", "start": 1_700_000_000_000.0, "pid": 1},
     "session": {"clients": 3, "websockets": 1, "stomp_connected": 2, "subscriptions": 4},
     "totals": {"messages_published": 10, "messages_delivered": 20, "bytes_in": 300, "bytes_out": 400,
-               "frames_in": 5, "frames_out": 6, "errors": 0},
+               "frames_in": 5, "frames_out": 6, "errors": 0, "connections_opened": 4, "connections_closed": 1,
+               "messages_dropped": 0, "messages_expired": 0, "messages_dead_lettered": 0, "dump_errors": 0,
+               "dump_dropped": 0},
     "stale": {"input-queue-size": 1, "output-queue-size": 2, "stale-queue-size": 3},
     "ws_buffer": {"allocated": 0, "hits": 0, "misses": 0},
     "queues": [{"destination": '/queue/a"b', "depth": 7, "enqueued": 9, "dequeued": 2, "unacked": 1, "consumers": 1}],
@@ -156,3 +161,36 @@ def test_no_latency_quantiles_without_deliveries():
     body, _ = exposition(quiet)
     assert b"stompbroker_delivery_latency_seconds{" not in body
     assert b"stompbroker_delivery_latency_window_deliveries 0.0" in body
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def exposed_samples() -> set[str]:
+    body, _ = exposition(SNAPSHOT)
+    return {s.name for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+
+def test_the_grafana_dashboard_uses_only_exposed_metrics():
+    with open(os.path.join(ROOT, "docker", "grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"stompbroker_[a-z_]+", expr)}
+    assert len(used) > 15
+    assert used <= exposed_samples(), used - exposed_samples()
+
+
+def test_the_metrics_table_documents_every_metric():
+    with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
+        documented = set(re.findall(r"^\| `(stompbroker_[a-z_]+)`", f.read(), re.M))
+    exposed = exposed_samples()
+    for suffix in ("_sum", "_count"):  # the summary is documented under its family name
+        exposed = {n[:-len(suffix)] if n.startswith("stompbroker_writer_batch_fill_ratio") and n.endswith(suffix)
+                   else n for n in exposed}
+    assert documented == exposed, (documented ^ exposed)
+
+
+def test_the_page_opens_its_websocket_on_an_allowed_path():
+    config = types.SimpleNamespace(console=True, http_api=True, max_connections=10, ws_paths=["/stomp", "/ws"])
+    assert b'name="stomp-path" content="/stomp"' in http.Site(config, stats=None).respond("GET", "/")
+    assert b'name="stomp-path" content="/"' in site().respond("GET", "/")

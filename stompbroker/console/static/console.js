@@ -281,7 +281,7 @@
   const headers = {};
   if (meta("stomp-login")) { headers.login = meta("stomp-login"); headers.passcode = meta("stomp-passcode"); }
   const client = new StompJs.Client({
-    brokerURL: (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/",
+    brokerURL: (location.protocol === "https:" ? "wss://" : "ws://") + location.host + (meta("stomp-path") || "/"),
     connectHeaders: headers,
     reconnectDelay: 2000,
     heartbeatIncoming: 10000,
