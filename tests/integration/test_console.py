@@ -251,6 +251,31 @@ def test_stalled_http_clients_do_not_stall_the_broker(start_broker):
         s.close()
 
 
+def test_metrics_over_tls_on_ssl_port(start_broker, tmp_path):
+    import ssl
+
+    import trustme
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = start_broker(f"ssl_port={port}", f"ssl_cert={tmp_path / 'cert.pem'}", f"ssl_key={tmp_path / 'key.pem'}")
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    assert response.status == 200
+    names = {f.name for f in text_string_to_metric_families(body.decode())}
+    assert "stompbroker_messages_published" in names
+    assert get(b, "/api/overview")[0] == 200  # and on the plain port
+
+
 # -- auth ---------------------------------------------------------------------------------------------
 @pytest.fixture
 def secured(start_broker, tmp_path):
@@ -293,17 +318,25 @@ def test_the_page_carries_a_stomp_passcode_of_its_own(secured):
 
 
 # -- a real browser ---------------------------------------------------------------------------------
-def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api")
+@pytest.mark.parametrize("auth", [False, True], ids=["open", "auth"])
+def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path, auth):
+    from playwright import sync_api as playwright
     assert os.path.exists(CHROMIUM), "the console test needs Debian's chromium (./build.sh test installs it)"
-    b = start_broker("processors=4")
+    settings, login, credentials = ["processors=4"], {}, None
+    if auth:  # the page behind HTTP Basic, its STOMP login by its own passcode, DIAG for admins only
+        path = tmp_path / "passwd"
+        path.write_text(f"root:{hash_secret('toor')}:admin\n")
+        settings += ["auth=passwd", f"passwd_file={path}", "diag_admin_only=true"]
+        login = {"login": "root", "passcode": "toor"}
+        credentials = {"username": "root", "password": "toor"}
+    b = start_broker(*settings)
     stop = threading.Event()
     sent = [0]
 
     def traffic():  # bounded in count and time
-        consumer = stomp(b)
+        consumer = stomp(b, **login)
         consumer.frame("SUBSCRIBE", {"id": "c", "destination": "/queue/browser"})
-        producer = stomp(b)
+        producer = stomp(b, **login)
         consumer.sock.setblocking(False)
         deadline = time.monotonic() + 40
         while not stop.is_set() and time.monotonic() < deadline and sent[0] < 200_000:
@@ -320,14 +353,14 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
     loader = threading.Thread(target=traffic, daemon=True)
     loader.start()
     errors = []
-    shot = os.environ.get("CONSOLE_SCREENSHOT") or str(tmp_path / "console.png")
+    shot = os.environ.get("CONSOLE_SCREENSHOT", str(tmp_path / "console.png")).replace(".png", f"-{'auth' if auth else 'open'}.png")
     try:
         with playwright.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run"])
             try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page = browser.new_page(viewport={"width": 1400, "height": 1000}, http_credentials=credentials)
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.goto(f"http://{b.host}:{b.port}/")
                 # polled from here: the page's Content-Security-Policy forbids the eval wait_for_function uses

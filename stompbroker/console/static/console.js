@@ -82,7 +82,7 @@
       scales: { x: { time: true, range: (u, lo, hi) => [Math.min(lo, hi - 60), hi] }, y: { range: (u, lo, hi) => [Math.min(0, lo), Math.max(hi * 1.1, spec.floor || 1)] } },
       axes: [
         { stroke: "#444", grid: { stroke: "#eee" } },
-        Object.assign({ stroke: "#444", grid: { stroke: "#eee" }, size: 78, values: (u, ticks) => ticks.map(spec.format) },
+        Object.assign({ stroke: "#444", grid: { stroke: "#eee" }, size: 78, values: (u, ticks) => ticks.map((v) => spec.format(v)) },
                       spec.incrs ? { incrs: spec.incrs } : {}),
       ],
       series: [{ label: "time", value: (u, v) => (v == null ? "–" : new Date(v * 1000).toLocaleTimeString()) }]
