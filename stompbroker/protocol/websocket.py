@@ -46,7 +46,7 @@ STOMP_SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp", "stomp")
 
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 426: "Upgrade Required",
+    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 426: "Upgrade Required",
     431: "Request Header Fields Too Large", 500: "Internal Server Error",
     503: "Service Unavailable",
 }
