@@ -189,7 +189,7 @@ class Dispatcher:
                 self.auth.submit(conn, *credentials)
                 return
         if response is None:
-            response = self.site.respond(method, target, accept)
+            response = self.respond(method, target, accept)
         self.http_answer(conn, response)
 
     def http_checked(self, conn: int, user: str | None, now: float) -> None:
@@ -211,7 +211,14 @@ class Dispatcher:
             return
         # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
         token = self.auth.console_token(user) if self.site.route(method, target)[0] == "page" else ""
-        self.http_answer(conn, self.site.respond(method, target, accept, user, token))
+        self.http_answer(conn, self.respond(method, target, accept, user, token))
+
+    def respond(self, *request) -> bytes:
+        try:
+            return self.site.respond(*request)
+        except Exception:  # a bug costs this request a 500, never the broker
+            log.exception("internal error answering %s %s", request[0], request[1][:200])
+            return http.text_response(500, "Internal Server Error", "internal error (see the broker's log)")
 
     def http_answer(self, conn: int, response: bytes) -> None:
         session = self.broker.sessions.get(conn)
