@@ -385,6 +385,13 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
                 colours = page.eval_on_selector_all("#processes .swatch", "els => els.map(e => e.style.background)")
                 assert len(set(colours)) == 5
                 page.screenshot(path=shot, full_page=True)
+                stop.set()
+                loader.join(10)
+                # the console's own queries are DIAG frames, not messages: an idle broker shows 0/s
+                until(lambda: page.inner_text("#tile-in-rate") == "0" and page.inner_text("#tile-out-rate") == "0")
+                published = page.inner_text("#tile-published")
+                time.sleep(2.2)
+                assert page.inner_text("#tile-published") == published
             finally:
                 browser.close()
     finally:

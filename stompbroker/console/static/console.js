@@ -1,6 +1,5 @@
-// stompbroker web console: every second it asks the broker DIAG queries over STOMP on the broker's
-// own WebSocket (a SEND to a DIAG destination comes back with the figures as headers), turns the
-// cumulative counters into rates and draws them with uPlot.
+// stompbroker web console: every second it sends DIAG queries over STOMP on the broker's own
+// WebSocket, turns the cumulative counters into rates and draws them with uPlot.
 "use strict";
 
 (function () {
@@ -275,7 +274,6 @@
     el.className = "status " + cls;
   }
 
-  const topic = "DIAG/console/" + Math.random().toString(36).slice(2, 12);
   let pending = {};
   let timer = null;
   const headers = {};
@@ -287,26 +285,33 @@
     heartbeatIncoming: 10000,
     heartbeatOutgoing: 10000,
   });
+  // stompica's DIAG frame: "DIAG" with the query as body, answered by a DIAG frame whose header
+  // <query> holds the figures as JSON. Unlike a SEND to a DIAG destination it publishes nothing,
+  // so watching does not add to the message counters being watched.
+  client.onUnhandledFrame = (frame) => {
+    if (frame.command !== "DIAG") return;
+    const query = QUERIES.find((q) => q in frame.headers);
+    if (!query) return;
+    try {  // stompjs unescapes header values; the broker's JSON never holds a raw CR or LF
+      pending[query] = JSON.parse(frame.headers[query].replace(/\n/g, "\\n").replace(/\r/g, "\\r"));
+    } catch (e) {
+      return;
+    }
+    if (query === QUERIES[QUERIES.length - 1] && QUERIES.every((q) => q in pending)) {
+      const raw = pending;
+      pending = {};
+      sample(raw);
+    }
+  };
   client.onConnect = () => {
     status("live", "live");
-    client.subscribe(topic, (message) => {
-      const query = message.body.trim();
-      if (!QUERIES.includes(query)) return;
-      const h = message.headers;
-      let value;
-      if (query in h) value = JSON.parse(h[query]);           // list answers: one JSON header
-      else {                                                   // object answers: one header per field
-        value = {};
-        for (const k in h) if (/^-?\d+(\.\d+)?(e[-+]?\d+)?$/i.test(h[k])) value[k] = Number(h[k]);
+    pending = {};
+    const ask = () => {
+      const socket = client.webSocket;
+      if (socket && socket.readyState === WebSocket.OPEN) {
+        for (const q of QUERIES) socket.send("DIAG\n\n" + q + "\0");
       }
-      pending[query] = value;
-      if (query === QUERIES[QUERIES.length - 1] && QUERIES.every((q) => q in pending)) {
-        const raw = pending;
-        pending = {};
-        sample(raw);
-      }
-    });
-    const ask = () => { for (const q of QUERIES) client.publish({ destination: topic, body: q }); };
+    };
     ask();
     clearInterval(timer);
     timer = setInterval(ask, 1000);
