@@ -27,12 +27,23 @@ setup() {
     fi
 }
 
+# The console's browser test drives Debian's chromium (playwright uses it; no browser download).
+need_chromium() {
+    [ -x /usr/bin/chromium ] && return
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "build.sh: the console's browser test needs chromium (e.g. apt-get install chromium)" >&2
+    fi
+}
+
 case "${1:-setup}" in
     setup)
         setup ;;
     test)
         shift
         setup
+        need_chromium
         .venv/bin/python -m pytest "$@"
         command -v npm >/dev/null || { echo "build.sh: js-examples/ needs Node.js 20+ and npm" >&2; exit 1; }
         (cd js-examples && npm ci --omit=optional --no-audit --no-fund --loglevel=error && npm test) ;;

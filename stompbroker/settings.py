@@ -87,6 +87,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
     Setting("diag_dump_max_bytes", int, 64 * MB, "rotate the dump file past this size"),
     Setting("diag_dump_backups", int, 5, "rotated dump files kept (path.1 ... path.N)"),
+    Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
+    Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
     Setting("monitor_interval", int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 )

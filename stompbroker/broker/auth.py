@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
 
 from ..security import passwd, tokens
 
 log = logging.getLogger("stompbroker.auth")
+
+CONSOLE_TOKEN_TTL = 12 * 3600   # seconds a console page's STOMP passcode stays valid
+CONSOLE_TOKENS = 1000           # most console passcodes kept; the oldest goes first
 
 
 class Authenticator:
@@ -25,6 +29,7 @@ class Authenticator:
         self.secret = config.secret
         self.required = config.auth == "passwd" or bool(self.secret)
         self.users = self._load()
+        self.console_tokens: dict[str, tuple[str, float]] = {}  # passcode -> (login, monotonic expiry)
         self.done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._jobs: queue.Queue = queue.Queue()
         self._results: list = []
@@ -48,6 +53,7 @@ class Authenticator:
         except (OSError, passwd.PasswdError) as exc:
             log.error("passwd reload failed, keeping the previous users: %s", exc)
             return
+        self.console_tokens = {}  # a removed user or admin right must not live on in an open console
         log.info("passwd reloaded: %d users", len(self.users))
 
     # -- verification (worker thread) ------------------------------------------------------------
@@ -64,7 +70,20 @@ class Authenticator:
             done, self._results = self._results, []
         return done
 
+    def console_token(self, login: str) -> str:
+        """A STOMP passcode for one console page of ``login`` (already checked over HTTP Basic)."""
+        tokens = self.console_tokens
+        while len(tokens) >= CONSOLE_TOKENS:
+            del tokens[next(iter(tokens))]
+        token = "console-" + secrets.token_urlsafe(24)
+        tokens[token] = (login, time.monotonic() + CONSOLE_TOKEN_TTL)
+        return token
+
     def check(self, login: str | None, passcode: str | None) -> str | None:
+        if passcode and passcode.startswith("console-"):
+            entry = self.console_tokens.get(passcode)
+            if entry is not None and entry[0] == login and time.monotonic() < entry[1]:
+                return login
         if self.secret and login and login.count(" ") >= 2:
             user = tokens.verify_token(login, passcode, self.secret, self.config.secret_timeout, time.time(),
                                        self.config.token_mode)

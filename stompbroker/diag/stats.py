@@ -21,7 +21,7 @@ SCHEMA = 1
 # stompica's queries; the first three answer with JSON objects, the rest with one value.
 STOMPICA_QUERIES = ("session", "ws_buffer", "stale", "session-size", "session-encoded-size",
                     "session-connected-size", "pubsub-size", "subs")
-QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency")
+QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals")
 
 
 class Statistics:
@@ -33,6 +33,7 @@ class Statistics:
         self.started = time.time() * 1000
         self._procs: dict[int, psutil.Process] = {}
         self._last_writers: list[dict] | None = None
+        self.dumps_dropped = 0   # dump lines the dispatcher could not hand to the supervisor
 
     # -- the queries ---------------------------------------------------------------------------
     def query(self, name: str):
@@ -64,6 +65,8 @@ class Statistics:
             return self.broker.queue_stats()
         if name == "latency":
             return self.latency()
+        if name == "totals":
+            return self.totals()
         raise KeyError(name)
 
     def text(self, name: str) -> str:
@@ -116,6 +119,28 @@ class Statistics:
                 self._procs.pop(pid, None)
         return out
 
+    def totals(self, writers: list[dict] | None = None) -> dict:
+        """Cumulative counters since the broker started (the dump line's ``totals``)."""
+        reader = self.resources.reader_stats.read()
+        writers = self.writers() if writers is None else writers
+        stats = self.broker.stats
+        return {
+            "frames_in": int(reader["frames_in"]),
+            "frames_out": sum(w["frames"] for w in writers),
+            "bytes_in": int(reader["bytes_in"]),
+            "bytes_out": sum(w["bytes"] for w in writers),
+            "connections_opened": stats["connections_opened"],
+            "connections_closed": stats["connections_closed"],
+            "messages_published": stats["messages_published"],
+            "messages_delivered": stats["messages_delivered"],
+            "messages_dropped": stats["messages_dropped"],
+            "messages_expired": stats["messages_expired"],
+            "messages_dead_lettered": stats["dead_lettered"],
+            "errors": stats["errors"],
+            "dump_errors": int(self.resources.supervisor_stats.read()["dump_errors"]),
+            "dump_dropped": self.dumps_dropped,
+        }
+
     def latency(self) -> dict:
         now = time.monotonic()
         merged = [0.0] * latency.BUCKETS
@@ -135,8 +160,8 @@ class Statistics:
 
     # -- dump lines ----------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        reader = self.resources.reader_stats.read()
         writers = self.writers()
+        totals = self.totals(writers)
         processes = self.processes()
         pid_of = {p["role"]: p["pid"] for p in processes}
         last = {w["index"]: w for w in (self._last_writers or [])}
@@ -149,8 +174,6 @@ class Statistics:
                 w["batch_fill"] = round(fill / batches, 4) if batches else 0.0
             w["pid"] = pid_of.get(f"writer-{w['index']}", 0)
         self._last_writers = [dict(w, batch_fill=_cumulative_fill(self.resources, w["index"])) for w in writers]
-        stats = self.broker.stats
-        supervisor = self.resources.supervisor_stats.read()
         return {
             "schema": SCHEMA,
             "ts": round(time.time() * 1000, 1),
@@ -160,20 +183,7 @@ class Statistics:
             "session": self.query("session"),
             "ws_buffer": self.query("ws_buffer"),
             "stale": self.query("stale"),
-            "totals": {
-                "frames_in": int(reader["frames_in"]),
-                "frames_out": sum(w["frames"] for w in writers),
-                "bytes_in": int(reader["bytes_in"]),
-                "bytes_out": sum(w["bytes"] for w in writers),
-                "connections_opened": stats["connections_opened"],
-                "connections_closed": stats["connections_closed"],
-                "messages_published": stats["messages_published"],
-                "messages_delivered": stats["messages_delivered"],
-                "messages_dropped": stats["messages_dropped"],
-                "messages_expired": stats["messages_expired"],
-                "errors": stats["errors"],
-                "dump_errors": int(supervisor["dump_errors"]),
-            },
+            "totals": totals,
             "writers": writers,
             "process": processes,
             "queues": self.broker.queue_stats(),

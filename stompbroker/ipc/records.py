@@ -26,6 +26,7 @@ WS_OPEN = 7     # payload: the 101 response; the connection speaks WebSocket fro
 WS_REPLY = 8    # payload: an encoded WebSocket control frame (pong) to write raw
 WS_CLOSE = 9    # payload: an encoded close frame to write raw, then close
 SHUTDOWN = 10   # the reader stopped; drain and stop
+HTTP_REQUEST = 11  # payload: a plain HTTP request (console/http.py encode_request); answer, then close
 
 # dispatcher -> writer
 DATA = 20       # payload: one STOMP frame (WebSocket-encoded by the writer where needed)

@@ -18,6 +18,7 @@ import orjson
 
 from ..broker.auth import Authenticator
 from ..broker.core import Broker, Outbox
+from ..console import http
 from ..diag.stats import Statistics
 from ..store.sqlite import Store
 from ..ipc import records as R
@@ -42,6 +43,9 @@ class Dispatcher:
             box.on_full = self.flush_one
         self.broker = Broker(config, self.outboxes, clock=time.time)
         self.broker.diag = self.statistics = Statistics(self.broker, resources, config)
+        self.site = http.Site(config, self.statistics)
+        self.http_pending: dict[int, tuple] = {}              # HTTP requests whose login is being checked
+        self.http_delayed: list[tuple[float, int, bytes]] = []  # refused HTTP logins, answered after a delay
         self.next_tick = 0.0
         self.tick = min(TICK, R.alive_every(config))
         self.wait_fds = [self.ring.data_fd]
@@ -66,7 +70,6 @@ class Dispatcher:
         os.write(resources.dispatcher_ready[1], b"R")  # the supervisor starts the reader after this
         self.dump_channel = resources.diag_channel[0] if config.diag_dump else None
         self.next_dump = time.monotonic() + config.diag_interval / 1000
-        self.dumps_dropped = 0
 
     def run(self) -> None:
         ring = self.ring
@@ -77,6 +80,8 @@ class Dispatcher:
                 deadlines.append(self.next_tick)
             if self.dump_channel is not None:
                 deadlines.append(self.next_dump)
+            if self.http_delayed:
+                deadlines.append(self.http_delayed[0][0])
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
             if not ring.used_bytes:
                 select.select(self.wait_fds, [], [], timeout)
@@ -86,7 +91,10 @@ class Dispatcher:
             if self.auth is not None:
                 now = time.monotonic()
                 for conn, user in self.auth.results():
-                    self.broker.on_auth(conn, user, now)
+                    if conn in self.http_pending:
+                        self.http_checked(conn, user, now)
+                    else:
+                        self.broker.on_auth(conn, user, now)
                 self.commit()
             self.flush()  # receipts released by the store, replies to checked logins: out now
             self.signals()
@@ -102,6 +110,11 @@ class Dispatcher:
                 self.next_tick = now + self.tick
                 self.broker.on_tick(now)
                 self.commit()
+                self.flush()
+            if self.http_delayed and now >= self.http_delayed[0][0]:
+                while self.http_delayed and now >= self.http_delayed[0][0]:
+                    _, conn, response = self.http_delayed.pop(0)
+                    self.http_answer(conn, response)
                 self.flush()
             if self.dump_channel is not None and now >= self.next_dump:
                 self.next_dump = now + self.config.diag_interval / 1000
@@ -138,6 +151,8 @@ class Dispatcher:
                     broker.on_bad_frame(conn, message, detail, None if receipt == "\x01" else receipt)
                 elif kind in (R.HTTP, R.WS_OPEN, R.WS_REPLY, R.WS_CLOSE):
                     self.transport(kind, conn, blob[start:stop])
+                elif kind == R.HTTP_REQUEST:
+                    self.http_request(conn, blob[start:stop], now)
                 elif kind == R.SHUTDOWN:
                     return False
             except Exception:
@@ -162,6 +177,56 @@ class Dispatcher:
             box.add(R.RAW, conn, payload)
             self.broker.hang_up(session)
 
+    # -- the console, API and metrics (console/http.py) ------------------------------------------------
+    def http_request(self, conn: int, payload: bytes, now: float) -> None:
+        method, target, authorization, accept = http.decode_request(payload)
+        route, response = self.site.route(method, target)
+        if response is None and route != "static" and self.auth is not None and self.auth.required:
+            credentials = http.basic_credentials(authorization)
+            if credentials is None:
+                response = http.unauthorized()
+            else:  # checked off this thread, like a CONNECT; the answer comes in http_checked
+                self.http_pending[conn] = (method, target, accept)
+                self.auth.submit(conn, *credentials)
+                return
+        if response is None:
+            response = self.respond(method, target, accept)
+        self.http_answer(conn, response)
+
+    def http_checked(self, conn: int, user: str | None, now: float) -> None:
+        method, target, accept = self.http_pending.pop(conn)
+        session = self.broker.sessions.get(conn)
+        if session is None:
+            return
+        ip = session.peer.rsplit(":", 1)[0]
+        if user is None:  # the same growing delay as a refused STOMP login from that address
+            failures = self.broker.failures[ip] = self.broker.failures.get(ip, 0) + 1
+            delay = min(self.config.auth_fail_delay_ms * 2 ** min(failures - 1, 10), 10_000) / 1000
+            log.warning("HTTP login refused from %s (%d failures from there)", ip, failures)
+            self.http_delayed.append((now + delay, conn, http.unauthorized("access refused")))
+            self.http_delayed.sort()
+            return
+        self.broker.failures.pop(ip, None)
+        if not self.auth.is_admin(user):
+            self.http_answer(conn, http.forbidden())
+            return
+        # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
+        token = self.auth.console_token(user) if self.site.route(method, target)[0] == "page" else ""
+        self.http_answer(conn, self.respond(method, target, accept, user, token))
+
+    def respond(self, *request) -> bytes:
+        try:
+            return self.site.respond(*request)
+        except Exception:  # a bug costs this request a 500, never the broker
+            log.exception("internal error answering %s %s", request[0], request[1][:200])
+            return http.text_response(500, "Internal Server Error", "internal error (see the broker's log)")
+
+    def http_answer(self, conn: int, response: bytes) -> None:
+        session = self.broker.sessions.get(conn)
+        if session is not None and not session.closing:
+            session.outbox.add(R.RAW, conn, response)
+            self.broker.hang_up(session)
+
     def signals(self) -> None:
         try:
             received = os.read(self.signal_r, 64)
@@ -178,14 +243,12 @@ class Dispatcher:
 
     def dump(self) -> None:
         """Hand one statistics line to the supervisor, which writes the file: never wait for a disk."""
-        snapshot = self.statistics.snapshot()
-        snapshot["totals"]["dump_dropped"] = self.dumps_dropped
         try:
-            self.dump_channel.send(orjson.dumps(snapshot))
+            self.dump_channel.send(orjson.dumps(self.statistics.snapshot()))
         except (BlockingIOError, OSError) as exc:
-            self.dumps_dropped += 1
-            if self.dumps_dropped in (1, 10, 100) or self.dumps_dropped % 1000 == 0:
-                log.warning("statistics line dropped (%s); %d so far", exc, self.dumps_dropped)
+            dropped = self.statistics.dumps_dropped = self.statistics.dumps_dropped + 1
+            if dropped in (1, 10, 100) or dropped % 1000 == 0:
+                log.warning("statistics line dropped (%s); %d so far", exc, dropped)
 
     def flush(self) -> None:
         for box in self.outboxes:

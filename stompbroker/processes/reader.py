@@ -1,7 +1,8 @@
 """Reader process: accepts every connection and reads every socket (one epoll loop).
 
-It tells the protocols apart by the first bytes (``GET `` is HTTP: a WebSocket upgrade or the health
-check; anything else is raw STOMP), splits the byte stream into STOMP frames with the sans-IO
+It tells the protocols apart by the first bytes (``GET `` is HTTP: a WebSocket upgrade, the health
+check, or a request for the console, API or metrics, which the dispatcher answers; anything else is
+raw STOMP), splits the byte stream into STOMP frames with the sans-IO
 parsers, and appends them as records to the shared-memory input queue, one batch and one wake-up
 per loop. When the queue is full it stops reading, so TCP pushes back on the clients: no frame is
 ever dropped. Every socket is passed to its writer right after accept; the reader never writes to
@@ -20,6 +21,7 @@ import ssl
 import struct
 import time
 
+from ..console.http import encode_request
 from ..ipc import records as R
 from ..protocol import websocket as ws
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
@@ -91,6 +93,10 @@ class Reader:
         self.tls_listener = resources.tls_listener
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
+        # connections whose HTTP request head is incomplete -> deadline; answered 408 before the
+        # dispatcher's connect timeout would send them a STOMP ERROR
+        self.http_waiting: dict[Conn, float] = {}
+        self.http_head_timeout = config.connect_timeout_ms / 2000
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -104,7 +110,7 @@ class Reader:
             self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept")
         closing_tls: set = set()
         while self.running:
-            events = self.sel.select(0.25 if closing_tls else None)
+            events = self.sel.select(0.25 if closing_tls or self.http_waiting else None)
             now = time.monotonic()
             for key, mask in events:
                 what = key.data
@@ -116,6 +122,8 @@ class Reader:
                     self.serve(what, mask, now, closing_tls)
                 if len(self.out) >= FLUSH_AT:
                     self.push()
+            if self.http_waiting:
+                self.expire_http(now)
             if closing_tls:
                 for conn in [c for c in closing_tls if now > c.tls.deadline or c.sock.fileno() < 0]:
                     closing_tls.discard(conn)
@@ -226,6 +234,7 @@ class Reader:
         sock.close()
 
     def drop(self, conn: Conn) -> None:
+        self.http_waiting.pop(conn, None)
         if conn.ws is not None:
             self.stats["websockets"] -= 1
             self.stats["ws_allocated"] -= conn.ws.allocated
@@ -430,17 +439,22 @@ class Reader:
         try:
             parsed = ws.parse_http_request(conn.buf)
             if parsed is None:
+                self.http_waiting.setdefault(conn, now + self.http_head_timeout)
                 return
+            self.http_waiting.pop(conn, None)
             request, used = parsed
             rest, conn.buf = conn.buf[used:], b""
             headers = request["headers"]
-            if (request["path"].split("?")[0] == "/health_check" and request["method"] == "GET"
-                    and "upgrade" not in headers):
+            if not ws.wants_upgrade(headers):
                 conn.mode = DEAD
-                self.emit(R.HTTP, conn.id, ws.http_response(200, "OK", b"OK\n"))
+                if request["path"].split("?")[0] == "/health_check" and request["method"] == "GET":
+                    self.emit(R.HTTP, conn.id, ws.http_response(200, "OK", b"OK\n"))
+                else:  # the console, the API, /metrics or a 404: the dispatcher has the figures
+                    self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
                 return
             response, _subprotocol = ws.handshake_response(request, self.allowed_paths, self.allowed_origins)
         except ws.HandshakeError as exc:
+            self.http_waiting.pop(conn, None)
             conn.mode = DEAD
             conn.buf = b""
             # response() carries the headers the status needs (426: Sec-WebSocket-Version: 13).
@@ -452,6 +466,14 @@ class Reader:
         self.emit(R.WS_OPEN, conn.id, response)
         if rest:
             self.websocket(conn, rest, now)
+
+    def expire_http(self, now: float) -> None:
+        """A request head not complete in time (half of connect_timeout_ms): 408, then close."""
+        for conn in [c for c, deadline in self.http_waiting.items() if now >= deadline]:
+            del self.http_waiting[conn]
+            conn.mode = DEAD
+            conn.buf = b""
+            self.emit(R.HTTP, conn.id, ws.HandshakeError(408, "request head not complete in time").response())
 
     def websocket(self, conn: Conn, data: bytes, now: float) -> None:
         decoder = conn.ws

@@ -26,7 +26,7 @@ import re
 import struct
 
 __all__ = [
-    "HandshakeError", "parse_http_request", "handshake_response", "http_response",
+    "HandshakeError", "parse_http_request", "handshake_response", "http_response", "wants_upgrade",
     "WsProtocolError", "WsDecoder", "encode_frame", "encode_message", "encode_close",
     "mask_bytes", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
     "STOMP_SUBPROTOCOLS", "WS_GUID",
@@ -46,7 +46,7 @@ STOMP_SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp", "stomp")
 
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 426: "Upgrade Required",
+    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 426: "Upgrade Required",
     431: "Request Header Fields Too Large", 500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -176,6 +176,13 @@ def handshake_response(request: dict, allowed_paths: list[str] | None = None,
     if subprotocol is not None:
         lines.append("Sec-WebSocket-Protocol: " + subprotocol)
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii"), subprotocol
+
+
+def wants_upgrade(headers: dict) -> bool:
+    """Does a request try to open a WebSocket? Any sign of it gets the handshake's checks and errors;
+    a request with none is plain HTTP."""
+    return ("upgrade" in headers or "sec-websocket-key" in headers
+            or "upgrade" in (t.lower() for t in _tokens(headers.get("connection"))))
 
 
 def http_response(status: int, reason: str, body: bytes = b"", extra_headers: dict | None = None) -> bytes:

@@ -1,0 +1,252 @@
+"""The broker's own HTTP site on its STOMP port: the web console, a JSON API and Prometheus metrics.
+
+Sans-IO: the reader hands a plain (non-upgrade) HTTP request to the dispatcher as one record
+(``encode_request``), the dispatcher asks ``Site.route`` what it is, checks the login when the route
+needs one (off its thread, like STOMP logins) and writes ``Site.respond``'s bytes back through the
+connection's writer, which then closes the connection. Every answer is a whole HTTP/1.1 response with
+``Connection: close``: one request per connection, so a slow or hostile client holds a connection
+(bounded by ``max_connections`` and ``connect_timeout_ms``) and nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import html
+import os
+import time
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from .. import __version__
+from ..protocol.websocket import http_response
+from .metrics import exposition
+
+STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+
+# path -> (file under static/, content type); served to anyone: library code and the page's script
+# hold no data (the page itself and the figures are behind the login).
+STATIC = {
+    "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "/console/console.css": ("console.css", "text/css; charset=utf-8"),
+    "/console/vendor/uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    "/console/vendor/uPlot.min.css": ("vendor/uPlot.min.css", "text/css; charset=utf-8"),
+    "/console/vendor/stomp.umd.min.js": ("vendor/stomp.umd.min.js", "text/javascript; charset=utf-8"),
+    "/console/vendor/uPlot.LICENSE.txt": ("vendor/uPlot.LICENSE.txt", "text/plain; charset=utf-8"),
+    "/console/vendor/stompjs.LICENSE.txt": ("vendor/stompjs.LICENSE.txt", "text/plain; charset=utf-8"),
+}
+PAGES = ("/", "/index.html")
+API = ("/api/overview", "/api/queues", "/api/connections")
+METRICS = "/metrics"
+ALLOWED_METHODS = ("GET", "HEAD")
+REALM = "stompbroker"
+SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
+CONNECTIONS_LIMIT = 1000  # default number of connections /api/connections lists
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+PAGE_HEADERS = {
+    **SECURITY_HEADERS,
+    # Only the broker's own scripts, and WebSocket back to the broker.
+    "Content-Security-Policy": "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; "
+                               "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+    "Cache-Control": "no-store",
+}
+
+
+# -- the request record (reader -> dispatcher) ----------------------------------------------------
+def encode_request(request: dict) -> bytes:
+    """What the dispatcher needs of a request head: method, target, Authorization, Accept.
+
+    Header values never hold NUL (the parser refuses it), so NUL separates them.
+    """
+    h = request["headers"]
+    return "\0".join((request["method"], request["path"], h.get("authorization", ""), h.get("accept", ""))).encode(
+        "latin-1", "replace")
+
+
+def decode_request(payload: bytes) -> tuple[str, str, str, str]:
+    method, target, authorization, accept = payload.decode("latin-1").split("\0")
+    return method, target, authorization, accept
+
+
+def basic_credentials(authorization: str) -> tuple[str, str] | None:
+    """(login, password) of an ``Authorization: Basic`` header, or None."""
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    login, colon, password = decoded.partition(":")
+    if not colon or not login:
+        return None
+    return login, password
+
+
+# -- responses -------------------------------------------------------------------------------------
+def text_response(status: int, reason: str, text: str, headers: dict | None = None) -> bytes:
+    return http_response(status, reason, (text + "\n").encode(),
+                         {"Content-Type": "text/plain; charset=utf-8", **SECURITY_HEADERS, **(headers or {})})
+
+
+def not_found() -> bytes:
+    return text_response(404, "Not Found", "not found")
+
+
+def method_not_allowed() -> bytes:
+    return text_response(405, "Method Not Allowed", "only GET and HEAD are served here",
+                         {"Allow": ", ".join(ALLOWED_METHODS)})
+
+
+def unauthorized(reason: str = "log in as an admin user") -> bytes:
+    return text_response(401, "Unauthorized", reason,
+                         {"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'})
+
+
+def forbidden() -> bytes:
+    return text_response(403, "Forbidden", "the console, API and metrics are for admin users")
+
+
+def _head_only(response: bytes) -> bytes:
+    """HEAD: the same head (Content-Length included), no body."""
+    end = response.find(b"\r\n\r\n")
+    return response[:end + 4]
+
+
+class Site:
+    """Routes and pages; ``stats`` is the dispatcher's ``diag.stats.Statistics``."""
+
+    def __init__(self, config, stats, clock=time.monotonic):
+        self.config = config
+        self.stats = stats
+        self.clock = clock
+        self._files: dict[str, bytes] = {}
+        self._snapshot: dict | None = None
+        self._snapshot_at = 0.0
+
+    # -- routing ---------------------------------------------------------------------------------
+    def route(self, method: str, target: str) -> tuple[str | None, bytes | None]:
+        """(route, None) for a request to serve, or (None, response) for one answered at once.
+
+        ``route`` is ``"page"``, ``"api"``, ``"metrics"`` or ``"static"``; only ``"static"`` needs no login.
+        """
+        path = urlsplit(target).path
+        if path in PAGES and self.config.console:
+            kind = "page"
+        elif path in STATIC and self.config.console:
+            kind = "static"
+        elif (path in API or path == METRICS) and self.config.http_api:
+            kind = "metrics" if path == METRICS else "api"
+        else:
+            return None, not_found()
+        if method not in ALLOWED_METHODS:
+            return None, method_not_allowed()
+        return kind, None
+
+    def respond(self, method: str, target: str, accept: str = "", login: str = "", passcode: str = "") -> bytes:
+        """The response to a routed request; ``login``/``passcode`` go into the page for its STOMP login."""
+        response = self._respond(target, accept, login, passcode)
+        return _head_only(response) if method == "HEAD" else response
+
+    def _respond(self, target: str, accept: str, login: str, passcode: str) -> bytes:
+        parts = urlsplit(target)
+        path = parts.path
+        if path in STATIC:
+            name, content_type = STATIC[path]
+            return http_response(200, "OK", self._file(name),
+                                 {"Content-Type": content_type, "Cache-Control": "max-age=3600", **SECURITY_HEADERS})
+        if path in PAGES:
+            page = self._file("index.html").decode()
+            ws_path = (getattr(self.config, "ws_paths", None) or ["/"])[0]  # an allowed WebSocket path
+            for name, value in (("login", login), ("passcode", passcode), ("ws_path", ws_path)):
+                page = page.replace("{{%s}}" % name, html.escape(value))
+            return http_response(200, "OK", page.encode(), {"Content-Type": "text/html; charset=utf-8", **PAGE_HEADERS})
+        snapshot = self.snapshot()
+        if path == METRICS:
+            body, content_type = exposition(snapshot, accept)
+            return http_response(200, "OK", body, {"Content-Type": content_type, "Cache-Control": "no-store",
+                                                   **SECURITY_HEADERS})
+        if path == "/api/overview":
+            value = {key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
+                                                     "writers", "process", "latency")}
+        elif path == "/api/queues":
+            value = snapshot["queues"]
+        else:
+            value = self.connections(parse_qs(parts.query))
+        return json_response(value)
+
+    def _file(self, name: str) -> bytes:
+        data = self._files.get(name)
+        if data is None:
+            with open(os.path.join(STATIC_DIR, name), "rb") as f:
+                data = self._files[name] = f.read()
+        return data
+
+    # -- figures -----------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Every DIAG figure at once; reused for SNAPSHOT_TTL so a flood of requests costs little."""
+        now = self.clock()
+        if self._snapshot is not None and now - self._snapshot_at < SNAPSHOT_TTL:
+            return self._snapshot
+        stats = self.stats
+        writers = stats.writers()
+        for w in writers:
+            w["fill_sum"] = float(stats.resources.writer_stats[w["index"]].read()["fill"])
+        processes = stats.processes()
+        pid_of = {p["role"]: p["pid"] for p in processes}
+        for w in writers:
+            w["pid"] = pid_of.get(f"writer-{w['index']}", 0)
+        start = stats.started
+        self._snapshot = {
+            "ts": round(time.time() * 1000, 1),
+            "broker": {"version": __version__, "start": start, "pid": os.getppid(),
+                       "uptime_seconds": round(time.time() - start / 1000, 3)},
+            "session": stats.query("session"),
+            "totals": stats.totals(writers),
+            "stale": stats.query("stale"),
+            "ws_buffer": stats.query("ws_buffer"),
+            "writers": writers,
+            "process": processes,
+            "latency": stats.latency(),
+            "queues": stats.query("queues"),
+        }
+        self._snapshot_at = now
+        return self._snapshot
+
+    def connections(self, query: dict) -> dict:
+        broker = self.stats.broker
+        try:
+            limit = max(0, min(int(query.get("limit", [CONNECTIONS_LIMIT])[0]), self.config.max_connections))
+        except ValueError:
+            limit = CONNECTIONS_LIMIT
+        now = self.clock()
+        listed = []
+        for session in list(broker.sessions.values())[:limit]:
+            listed.append({
+                "id": session.conn,
+                "session": session.id,
+                "peer": session.peer,
+                "writer": session.outbox.index,
+                "websocket": session.websocket,
+                "connected": session.connected,
+                "version": session.version if session.connected else None,
+                "login": session.login,
+                "client_id": session.client_id,
+                "age_seconds": round(now - session.opened, 3),
+                "idle_seconds": round(now - session.last_seen, 3),
+                "subscriptions": [{"id": sub.id, "destination": sub.destination, "ack": sub.ack,
+                                   "unacked": len(sub.unacked)} for sub in session.subs.values()],
+            })
+        return {"session": broker.session_stats(), "connections": listed,
+                "truncated": len(broker.sessions) > limit}
+
+
+def json_response(value) -> bytes:
+    return http_response(200, "OK", orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS),
+                         {"Content-Type": "application/json", "Cache-Control": "no-store", **SECURITY_HEADERS})

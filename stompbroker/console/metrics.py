@@ -1,0 +1,143 @@
+"""Prometheus metrics: the DIAG figures as metric families, rendered by ``prometheus_client``.
+
+A custom collector turns one statistics snapshot (the same figures as the DIAG queries and the dump
+line) into metric families on each scrape; ``prometheus_client``'s exposition code writes the text
+(or OpenMetrics, when the scraper asks for it). Nothing is kept between scrapes: counters are the
+broker's own cumulative counters, which restart from 0 with the broker, as Prometheus expects.
+The names and their meaning are listed in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, SummaryMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+PREFIX = "stompbroker_"
+
+# (totals key, metric name without prefix and _total, help)
+TOTALS = (
+    ("messages_published", "messages_published", "SEND frames accepted"),
+    ("messages_delivered", "messages_delivered", "MESSAGE frames delivered to subscribers"),
+    ("messages_dropped", "messages_dropped", "messages that reached nobody and were not kept"),
+    ("messages_expired", "messages_expired", "messages not delivered because their expiry had passed"),
+    ("messages_dead_lettered", "messages_dead_lettered", "messages moved to the dead-letter queue"),
+    ("frames_in", "frames_received", "STOMP frames received"),
+    ("frames_out", "frames_sent", "STOMP frames sent"),
+    ("bytes_in", "received_bytes", "bytes received on client sockets"),
+    ("bytes_out", "sent_bytes", "bytes sent on client sockets"),
+    ("connections_opened", "connections_opened", "client connections accepted"),
+    ("connections_closed", "connections_closed", "client connections closed"),
+    ("errors", "errors", "ERROR frames sent (each closes its connection)"),
+    ("dump_errors", "diag_dump_errors", "statistics dump lines the disk refused"),
+    ("dump_dropped", "diag_dump_dropped", "statistics dump lines dropped because the writer could not keep up"),
+)
+
+QUANTILES = (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms"), ("0.999", "p999_ms"), ("1", "max_ms"))
+
+
+def families(s: dict):
+    """Metric families for one snapshot (see ``snapshot`` in console/http.py for its shape)."""
+    info = InfoMetricFamily(PREFIX + "build", "broker version")
+    info.add_metric([], {"version": s["broker"]["version"]})
+    yield info
+    yield GaugeMetricFamily(PREFIX + "start_time_seconds", "broker start time, Unix epoch seconds",
+                            value=s["broker"]["start"] / 1000)
+
+    session = s["session"]
+    yield GaugeMetricFamily(PREFIX + "connections", "open client connections (TCP and WebSocket)",
+                            value=session["clients"])
+    yield GaugeMetricFamily(PREFIX + "websocket_connections", "open WebSocket connections",
+                            value=session["websockets"])
+    yield GaugeMetricFamily(PREFIX + "stomp_sessions", "connections past the STOMP CONNECT handshake",
+                            value=session["stomp_connected"])
+    yield GaugeMetricFamily(PREFIX + "subscriptions", "active subscriptions", value=session["subscriptions"])
+
+    totals = s["totals"]
+    for key, name, text in TOTALS:
+        if key in totals:
+            yield CounterMetricFamily(PREFIX + name, text, value=totals[key])
+
+    stale = s["stale"]
+    yield GaugeMetricFamily(PREFIX + "input_queue_records",
+                            "records waiting in the reader-to-dispatcher queue", value=stale["input-queue-size"])
+    yield GaugeMetricFamily(PREFIX + "output_queue_records",
+                            "records waiting in the dispatcher-to-writer queues", value=stale["output-queue-size"])
+    yield GaugeMetricFamily(PREFIX + "stale_queue_messages",
+                            "messages waiting in the TTL stale queue", value=stale["stale-queue-size"])
+    yield GaugeMetricFamily(PREFIX + "websocket_buffer_bytes",
+                            "bytes held for partial WebSocket frames", value=s["ws_buffer"]["allocated"])
+
+    labels = ["destination"]
+    depth = GaugeMetricFamily(PREFIX + "queue_messages", "messages waiting in the destination", labels=labels)
+    unacked = GaugeMetricFamily(PREFIX + "queue_unacked_messages", "delivered, not yet acknowledged", labels=labels)
+    consumers = GaugeMetricFamily(PREFIX + "queue_consumers", "subscribers of the destination", labels=labels)
+    enqueued = CounterMetricFamily(PREFIX + "queue_enqueued_messages", "messages added to the destination",
+                                   labels=labels)
+    dequeued = CounterMetricFamily(PREFIX + "queue_dequeued_messages", "messages removed from the destination",
+                                   labels=labels)
+    for q in s["queues"]:
+        value = [q["destination"]]
+        depth.add_metric(value, q["depth"])
+        unacked.add_metric(value, q["unacked"])
+        consumers.add_metric(value, q["consumers"])
+        enqueued.add_metric(value, q["enqueued"])
+        dequeued.add_metric(value, q["dequeued"])
+    yield from (depth, unacked, consumers, enqueued, dequeued)
+
+    labels = ["writer"]
+    w_conns = GaugeMetricFamily(PREFIX + "writer_connections", "connections assigned to the writer", labels=labels)
+    w_frames = CounterMetricFamily(PREFIX + "writer_frames", "frames written by the writer", labels=labels)
+    w_bytes = CounterMetricFamily(PREFIX + "writer_sent_bytes", "bytes written by the writer", labels=labels)
+    w_pending = GaugeMetricFamily(PREFIX + "writer_pending_bytes", "bytes queued, not yet written", labels=labels)
+    # fill of the write buffer per socket write: rate(_sum) / rate(_count) is the mean fill
+    w_fill = SummaryMetricFamily(PREFIX + "writer_batch_fill_ratio",
+                                 "fill of the write buffer (0..1) per socket write batch", labels=labels)
+    for w in s["writers"]:
+        value = [str(w["index"])]
+        w_conns.add_metric(value, w["connections"])
+        w_frames.add_metric(value, w["frames"])
+        w_bytes.add_metric(value, w["bytes"])
+        w_pending.add_metric(value, w["pending_bytes"])
+        w_fill.add_metric(value, count_value=w["batches"], sum_value=w["fill_sum"])
+    yield from (w_conns, w_frames, w_bytes, w_pending, w_fill)
+
+    labels = ["role"]
+    rss = GaugeMetricFamily(PREFIX + "process_resident_memory_bytes", "resident set size of the process",
+                            labels=labels)
+    cpu = CounterMetricFamily(PREFIX + "process_cpu_seconds", "user and system CPU time of the process",
+                              labels=labels)
+    for p in s["process"]:
+        rss.add_metric([p["role"]], p["rss"])
+        cpu.add_metric([p["role"]], p["cpu_seconds"])
+    yield from (rss, cpu)
+
+    lat = s["latency"]
+    quantiles = GaugeMetricFamily(PREFIX + "delivery_latency_seconds",
+                                  "input-queue-to-socket latency over the last diag_interval, by quantile "
+                                  "(1 = maximum); absent when nothing was delivered", labels=["quantile"])
+    if lat.get("count"):
+        for q, key in QUANTILES:
+            if lat.get(key) is not None:
+                quantiles.add_metric([q], lat[key] / 1000)
+    yield quantiles
+    yield GaugeMetricFamily(PREFIX + "delivery_latency_window_deliveries",
+                            "deliveries measured over the last diag_interval", value=lat.get("count", 0))
+
+
+class _Snapshot:
+    """A collector over one snapshot: a registry is built per scrape, so nothing is shared."""
+
+    def __init__(self, snapshot: dict):
+        self.snapshot = snapshot
+
+    def collect(self):
+        return families(self.snapshot)
+
+
+def exposition(snapshot: dict, accept: str = "") -> tuple[bytes, str]:
+    """(body, content type) for a scrape; ``accept`` picks the text format or OpenMetrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(snapshot))
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type

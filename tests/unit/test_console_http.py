@@ -1,0 +1,196 @@
+"""The console's pure parts: request records, Basic credentials, routing, metric families."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import types
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from stompbroker.console import http
+from stompbroker.console.metrics import exposition
+from stompbroker.protocol.websocket import wants_upgrade
+
+
+def basic(text: str) -> str:
+    return "Basic " + base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize("header, expected", [
+    (basic("root:toor"), ("root", "toor")),
+    (basic("root:pa:ss"), ("root", "pa:ss")),          # the password may hold colons
+    ("basic " + base64.b64encode(b"a:b").decode(), ("a", "b")),
+    (basic("root:"), ("root", "")),
+    (basic("nocolon"), None),
+    (basic(":secret"), None),
+    ("Basic not-base64!!", None),
+    ("Bearer abc", None),
+    ("", None),
+])
+def test_basic_credentials(header, expected):
+    assert http.basic_credentials(header) == expected
+
+
+def test_request_record_round_trip():
+    request = {"method": "GET", "path": "/metrics?x=1", "version": "HTTP/1.1",
+               "headers": {"authorization": basic("a:b"), "accept": "text/plain"}}
+    assert http.decode_request(http.encode_request(request)) == ("GET", "/metrics?x=1", basic("a:b"), "text/plain")
+    bare = {"method": "GET", "path": "/", "version": "HTTP/1.0", "headers": {}}
+    assert http.decode_request(http.encode_request(bare)) == ("GET", "/", "", "")
+
+
+@pytest.mark.parametrize("headers, upgrade", [
+    ({}, False),
+    ({"host": "x", "accept": "*/*"}, False),
+    ({"connection": "keep-alive"}, False),
+    ({"upgrade": "websocket"}, True),
+    ({"connection": "keep-alive, Upgrade"}, True),
+    ({"sec-websocket-key": "abc"}, True),
+])
+def test_wants_upgrade(headers, upgrade):
+    assert wants_upgrade(headers) is upgrade
+
+
+def site(console=True, http_api=True):
+    return http.Site(types.SimpleNamespace(console=console, http_api=http_api, max_connections=10), stats=None)
+
+
+@pytest.mark.parametrize("method, target, route, status", [
+    ("GET", "/", "page", None),
+    ("GET", "/index.html?x=1", "page", None),
+    ("HEAD", "/", "page", None),
+    ("GET", "/console/vendor/uPlot.iife.min.js", "static", None),
+    ("GET", "/api/overview", "api", None),
+    ("GET", "/metrics", "metrics", None),
+    ("GET", "/nothing", None, 404),
+    ("GET", "/console/../setup.cfg", None, 404),
+    ("POST", "/metrics", None, 405),
+    ("DELETE", "/api/queues", None, 405),
+    ("POST", "/nothing", None, 404),
+])
+def test_routes(method, target, route, status):
+    got, response = site().route(method, target)
+    assert got == route
+    if status is None:
+        assert response is None
+    else:
+        assert response.startswith(b"HTTP/1.1 %d " % status)
+        if status == 405:
+            assert b"\r\nAllow: GET, HEAD\r\n" in response
+
+
+def test_settings_turn_routes_off():
+    assert site(console=False).route("GET", "/")[1].startswith(b"HTTP/1.1 404 ")
+    assert site(console=False).route("GET", "/console/console.js")[1].startswith(b"HTTP/1.1 404 ")
+    assert site(console=False).route("GET", "/metrics") == ("metrics", None)
+    assert site(http_api=False).route("GET", "/metrics")[1].startswith(b"HTTP/1.1 404 ")
+    assert site(http_api=False).route("GET", "/api/queues")[1].startswith(b"HTTP/1.1 404 ")
+    assert site(http_api=False).route("GET", "/") == ("page", None)
+
+
+def test_every_static_file_is_packaged_and_the_page_escapes_its_login():
+    s = site()
+    for path in http.STATIC:
+        response = s.respond("GET", path)
+        assert response.startswith(b"HTTP/1.1 200 ") and len(response) > 300, path
+    page = s.respond("GET", "/", login='<x">', passcode="console-abc")
+    assert b'content="&lt;x&quot;&gt;"' in page and b'content="console-abc"' in page
+    head = s.respond("HEAD", "/")
+    assert head.endswith(b"\r\n\r\n") and b"Content-Length: " in head and b"<html" not in head
+
+
+def test_unauthorized_asks_for_basic():
+    response = http.unauthorized()
+    assert response.startswith(b"HTTP/1.1 401 ")
+    assert b'WWW-Authenticate: Basic realm="stompbroker"' in response
+
+
+SNAPSHOT = {
+    "broker": {"version": "9.9", "start": 1_700_000_000_000.0, "pid": 1},
+    "session": {"clients": 3, "websockets": 1, "stomp_connected": 2, "subscriptions": 4},
+    "totals": {"messages_published": 10, "messages_delivered": 20, "bytes_in": 300, "bytes_out": 400,
+               "frames_in": 5, "frames_out": 6, "errors": 0, "connections_opened": 4, "connections_closed": 1,
+               "messages_dropped": 0, "messages_expired": 0, "messages_dead_lettered": 0, "dump_errors": 0,
+               "dump_dropped": 0},
+    "stale": {"input-queue-size": 1, "output-queue-size": 2, "stale-queue-size": 3},
+    "ws_buffer": {"allocated": 0, "hits": 0, "misses": 0},
+    "queues": [{"destination": '/queue/a"b', "depth": 7, "enqueued": 9, "dequeued": 2, "unacked": 1, "consumers": 1}],
+    "writers": [{"index": 0, "connections": 2, "frames": 6, "bytes": 400, "batches": 4, "fill_sum": 1.5,
+                 "pending_bytes": 0}],
+    "process": [{"role": "reader", "pid": 5, "rss": 1000, "cpu_seconds": 0.5}],
+    "latency": {"count": 8, "p50_ms": 0.5, "p90_ms": 1.0, "p99_ms": 2.0, "p999_ms": 2.0, "max_ms": 4.0},
+}
+
+
+def test_metric_families_parse_with_prometheus_names_and_units():
+    body, content_type = exposition(SNAPSHOT)
+    assert content_type.startswith("text/plain")
+    samples = {}
+    types_ = {}
+    for family in text_string_to_metric_families(body.decode()):
+        types_[family.name] = family.type
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert samples[("stompbroker_messages_published_total", ())] == 10
+    assert types_["stompbroker_messages_published"] == "counter"
+    assert samples[("stompbroker_sent_bytes_total", ())] == 400
+    assert samples[("stompbroker_start_time_seconds", ())] == 1_700_000_000
+    assert samples[("stompbroker_queue_messages", (("destination", '/queue/a"b'),))] == 7
+    assert samples[("stompbroker_writer_batch_fill_ratio_sum", (("writer", "0"),))] == 1.5
+    assert samples[("stompbroker_writer_batch_fill_ratio_count", (("writer", "0"),))] == 4
+    assert samples[("stompbroker_process_resident_memory_bytes", (("role", "reader"),))] == 1000
+    assert samples[("stompbroker_delivery_latency_seconds", (("quantile", "0.99"),))] == pytest.approx(0.002)
+    assert samples[("stompbroker_build_info", (("version", "9.9"),))] == 1
+    for name in types_:
+        assert name.startswith("stompbroker_"), name
+
+
+def test_openmetrics_when_the_scraper_asks():
+    body, content_type = exposition(SNAPSHOT, "application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+
+
+def test_no_latency_quantiles_without_deliveries():
+    quiet = dict(SNAPSHOT, latency={"count": 0, "p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0,
+                                    "max_ms": 0.0})
+    body, _ = exposition(quiet)
+    assert b"stompbroker_delivery_latency_seconds{" not in body
+    assert b"stompbroker_delivery_latency_window_deliveries 0.0" in body
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def exposed_samples() -> set[str]:
+    body, _ = exposition(SNAPSHOT)
+    return {s.name for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+
+def test_the_grafana_dashboard_uses_only_exposed_metrics():
+    with open(os.path.join(ROOT, "docker", "grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"stompbroker_[a-z_]+", expr)}
+    assert len(used) > 15
+    assert used <= exposed_samples(), used - exposed_samples()
+
+
+def test_the_metrics_table_documents_every_metric():
+    with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
+        documented = set(re.findall(r"^\| `(stompbroker_[a-z_]+)`", f.read(), re.M))
+    exposed = exposed_samples()
+    for suffix in ("_sum", "_count"):  # the summary is documented under its family name
+        exposed = {n[:-len(suffix)] if n.startswith("stompbroker_writer_batch_fill_ratio") and n.endswith(suffix)
+                   else n for n in exposed}
+    assert documented == exposed, (documented ^ exposed)
+
+
+def test_the_page_opens_its_websocket_on_an_allowed_path():
+    config = types.SimpleNamespace(console=True, http_api=True, max_connections=10, ws_paths=["/stomp", "/ws"])
+    assert b'name="stomp-path" content="/stomp"' in http.Site(config, stats=None).respond("GET", "/")
+    assert b'name="stomp-path" content="/"' in site().respond("GET", "/")
