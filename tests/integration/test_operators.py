@@ -1,0 +1,180 @@
+"""Starting and stopping as an operator does: PID 1 in a container, failed starts, readiness, logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import stomp
+
+from conftest import ROOT
+
+PY = sys.executable
+
+
+def env():
+    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def wait_for_port(log_path, proc: subprocess.Popen, timeout: float = 20.0) -> int:
+    """The port from the line tools scrape, "stompbroker listening on HOST:PORT"."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(r"stompbroker listening on [^\s]+:(\d+)", open(log_path).read())
+        if match:
+            return int(match.group(1))
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        time.sleep(0.05)
+    raise AssertionError("never listening")
+
+
+def wait_for(path: str, proc: subprocess.Popen, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return json.loads(open(path).read())
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def send_and_receive(port: int) -> None:
+    """A real STOMP session: CONNECT, SUBSCRIBE, SEND with a receipt, the MESSAGE back."""
+    got, receipts = [], []
+
+    class Listener(stomp.ConnectionListener):
+        def on_message(self, frame):
+            got.append(frame.body)
+
+        def on_receipt(self, frame):
+            receipts.append(frame.headers["receipt-id"])
+
+    conn = stomp.Connection12([("127.0.0.1", port)])
+    conn.set_listener("", Listener())
+    conn.connect(wait=True)
+    conn.subscribe("/queue/pid1", id="s")
+    conn.send("/queue/pid1", "served as PID 1", receipt="r1")
+    deadline = time.monotonic() + 10
+    while (not got or not receipts) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    conn.disconnect()
+    assert receipts == ["r1"] and got == ["served as PID 1"]
+
+
+def unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                          capture_output=True, timeout=10).returncode == 0
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs unshare --pid (root or user namespaces)")
+def test_supervisor_serves_as_pid_1_and_stops_cleanly_on_sigterm(tmp_path):
+    """As a container's entrypoint the supervisor is PID 1 of its namespace."""
+    log = open(tmp_path / "log", "wb")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                             PY, "-m", "stompbroker", "port=0", "processors=3"],
+                            cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        port = wait_for_port(tmp_path / "log", proc)
+        assert "MainProcess[1]" in (tmp_path / "log").read_text()  # the supervisor is PID 1
+        send_and_receive(port)
+        (supervisor,) = psutil.Process(proc.pid).children()
+        os.kill(supervisor.pid, signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+    text = (tmp_path / "log").read_text()
+    assert "stopped" in text and "Traceback" not in text and "did not start" not in text, text
+
+
+def start_fails(*settings: str, timeout: float = 30.0) -> tuple[int, str, float]:
+    began = time.monotonic()
+    result = subprocess.run([PY, "-m", "stompbroker", "port=0", *settings], cwd=ROOT, env=env(),
+                            capture_output=True, text=True, timeout=timeout)
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - began
+
+
+@pytest.mark.parametrize("settings, name", [
+    (("auth=passwd", "passwd_file=/nonexistent/stompbroker.passwd"), "/nonexistent/stompbroker.passwd"),
+    (("acl_file=/nonexistent/acl",), "/nonexistent/acl"),
+    (("ssl_port=0", "ssl_cert=/nonexistent/cert.pem", "ssl_key=/nonexistent/key.pem"), None),
+])
+def test_missing_file_stops_the_start_with_one_line_naming_it(settings, name):
+    if name is None:  # ssl_port=0 is off: take a real port for the TLS listener
+        settings = ("ssl_port=1",) + settings[1:]
+        name = "/nonexistent/cert.pem"
+    code, out, took = start_fails(*settings)
+    assert code == 2, out
+    assert took < 10
+    lines = out.strip().splitlines()
+    critical = [line for line in lines if "CRITICAL" in line]
+    assert len(critical) == 1 and name in critical[0], out
+    assert "listening" not in out and "Traceback" not in out, out
+
+
+def test_a_child_that_dies_while_starting_stops_the_start(tmp_path):
+    """Whatever kills a child at start, the supervisor exits non-zero instead of waiting for ever."""
+    boom = ("import sys; from stompbroker.processes import dispatcher\n"
+            "def fail(self, *a): raise RuntimeError('boom at start')\n"
+            "dispatcher.Dispatcher.__init__ = fail\n"
+            "from stompbroker.cli import main; sys.exit(main(['port=0', 'processors=3']))\n")
+    began = time.monotonic()
+    result = subprocess.run([PY, "-c", boom], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=30)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert time.monotonic() - began < 15
+    assert "the dispatcher exited with status 1 while starting" in out
+    assert "listening" not in out and "BufferError" not in out, out
+
+
+def test_listening_is_announced_only_once_the_reader_serves(tmp_path):
+    """The readiness line and file come after every child started, never before."""
+    ready = tmp_path / "ready.json"
+    log = open(tmp_path / "log", "wb")
+    proc = subprocess.Popen([PY, "-m", "stompbroker", "port=0", "processors=3", f"ready_file={ready}"],
+                            cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        info = wait_for(str(ready), proc)
+        lines = (tmp_path / "log").read_text().splitlines()
+        listening = next(i for i, line in enumerate(lines) if f"stompbroker listening on 127.0.0.1:{info['port']}" in line)
+        started = [i for i, line in enumerate(lines) if "started reader" in line]
+        assert started and started[0] < listening, lines
+        assert info["pid"] == proc.pid and info["host"] == "127.0.0.1"
+        send_and_receive(info["port"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        log.close()
+    assert not ready.exists()
+
+
+def test_secrets_are_never_logged_and_settings_line_is_short(start_broker):
+    b = start_broker("secret=hunter2", "TTL=5000", "log_level=DEBUG")
+    log = b.log()
+    assert "hunter2" not in log
+    settings = next(line for line in log.splitlines() if " settings: " in line)
+    assert "secret=***" in settings and "TTL=5000" in settings
+    assert "max_header_line" not in settings  # defaults are left out of the INFO line
+
+
+def test_json_log_format_is_one_object_per_line(start_broker):
+    b = start_broker("log_format=json", "secret=hunter2")
+    b.stop()
+    lines = [line for line in b.log().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line parses
+    assert {"ts", "level", "process", "pid", "logger", "message"} <= set(records[0])
+    assert any(r["message"].startswith("stompbroker listening on 127.0.0.1:") for r in records)
+    assert any(r["message"] == "stopped" for r in records)
+    assert "hunter2" not in "\n".join(lines)
