@@ -69,7 +69,7 @@ def check_files(config) -> None:
             reader.tls_context(config)
         except (ssl.SSLError, OSError) as exc:
             raise StartError(f"ssl_cert {config.ssl_cert} / ssl_key {config.ssl_key}: {exc}") from None
-    for name in ("ready_file", "diag_dump"):
+    for name in ("ready_file",):
         path = getattr(config, name)
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.access(folder, os.W_OK):
