@@ -178,3 +178,31 @@ def test_json_log_format_is_one_object_per_line(start_broker):
     assert any(r["message"].startswith("stompbroker listening on 127.0.0.1:") for r in records)
     assert any(r["message"] == "stopped" for r in records)
     assert "hunter2" not in "\n".join(lines)
+
+
+def test_tools_honour_the_brokers_port_and_host_variables(start_broker):
+    b = start_broker()
+    tool_env = {**env(), "STOMPBROKER_PORT": str(b.port), "STOMPBROKER_HOST": "0.0.0.0"}
+    sink = subprocess.run([PY, "-m", "stompbroker.tools.sink", "--receipt", "/queue/env"], input=b"one\ntwo\n",
+                          cwd=ROOT, env=tool_env, capture_output=True, timeout=30)
+    assert sink.returncode == 0, sink.stderr
+    drain = subprocess.run([PY, "-m", "stompbroker.tools.drain", "/queue/env"], cwd=ROOT, env=tool_env,
+                           capture_output=True, text=True, timeout=30)
+    assert drain.returncode == 0 and drain.stdout == "one\ntwo\n", drain.stderr
+    bad = subprocess.run([PY, "-m", "stompbroker.tools.drain", "/queue/env"], cwd=ROOT,
+                         env={**tool_env, "STOMPBROKER_PORT": "eighty"}, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "$STOMPBROKER_PORT must be a port number" in bad.stderr
+
+
+def test_passwd_without_a_terminal_reads_stdin_or_says_how(tmp_path):
+    path = tmp_path / "passwd"
+    cmd = [PY, "-m", "stompbroker.tools.passwd", str(path), "alice"]
+    # start_new_session: no controlling terminal, as in a container or CI job
+    empty = subprocess.run(cmd, cwd=ROOT, env=env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=30, start_new_session=True)
+    assert empty.returncode == 1 and "Traceback" not in empty.stderr, empty.stderr
+    assert len(empty.stderr.strip().splitlines()) == 1 and "pipe it in on stdin" in empty.stderr
+    piped = subprocess.run(cmd, cwd=ROOT, env=env(), input="s3cret\n", capture_output=True, text=True,
+                           timeout=30, start_new_session=True)
+    assert piped.returncode == 0, piped.stderr
+    assert path.read_text().startswith("alice:scrypt$")
