@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -206,3 +207,51 @@ def test_passwd_without_a_terminal_reads_stdin_or_says_how(tmp_path):
                            timeout=30, start_new_session=True)
     assert piped.returncode == 0, piped.stderr
     assert path.read_text().startswith("alice:scrypt$")
+
+
+def dockerfile_broker_stage() -> dict:
+    """ENV, ENTRYPOINT, CMD and the HEALTHCHECK command of docker/Dockerfile's broker stage."""
+    text = open(os.path.join(ROOT, "docker", "Dockerfile")).read()
+    stage = text.split("FROM base AS broker", 1)[1].replace("\\\n", " ")
+    out = {"env": {}}
+    for line in stage.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word == "ENV":
+            out["env"].update(pair.split("=", 1) for pair in shlex.split(rest))
+        elif word in ("ENTRYPOINT", "CMD"):
+            out[word] = json.loads(rest)
+        elif word == "HEALTHCHECK":
+            out[word] = json.loads(rest.split(" CMD ", 1)[1])
+    return out
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs unshare --pid (root or user namespaces)")
+def test_the_images_entrypoint_serves_as_pid_1_and_its_healthcheck_follows(tmp_path):
+    """No Docker engine needed: the broker stage's ENTRYPOINT + CMD run as PID 1 with its ENV."""
+    image = dockerfile_broker_stage()
+    assert image["ENTRYPOINT"] == ["stompbroker"] and image["env"]["STOMPBROKER_PORT"] == "61613"
+    bin_dir = os.path.dirname(PY)
+    container_env = {**env(), **image["env"], "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+                     "STOMPBROKER_READY_FILE": str(tmp_path / "ready")}  # a private path for this test
+    command = [os.path.join(bin_dir, image["ENTRYPOINT"][0]), *image["CMD"], "port=0"]  # port=0: no clash
+    log = open(tmp_path / "log", "wb")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *command],
+                            cwd=tmp_path, env=container_env, stdout=log, stderr=subprocess.STDOUT)
+
+    def healthy() -> bool:
+        return subprocess.run(image["HEALTHCHECK"], env=container_env, capture_output=True, timeout=10).returncode == 0
+
+    try:
+        info = wait_for(str(tmp_path / "ready"), proc)
+        assert info["pid"] == 1 and info["host"] == "0.0.0.0"
+        assert healthy()
+        send_and_receive(info["port"])
+        (supervisor,) = psutil.Process(proc.pid).children()
+        os.kill(supervisor.pid, signal.SIGTERM)  # docker stop
+        assert proc.wait(20) == 0
+        assert not healthy()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        log.close()
