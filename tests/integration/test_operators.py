@@ -8,6 +8,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -255,3 +256,31 @@ def test_the_images_entrypoint_serves_as_pid_1_and_its_healthcheck_follows(tmp_p
             proc.kill()
             proc.wait(5)
         log.close()
+
+
+def test_systemd_is_told_ready_only_once_serving_and_stopping_at_stop(tmp_path):
+    """Type=notify in docker/stompbroker.service: READY=1 after the children started, STOPPING=1."""
+    unit = open(os.path.join(ROOT, "docker", "stompbroker.service")).read()
+    assert "Type=notify" in unit and "RestartPreventExitStatus=2" in unit
+    address = str(tmp_path / "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(address)
+    sock.settimeout(20)
+    log = open(tmp_path / "log", "wb")
+    proc = subprocess.Popen([PY, "-m", "stompbroker", "port=0", "processors=3"], cwd=ROOT,
+                            env={**env(), "NOTIFY_SOCKET": address}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        ready = sock.recv(4096).decode()
+        assert "READY=1" in ready and f"MAINPID={proc.pid}" in ready
+        port = int(re.search(r"STATUS=listening on 127.0.0.1:(\d+)", ready).group(1))
+        assert "started reader" in (tmp_path / "log").read_text()
+        send_and_receive(port)
+        proc.send_signal(signal.SIGTERM)
+        assert sock.recv(4096).decode() == "STOPPING=1"
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+        sock.close()
