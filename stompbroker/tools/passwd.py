@@ -68,9 +68,20 @@ NO_TTY_HINT = ("no secret: without a terminal, pipe it in on stdin "
                "(printf '%s\\n' \"$SECRET\" | stompbroker-passwd FILE LOGIN)")
 
 
+def has_terminal() -> bool:
+    """Whether getpass can prompt: stdin is a terminal, or the process has a controlling one."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        return True
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+        return True
+    except OSError:
+        return False
+
+
 def read_secret(from_stdin: bool, login: str) -> str:
     # Without a terminal to prompt on (scripts, containers, CI), stdin carries the secret.
-    from_stdin = from_stdin or sys.stdin is None or not sys.stdin.isatty()
+    from_stdin = from_stdin or not has_terminal()
     if from_stdin:
         if sys.stdin is None:
             raise Failure(NO_TTY_HINT)
