@@ -284,3 +284,25 @@ def test_systemd_is_told_ready_only_once_serving_and_stopping_at_stop(tmp_path):
             proc.wait(5)
         log.close()
         sock.close()
+
+
+def test_sigterm_during_a_start_that_hangs_stops_the_broker(tmp_path):
+    """A child stuck while starting (say, loading a huge store) does not make the broker deaf."""
+    hang = ("import sys, time; from stompbroker.processes import dispatcher\n"
+            "def stuck(self, *a): time.sleep(600)\n"
+            "dispatcher.Dispatcher.__init__ = stuck\n"
+            "from stompbroker.cli import main; sys.exit(main(['port=0', 'processors=3']))\n")
+    log_path = tmp_path / "log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([PY, "-c", hang], cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 20
+            while "started dispatcher" not in log_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+    assert "listening" not in log_path.read_text()
