@@ -263,10 +263,13 @@ class Supervisor:
             record = {"host": host, "port": port, "ssl_port": tls_port, "pid": os.getpid(),
                       "version": __version__, "ts": round(time.time(), 3)}
             tmp = f"{self.config.ready_file}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(json.dumps(record) + "\n")
-            os.replace(tmp, self.config.ready_file)
-            self.ready_written = True
+            try:
+                with open(tmp, "w") as f:
+                    f.write(json.dumps(record) + "\n")
+                os.replace(tmp, self.config.ready_file)
+                self.ready_written = True
+            except OSError as exc:  # the broker serves all the same; say why the file is missing
+                log.error("cannot write ready_file %s: %s", self.config.ready_file, exc)
         sd_notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=listening on {host}:{port}")
 
     def watch(self) -> None:
