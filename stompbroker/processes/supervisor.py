@@ -21,6 +21,7 @@ import ssl
 import time
 from multiprocessing.connection import wait
 
+import psutil
 from setproctitle import setproctitle
 
 from .. import __version__
@@ -278,6 +279,8 @@ class Supervisor:
         ready = wait(list(sentinels) + [self.signal_r, self.diag_in])
         if self.signal_r in ready:
             os.read(self.signal_r, 512)
+            if os.getpid() == 1:
+                self.reap_orphans()
         if self.diag_in in ready:
             self.write_dump()
         for fd in ready:
@@ -286,6 +289,17 @@ class Supervisor:
                 proc = self.children[role]
                 proc.join()
                 self.on_death(role, proc)
+
+    def reap_orphans(self) -> None:
+        """As PID 1 (a container) every orphan of the namespace becomes our child: reap the ones
+        that are not ours, so they do not stay zombies (ours are joined by multiprocessing)."""
+        ours = {proc.pid for proc in self.children.values()}
+        for child in psutil.Process().children():
+            try:
+                if child.pid not in ours and child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                pass
 
     def stop(self) -> int:
         sd_notify("STOPPING=1")

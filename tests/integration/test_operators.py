@@ -90,6 +90,17 @@ def test_supervisor_serves_as_pid_1_and_stops_cleanly_on_sigterm(tmp_path):
         assert "MainProcess[1]" in (tmp_path / "log").read_text()  # the supervisor is PID 1
         send_and_receive(port)
         (supervisor,) = psutil.Process(proc.pid).children()
+        roles = {c.pid for c in supervisor.children()}
+        # an orphan of the namespace (as `docker exec sh -c 'cmd &'` leaves) is reparented to PID 1
+        subprocess.run(["nsenter", "--target", str(supervisor.pid), "--pid", "--mount", "--",
+                        "sh", "-c", "sleep 0.2 & exit 0"], check=True, timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            others = [c for c in supervisor.children() if c.pid not in roles]
+            if not others:
+                break
+            time.sleep(0.1)
+        assert not others, [(c.pid, c.status()) for c in others]  # reaped, no zombie left
         os.kill(supervisor.pid, signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:
