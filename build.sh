@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
-# ./build.sh             make .venv/ and install the package with its test extras (and what they need)
-# ./build.sh test [ARGS] run every test suite: Python (pytest ARGS), then the Node.js suite in js-examples/
 # ./build.sh run ARGS    run the broker, e.g. ./build.sh run processors=4 port=61613 TTL=5000
+#                        (installs only the broker: seconds, ~30 MB; nothing when nothing changed)
+# ./build.sh test [ARGS] run every test suite: Python (pytest ARGS), then the Node.js suite in js-examples/
+# ./build.sh analysis    install the diagnostics analysis (PySpark, Java) and JupyterLab for the notebook
+# ./build.sh [setup]     install everything for development (what `test` needs), run nothing
+#
+# Each install is remembered in .venv/.installed-<extras>, keyed on a hash of setup.cfg and
+# pyproject.toml: pip runs again only when they change (or with FORCE_INSTALL=1).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 
-setup() {
+venv() {
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-    local log
+}
+
+# install EXTRAS: the package (editable) with a comma list of setup.cfg extras ("" = the broker alone)
+install() {
+    local extras=$1 stamp want log
+    stamp=.venv/.installed-${extras:-broker}
+    want=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+    if [ "${FORCE_INSTALL:-0}" != 1 ]; then
+        [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
+        # every install includes the broker itself
+        [ -z "$extras" ] && grep -qsx "$want" .venv/.installed-* && return 0
+    fi
+    venv
     log=$(mktemp)
-    if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,analysis,bench]" >"$log" 2>&1; then
+    if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" >"$log" 2>&1; then
         cat "$log" >&2
         rm -f "$log"
         return 1
     fi
     rm -f "$log"
-    # The Spark analysis needs a Java runtime: install one where it is missing and we may.
-    if ! command -v java >/dev/null 2>&1; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
-        else
-            echo "build.sh: the Spark analysis needs Java 17+ (e.g. apt-get install default-jre-headless)" >&2
-        fi
+    echo "$want" >"$stamp"
+}
+
+# The Spark analysis needs a Java runtime: install one where it is missing and we may.
+need_java() {
+    command -v java >/dev/null 2>&1 && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+    else
+        echo "build.sh: the Spark analysis needs Java 17+ (e.g. apt-get install default-jre-headless)" >&2
     fi
 }
 
@@ -37,21 +56,34 @@ need_chromium() {
     fi
 }
 
+setup_test() {
+    install "test,analysis,bench"
+    need_java
+}
+
+setup_analysis() {
+    install "analysis,notebook"
+    need_java
+}
+
 case "${1:-setup}" in
     setup)
-        setup ;;
+        setup_test ;;
     test)
         shift
-        setup
+        setup_test
         need_chromium
         .venv/bin/python -m pytest "$@"
         command -v npm >/dev/null || { echo "build.sh: js-examples/ needs Node.js 20+ and npm" >&2; exit 1; }
         (cd js-examples && npm ci --omit=optional --no-audit --no-fund --loglevel=error && npm test) ;;
+    analysis)
+        setup_analysis
+        echo "build.sh: analysis ready: .venv/bin/stompbroker-diag-report, .venv/bin/jupyter lab scripts/" >&2 ;;
     run)
         shift
-        setup >&2
+        install "" >&2
         exec .venv/bin/stompbroker "$@" ;;
     *)
-        echo "usage: ./build.sh [setup | test [pytest args] | run [broker settings]]" >&2
+        echo "usage: ./build.sh [setup | run [broker settings] | test [pytest args] | analysis]" >&2
         exit 2 ;;
 esac

@@ -19,6 +19,21 @@ class Setting:
     type: Callable[[str], Any]
     default: Any
     help: str
+    secret: bool = False  # never logged or shown: describe() prints *** for it
+
+
+def _int(text: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(str(text).strip())
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
 
 
 def _bool(text: str) -> bool:
@@ -27,7 +42,7 @@ def _bool(text: str) -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"not a boolean: {text!r}")
+    raise ValueError(f"expected true or false (also yes/no, on/off, 1/0), got {text!r}")
 
 
 def _list(text: str) -> list[str]:
@@ -38,59 +53,61 @@ KB = 1024
 MB = 1024 * 1024
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("processors", int, 0, "processor count; writers = max(processors-2, 1); 0 = number of CPUs"),
+    Setting("processors", _int, 0, "processor count; writers = max(processors-2, 1); 0 = number of CPUs"),
     Setting("host", str, "127.0.0.1", "address to bind (0.0.0.0 for every interface)"),
-    Setting("port", int, 3490, "TCP port for STOMP and WebSocket (0 = pick a free port and log it)"),
-    Setting("max_input_queue_size", int, 1_000_000, "frames in the reader-to-dispatcher queue before the reader stops reading (TCP backpressure)"),
-    Setting("input_queue_bytes", int, 32 * MB, "bytes of shared memory for the input queue (raised to fit two max-size frames)"),
-    Setting("output_queue_bytes", int, 32 * MB, "bytes of shared memory for each dispatcher-to-writer queue"),
-    Setting("max_stale_queue_size", int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
-    Setting("TTL", int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
+    Setting("port", _int, 61613, "TCP port for STOMP and WebSocket (0 = pick a free port and log it)"),
+    Setting("max_input_queue_size", _int, 1_000_000, "frames in the reader-to-dispatcher queue before the reader stops reading (TCP backpressure)"),
+    Setting("input_queue_bytes", _int, 32 * MB, "bytes of shared memory for the input queue (raised to fit two max-size frames)"),
+    Setting("output_queue_bytes", _int, 32 * MB, "bytes of shared memory for each dispatcher-to-writer queue"),
+    Setting("max_stale_queue_size", _int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
+    Setting("TTL", _int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
     Setting("ws_paths", _list, "", "comma list of the only paths a WebSocket upgrade may use (empty = any path)"),
     Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any)"),
-    Setting("ssl_port", int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
+    Setting("ssl_port", _int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
     Setting("ssl_cert", str, "", "PEM certificate chain for ssl_port"),
     Setting("ssl_key", str, "", "PEM private key for ssl_port"),
     Setting("ssl_ca", str, "", "CA bundle to verify client certificates (default: the system's)"),
     Setting("ssl_verify_client", str, "none", "client certificates: none, optional or required"),
-    Setting("max_queue_messages", int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
-    Setting("client_prefetch", int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
-    Setting("max_redeliveries", int, 5, "NACKs of one message before it goes to the dead-letter queue"),
+    Setting("max_queue_messages", _int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
+    Setting("client_prefetch", _int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
+    Setting("max_redeliveries", _int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
-    Setting("max_transaction_frames", int, 10_000, "frames one transaction may hold before COMMIT"),
+    Setting("max_transaction_frames", _int, 10_000, "frames one transaction may hold before COMMIT"),
     Setting("store", str, "memory", "queue store: memory, or sqlite (durable: messages survive restarts and crashes)"),
     Setting("store_path", str, "stompbroker.sqlite", "the sqlite store's file (store=sqlite)"),
-    Setting("checkpoint", float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
-    Setting("replay_retention", float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
-    Setting("max_frame_size", int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
-    Setting("max_headers", int, 256, "most header lines in one frame"),
-    Setting("max_header_line", int, 64 * KB, "longest header line, in bytes"),
-    Setting("max_connections", int, 10_000, "most open client connections; more are refused with an ERROR"),
-    Setting("max_subscriptions", int, 1_000, "most subscriptions per connection"),
-    Setting("max_pending_bytes", int, 16 * MB, "unsent output per connection; past it, a connection that took nothing for 1 s (or has 4x this unsent) is closed as a slow consumer"),
-    Setting("write_buffer_size", int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
-    Setting("heartbeat_min_ms", int, 100, "the broker never sends or expects heart-beats more often than this"),
-    Setting("heartbeat_max_ms", int, 120_000, "a client that can heart-beat only less often than this is refused"),
-    Setting("heartbeat_grace_ms", int, 1_000, "silence allowed past a client's heart-beat interval before it is disconnected"),
-    Setting("connect_timeout_ms", int, 10_000, "time a new connection has to send CONNECT before it is closed"),
-    Setting("shutdown_timeout_ms", int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
+    Setting("checkpoint", _float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
+    Setting("replay_retention", _float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
+    Setting("max_frame_size", _int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
+    Setting("max_headers", _int, 256, "most header lines in one frame"),
+    Setting("max_header_line", _int, 64 * KB, "longest header line, in bytes"),
+    Setting("max_connections", _int, 10_000, "most open client connections; more are refused with an ERROR"),
+    Setting("max_subscriptions", _int, 1_000, "most subscriptions per connection"),
+    Setting("max_pending_bytes", _int, 16 * MB, "unsent output per connection; past it, a connection that took nothing for 1 s (or has 4x this unsent) is closed as a slow consumer"),
+    Setting("write_buffer_size", _int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
+    Setting("heartbeat_min_ms", _int, 100, "the broker never sends or expects heart-beats more often than this"),
+    Setting("heartbeat_max_ms", _int, 120_000, "a client that can heart-beat only less often than this is refused"),
+    Setting("heartbeat_grace_ms", _int, 1_000, "silence allowed past a client's heart-beat interval before it is disconnected"),
+    Setting("connect_timeout_ms", _int, 10_000, "time a new connection has to send CONNECT before it is closed"),
+    Setting("shutdown_timeout_ms", _int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
     Setting("auth", str, "off", "off: any login is accepted; passwd: logins are checked against passwd_file"),
     Setting("passwd_file", str, "stompbroker.passwd", "users, as login:secret[:permissions] lines (stompbroker-passwd writes them); re-read on SIGHUP"),
     Setting("acl_file", str, "", "optional per-user read/write/admin rules (lines: login read|write PATTERN,...; login admin)"),
-    Setting("secret", str, "", "xtomp token logins: passcode = base64(sha1(login + secret)), login = '<user> <unix-seconds> <random>'"),
-    Setting("secret_timeout", float, 60.0, "seconds a token login stays valid"),
+    Setting("secret", str, "", "xtomp token logins: passcode = base64(sha1(login + secret)), login = '<user> <unix-seconds> <random>'; never logged (prefer STOMPBROKER_SECRET or a config file to the command line)", secret=True),
+    Setting("secret_timeout", _float, 60.0, "seconds a token login stays valid"),
     Setting("token_mode", str, "sha1", "sha1 (xtomp's) or hmac (HMAC-SHA256: prefer it)"),
-    Setting("auth_fail_delay_ms", int, 250, "a refused login waits this long, doubling per failure from the same address (at most 10 s)"),
+    Setting("auth_fail_delay_ms", _int, 250, "a refused login waits this long, doubling per failure from the same address (at most 10 s)"),
     Setting("diag_admin_only", _bool, False, "only admin users may use DIAG and /queue/monitor"),
     Setting("diag_before_connect", _bool, True, "answer DIAG frames before CONNECT, as stompica did (off: only after CONNECT)"),
-    Setting("diag_interval", int, 1_000, "milliseconds per statistics interval (latency percentiles, dump lines)"),
+    Setting("diag_interval", _int, 1_000, "milliseconds per statistics interval (latency percentiles, dump lines)"),
     Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
-    Setting("diag_dump_max_bytes", int, 64 * MB, "rotate the dump file past this size"),
-    Setting("diag_dump_backups", int, 5, "rotated dump files kept (path.1 ... path.N)"),
+    Setting("diag_dump_max_bytes", _int, 64 * MB, "rotate the dump file past this size"),
+    Setting("diag_dump_backups", _int, 5, "rotated dump files kept (path.1 ... path.N)"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
-    Setting("monitor_interval", int, 5_000, "milliseconds between /queue/monitor status messages"),
+    Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    Setting("log_format", str, "text", "text, or json: one JSON object per line (ts, level, process, pid, logger, message)"),
+    Setting("ready_file", str, "", "once the broker serves, write one JSON line here (host, port, ssl_port, pid, version); removed at stop (empty = off)"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -115,24 +132,51 @@ class Config:
 
     @property
     def settings_id(self) -> str:
-        """Short stable hash of the effective settings, to tell runs apart in diagnostics dumps."""
-        text = ",".join(f"{k}={self.values[k]}" for k in sorted(self.values))
+        """Short stable hash of the effective settings, to tell runs apart in diagnostics dumps
+        (secrets count only as set or not: a short hash of one could be brute-forced)."""
+        shown = {s.name: bool(self.values[s.name]) if s.secret else self.values[s.name] for s in SETTINGS}
+        text = ",".join(f"{k}={shown[k]}" for k in sorted(shown))
         return hashlib.sha1(text.encode()).hexdigest()[:8]
 
-    def describe(self) -> str:
-        return " ".join(f"{s.name}={self.values[s.name]}" for s in SETTINGS)
+    def secrets(self) -> list[str]:
+        """The values of secret settings that are set, for redaction wherever text is logged."""
+        return [str(self.values[s.name]) for s in SETTINGS if s.secret and self.values[s.name]]
+
+    def describe(self, every: bool = False) -> str:
+        """The settings that differ from their defaults (every one with every=True), secrets as ***."""
+        words = []
+        for s in SETTINGS:
+            value = self.values[s.name]
+            if not every and value == _default(s):
+                continue
+            if isinstance(value, list):
+                value = ",".join(value)
+            words.append(f"{s.name}={'***' if s.secret and value else value}")
+        return " ".join(words) or "all defaults"
+
+
+def _default(s: Setting) -> Any:
+    return s.type(s.default) if isinstance(s.default, str) else s.default
 
 
 def make_config(**overrides: Any) -> Config:
     """Defaults plus overrides, validated; used by the CLI and by tests."""
-    values = {s.name: s.type(s.default) if isinstance(s.default, str) else s.default for s in SETTINGS}
+    values = {s.name: _default(s) for s in SETTINGS}
     for key, value in overrides.items():
         setting = BY_LOWER.get(key.lower())
         if setting is None:
             raise ValueError(f"unknown setting {key!r}")
-        values[setting.name] = setting.type(value) if isinstance(value, str) else value
+        values[setting.name] = convert(setting, value) if isinstance(value, str) else value
     validate(values)
     return Config(values)
+
+
+def convert(setting: Setting, text: str) -> Any:
+    """A setting's value from text; ValueError names the setting and what it accepts."""
+    try:
+        return setting.type(text)
+    except ValueError as exc:
+        raise ValueError(f"{setting.name}: {exc}") from None
 
 
 def validate(values: dict) -> None:
@@ -168,6 +212,8 @@ def validate(values: dict) -> None:
         raise ValueError(f"port must be at most 65535, got {values['port']}")
     if values["heartbeat_min_ms"] > values["heartbeat_max_ms"]:
         raise ValueError("heartbeat_min_ms must not exceed heartbeat_max_ms")
+    if values["log_format"] not in ("text", "json"):
+        raise ValueError(f"log_format must be text or json, got {values['log_format']!r}")
     if values["log_level"].upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ValueError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {values['log_level']!r}")
 

@@ -1,24 +1,20 @@
 #!/usr/bin/env node
 // A terminal chat over STOMP over WebSocket.
 //
-//   node examples/chat.mjs --name alice [--room lobby] [--url ws://127.0.0.1:3490/stomp]
+//   node examples/chat.mjs --name alice [--room lobby] [URL | --url ws://127.0.0.1:61613/stomp]
 //
 // Lines typed on stdin go to /topic/chat.<room>; everyone's lines are printed. Run it in two
-// terminals against one broker (./build.sh run port=3490) to talk. With stdin from a pipe it sends
+// terminals against one broker (./build.sh run port=61613) to talk. With stdin from a pipe it sends
 // each line, waits for the broker's receipt, and exits at the end of input. Without --url it
 // starts a broker of its own (handy to try it out alone).
 import readline from 'node:readline';
-import { parseArgs } from 'node:util';
 
 import { connectClient, receipt } from '../lib/harness.mjs';
-import { brokerUrl, onInterrupt } from './common.mjs';
+import { brokerUrl, exampleArgs, onInterrupt } from './common.mjs';
 
-const { values: args } = parseArgs({
-  options: {
-    url: { type: 'string' },
-    room: { type: 'string', default: 'lobby' },
-    name: { type: 'string', default: `user-${process.pid}` },
-  },
+const args = exampleArgs({
+  room: { type: 'string', default: 'lobby' },
+  name: { type: 'string', default: `user-${process.pid}` },
 });
 
 const broker = await brokerUrl(args.url);

@@ -1,23 +1,19 @@
 #!/usr/bin/env node
 // Print the broker's statistics every 500 ms, using DIAG queries.
 //
-//   node examples/diag-poller.mjs [--url ws://127.0.0.1:3490/stomp] [--interval 500] [--count N]
+//   node examples/diag-poller.mjs [URL | --url ws://127.0.0.1:61613/stomp] [--interval 500] [--count N]
 //
 // It subscribes to DIAG/<random> and sends the queries `session`, `ws_buffer` and `stale` as
 // SEND bodies to that destination; each answer is a MESSAGE whose headers are the figures.
 // Without --url it starts a broker of its own (TTL=5000) and prints a few rounds.
 import { randomBytes } from 'node:crypto';
-import { parseArgs } from 'node:util';
 
 import { connectClient, sleep, withTimeout } from '../lib/harness.mjs';
-import { brokerUrl, onInterrupt } from './common.mjs';
+import { brokerUrl, exampleArgs, onInterrupt } from './common.mjs';
 
-const { values: args } = parseArgs({
-  options: {
-    url: { type: 'string' },
-    interval: { type: 'string', default: '500' },
-    count: { type: 'string' },
-  },
+const args = exampleArgs({
+  interval: { type: 'string', default: '500' },
+  count: { type: 'string' },
 });
 const interval = Number(args.interval);
 const count = args.count ? Number(args.count) : (args.url || process.env.STOMP_URL ? Infinity : 6);

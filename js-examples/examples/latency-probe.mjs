@@ -1,24 +1,20 @@
 #!/usr/bin/env node
 // Measure publish-to-delivery latency through the broker over WebSocket.
 //
-//   node examples/latency-probe.mjs [--url ws://127.0.0.1:3490/stomp] [--count 500] [--interval 5] [--size 100]
+//   node examples/latency-probe.mjs [URL | --url ws://127.0.0.1:61613/stomp] [--count 500] [--interval 5] [--size 100]
 //
 // A publisher sends `count` messages of `size` bytes, one every `interval` ms, to a topic a second
 // connection subscribes to; each carries its send time (process.hrtime) in a header. It prints
 // min / median / p90 / p99 / max. Without --url it starts a broker of its own.
 import { randomBytes } from 'node:crypto';
-import { parseArgs } from 'node:util';
 
 import { connectClient, receipt, sleep, withTimeout } from '../lib/harness.mjs';
-import { brokerUrl, onInterrupt } from './common.mjs';
+import { brokerUrl, exampleArgs, onInterrupt } from './common.mjs';
 
-const { values: args } = parseArgs({
-  options: {
-    url: { type: 'string' },
-    count: { type: 'string', default: '500' },
-    interval: { type: 'string', default: '5' },
-    size: { type: 'string', default: '100' },
-  },
+const args = exampleArgs({
+  count: { type: 'string', default: '500' },
+  interval: { type: 'string', default: '5' },
+  size: { type: 'string', default: '100' },
 });
 const count = Number(args.count);
 const interval = Number(args.interval);

@@ -145,7 +145,7 @@ export function connectClient(url, options = {}, { timeoutMs = 10000, onSocket }
     client.onWebSocketClose = event => {
       if (!client.connected) {
         clearTimeout(timer);
-        reject(new Error(`WebSocket closed before CONNECTED (code ${event?.code})`));
+        reject(new Error(`WebSocket to ${url} closed before CONNECTED (code ${event?.code}): is a broker listening there?`));
       }
       options.onWebSocketClose?.(event);
     };

@@ -83,6 +83,7 @@ DUMP_SCHEMA = StructType(
                         StructField("role", StringType()),
                         StructField("pid", DoubleType()),
                         StructField("rss", DoubleType()),
+                        StructField("private", DoubleType()),
                         StructField("cpu_seconds", DoubleType()),
                     ]
                 )

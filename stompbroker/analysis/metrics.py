@@ -137,7 +137,8 @@ def latency(df: DataFrame) -> DataFrame:
 
 
 def memory(df: DataFrame) -> DataFrame:
-    """RSS and CPU per process per interval (cpu_percent null on a process's first sample)."""
+    """RSS, private memory and CPU per process per interval (cpu_percent null on a process's first
+    sample). private is anonymous resident memory (RssAnon); dumps older than that field give rss."""
     p = df.select(*KEYS, "dt_s", F.explode("process").alias("p")).select(
         *KEYS,
         "dt_s",
@@ -145,6 +146,7 @@ def memory(df: DataFrame) -> DataFrame:
         F.col("p.pid").cast("long").alias("pid"),
         F.col("p.rss").cast("long").alias("rss"),
         (F.col("p.rss") / 2**20).alias("rss_mb"),
+        F.coalesce(F.col("p.private"), F.col("p.rss")).cast("long").alias("private"),
         F.col("p.cpu_seconds").alias("cpu_seconds"),
     )
     # A pid's CPU time since *its* start is unknown relative to the window,
@@ -160,25 +162,29 @@ def leak_flags(
     min_up_fraction: float = LEAK_MIN_UP_FRACTION,
     min_r2: float = LEAK_MIN_R2,
 ) -> DataFrame:
-    """One row per process (run, role, pid) with a least-squares RSS slope and a leak flag.
+    """One row per process (run, role, pid) with a least-squares slope of its private memory and a
+    leak flag. Private (anonymous) memory only: RSS also counts shared-memory ring pages as they are
+    first touched, which grows in every healthy process until the rings have been used whole.
+    (The *_rss columns keep their names but hold private memory.)
 
     leak = samples >= min_samples
            and slope (bytes/s) >= min_slope
            and up_fraction >= min_up_fraction  (increases / steps where RSS changed)
            and r2 >= min_r2                    (the growth is steady, not one jump)
     """
+    value = "private" if "private" in mem_df.columns else "rss"
     w = Window.partitionBy("run", "role", "pid").orderBy("ts")
-    step = F.signum(F.col("rss") - F.lag("rss").over(w))
+    step = F.signum(F.col(value) - F.lag(value).over(w))
     m = mem_df.withColumn("_step", step)
     g = m.groupBy("run", "run_seq", "role", "pid").agg(
-        F.count("rss").alias("samples"),
+        F.count(value).alias("samples"),
         ((F.max("ts") - F.min("ts")) / 1000.0).alias("span_s"),
-        F.min_by("rss", "ts").alias("first_rss"),
-        F.max_by("rss", "ts").alias("last_rss"),
-        F.max("rss").alias("peak_rss"),
-        F.covar_pop("t_s", "rss").alias("_cov"),
+        F.min_by(value, "ts").alias("first_rss"),
+        F.max_by(value, "ts").alias("last_rss"),
+        F.max(value).alias("peak_rss"),
+        F.covar_pop("t_s", value).alias("_cov"),
         F.var_pop("t_s").alias("_var"),
-        F.corr("t_s", "rss").alias("_r"),
+        F.corr("t_s", value).alias("_r"),
         F.sum(F.when(F.col("_step") > 0, 1).otherwise(0)).alias("up_steps"),
         F.sum(F.when(F.col("_step") < 0, 1).otherwise(0)).alias("down_steps"),
     )

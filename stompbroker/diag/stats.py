@@ -113,7 +113,10 @@ class Statistics:
                     proc = self._procs[pid] = psutil.Process(pid)
                 with proc.oneshot():
                     cpu = proc.cpu_times()
-                    out.append({"role": role, "pid": pid, "rss": proc.memory_info().rss,
+                    mem = proc.memory_info()
+                    # private: anonymous resident memory (RssAnon = resident - shared). RSS also
+                    # counts the shared-memory rings' pages as they are first touched.
+                    out.append({"role": role, "pid": pid, "rss": mem.rss, "private": mem.rss - mem.shared,
                                 "cpu_seconds": round(cpu.user + cpu.system, 3)})
             except psutil.Error:
                 self._procs.pop(pid, None)

@@ -20,6 +20,10 @@ READER_STATS = ("connections", "accepted", "refused", "frames_in", "bytes_in", "
                 "websockets", "ws_allocated", "ws_hits", "ws_misses")
 SUPERVISOR_STATS = ("dump_lines", "dump_errors", "dump_dropped", "restarts")
 
+# Set when the supervisor makes the Resources, before any fork: a child compares its parent with
+# it (the supervisor may be PID 1, in a container).
+_supervisor_pid = 0
+
 
 class SharedStats:
     """Named float64 counters in shared memory: one process writes them, any process reads them."""
@@ -85,6 +89,8 @@ class Resources:
     """Made once by the supervisor before any child is forked, so every child inherits them."""
 
     def __init__(self, config, listener: socket.socket, tls_listener: socket.socket | None = None):
+        global _supervisor_pid
+        _supervisor_pid = os.getpid()
         self.listener = listener
         self.tls_listener = tls_listener
         # Big enough for a few maximum-size frames in flight.
@@ -94,6 +100,7 @@ class Resources:
         self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
         self.reader_control = os.pipe()  # supervisor -> reader: "writer N was restarted"
         self.dispatcher_ready = os.pipe()  # dispatcher -> supervisor: state loaded, start reading
+        self.reader_ready = os.pipe()  # reader -> supervisor: accepting; the broker serves
         self.reader_stats = SharedStats(READER_STATS)
         self.writer_stats = [SharedStats(WRITER_STATS) for _ in range(config.writers)]
         self.writer_latency = [SharedHistogram(latency.BUCKETS) for _ in range(config.writers)]
@@ -152,12 +159,11 @@ def become_child(role: str, config) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    supervisor = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != supervisor or supervisor == 1:
+    if os.getppid() != _supervisor_pid:
         sys.exit(0)  # the supervisor died while this child was starting
     logging.getLogger().setLevel(config.log_level.upper())

@@ -78,6 +78,7 @@ class Reader:
         self.ring = resources.input_ring
         self.fd_socks = [pair[0] for pair in resources.fd_pairs]
         self.control = resources.reader_control[0]
+        self.ready_fd = resources.reader_ready[1]
         self.shared = resources.reader_stats
         self.stats = dict.fromkeys(self.shared.names, 0)
         self.sel = selectors.DefaultSelector()
@@ -109,6 +110,7 @@ class Reader:
             self.tls_listener.setblocking(False)
             self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept")
         closing_tls: set = set()
+        os.write(self.ready_fd, b"R")  # the supervisor announces the broker after this
         while self.running:
             events = self.sel.select(0.25 if closing_tls or self.http_waiting else None)
             now = time.monotonic()

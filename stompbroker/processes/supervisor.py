@@ -11,6 +11,7 @@ listening socket, held here, keeps queueing new connections meanwhile.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -20,11 +21,13 @@ import ssl
 import time
 from multiprocessing.connection import wait
 
+import psutil
 from setproctitle import setproctitle
 
 from .. import __version__
 from . import dispatcher, reader, writer
 from ..diag.dump import DumpWriter
+from ..security import passwd
 from ..store import sqlite as store
 from .common import Resources, tune_malloc
 
@@ -32,13 +35,71 @@ log = logging.getLogger("stompbroker.supervisor")
 
 RESTART_WINDOW = 10.0   # seconds
 RESTART_LIMIT = 10      # restarts within the window before the supervisor gives up
+READER_START_TIMEOUT = 30.0  # seconds; the dispatcher may take longer (it loads the store)
+
+
+class StartError(Exception):
+    """The broker cannot start; the message is one line naming what is wrong."""
+
+
+def check_files(config) -> None:
+    """Read, before forking, every file a child would read at start: a missing or malformed one
+    stops the start with its name instead of a child's traceback."""
+    wanted = []
+    if config.auth == "passwd":
+        wanted.append(("passwd_file", config.passwd_file))
+    if config.acl_file:
+        wanted.append(("acl_file", config.acl_file))
+    if config.ssl_port:
+        wanted += [("ssl_cert", config.ssl_cert), ("ssl_key", config.ssl_key)]
+        if config.ssl_ca:
+            wanted.append(("ssl_ca", config.ssl_ca))
+    for name, path in wanted:
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise StartError(f"{name} {path}: {exc.strerror}") from None
+    if config.auth == "passwd" or config.acl_file:
+        try:
+            passwd.load(config.passwd_file if config.auth == "passwd" else None, config.acl_file or None)
+        except (OSError, ValueError) as exc:
+            raise StartError(str(exc)) from None
+    if config.ssl_port:
+        try:
+            reader.tls_context(config)
+        except (ssl.SSLError, OSError) as exc:
+            raise StartError(f"ssl_cert {config.ssl_cert} / ssl_key {config.ssl_key}: {exc}") from None
+    for name in ("ready_file",):
+        path = getattr(config, name)
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.access(folder, os.W_OK):
+            raise StartError(f"{name} {path}: cannot write in {folder}")
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) how the service is doing; nothing without $NOTIFY_SOCKET."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(message.encode(), address)
+    except OSError as exc:
+        log.warning("cannot notify systemd: %s", exc)
 
 
 def open_listener(config, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, port))
+    try:
+        sock.bind((config.host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartError(f"cannot listen on {config.host}:{port}: {exc.strerror}") from None
     sock.listen(min(max(config.max_connections, 128), 65535))
     return sock
 
@@ -47,6 +108,7 @@ class Supervisor:
     def __init__(self, config):
         self.config = config
         tune_malloc()
+        check_files(config)
         if config.store == "sqlite":  # refuse to start on a damaged store rather than lose messages
             count = store.check(config.store_path)
             log.info("store %s holds %d queued messages", config.store_path, count)
@@ -55,7 +117,6 @@ class Supervisor:
         self.port = self.listener.getsockname()[1]
         self.tls_listener = None
         if config.ssl_port:
-            reader.tls_context(config)  # a bad certificate or key stops the start here, clearly
             self.tls_listener = open_listener(config, config.ssl_port)
         self.resources = Resources(config, self.listener, self.tls_listener)
         self.children: dict[str, multiprocessing.Process] = {}
@@ -63,6 +124,8 @@ class Supervisor:
         self.stats = {"dump_lines": 0, "dump_errors": 0, "dump_dropped": 0, "restarts": 0}
         self.signal_r, self.signal_w = os.pipe()
         self.stopping = None  # None, "graceful" or "fast"
+        self.exit_code = 0  # 1: gave up restarting children; 2: a child could not start
+        self.ready_written = False
         self.dump = DumpWriter(config.diag_dump, config.diag_dump_max_bytes, config.diag_dump_backups) \
             if config.diag_dump else None
         self.diag_in = self.resources.diag_channel[1]
@@ -85,23 +148,34 @@ class Supervisor:
     def roles(self) -> list[str]:
         return ["dispatcher"] + [f"writer-{i}" for i in range(self.config.writers)] + ["reader"]
 
-    def start_all(self) -> None:
+    def start_all(self) -> bool:
+        """Start every child; True once the reader accepts, False when a signal stopped the start.
+        Raises StartError when a child dies or hangs while starting."""
         for role in self.roles():
             if role == "reader":
-                self.wait_for_dispatcher()
+                # No connection is read before the dispatcher has loaded its state (the store).
+                if not self.wait_ready("dispatcher", self.resources.dispatcher_ready[0], None):
+                    return False
             self.spawn(role)
+        return self.wait_ready("reader", self.resources.reader_ready[0], READER_START_TIMEOUT)
 
-    def wait_for_dispatcher(self) -> None:
-        """No connection is read before the dispatcher has loaded its state (the durable store)."""
-        ready = self.resources.dispatcher_ready[0]
-        dispatcher = self.children["dispatcher"]
-        while True:
-            readable = wait([ready, dispatcher.sentinel], timeout=60)
+    def wait_ready(self, role: str, ready: int, timeout: float | None) -> bool:
+        proc = self.children[role]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.stopping is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise StartError(f"the {role} did not start within {timeout:.0f} s")
+            readable = wait([ready, proc.sentinel, self.signal_r], timeout=left)
             if ready in readable:
                 os.read(ready, 16)
-                return
-            if dispatcher.sentinel in readable or not readable:
-                raise SystemExit("the dispatcher did not start (see the log above)")
+                return True
+            if proc.sentinel in readable:
+                proc.join()
+                raise StartError(f"the {role} exited with status {proc.exitcode} while starting (see the log above)")
+            if self.signal_r in readable:
+                os.read(self.signal_r, 512)
+        return False
 
     def kill_all(self) -> None:
         for proc in self.children.values():
@@ -122,6 +196,7 @@ class Supervisor:
         if len(self.restarts) > RESTART_LIMIT:
             log.critical("%d restarts within %.0f s: giving up", len(self.restarts), RESTART_WINDOW)
             self.stopping = "fast"
+            self.exit_code = 1
             return
         if role.startswith("writer-"):
             # The new writer takes over the same ring and fd channel (the reader and dispatcher
@@ -133,7 +208,8 @@ class Supervisor:
             log.error("restarting every process (the %s holds shared state); open connections are closed", role)
             self.kill_all()
             self.resources.reset()
-            self.start_all()
+            if not self.start_all():
+                self.stopping = self.stopping or "fast"
 
     # -- signals -------------------------------------------------------------------------------
     def install_signals(self) -> None:
@@ -156,26 +232,82 @@ class Supervisor:
     def run(self) -> int:
         setproctitle(f"stompbroker: supervisor port={self.port}")
         self.install_signals()
-        log.info("stompbroker %s listening on %s:%d with %d writer(s)", __version__, self.config.host,
+        log.info("stompbroker %s starting on %s:%d with %d writer(s)", __version__, self.config.host,
                  self.port, self.config.writers)
         log.info("settings: %s", self.config.describe())
-        self.start_all()
-        if self.tls_listener is not None:
-            log.info("TLS (STOMP and wss) on %s:%d", self.config.host, self.tls_listener.getsockname()[1])
-        print(f"stompbroker listening on {self.config.host}:{self.port}", flush=True)
-        while self.stopping is None:
-            sentinels = {proc.sentinel: role for role, proc in self.children.items()}
-            ready = wait(list(sentinels) + [self.signal_r, self.diag_in])
-            if self.signal_r in ready:
-                os.read(self.signal_r, 512)
-            if self.diag_in in ready:
-                self.write_dump()
-            for fd in ready:
-                role = sentinels.get(fd)
-                if role is not None and self.stopping is None:
-                    proc = self.children[role]
-                    proc.join()
-                    self.on_death(role, proc)
+        log.debug("all settings: %s", self.config.describe(every=True))
+        try:
+            if self.start_all():
+                self.announce()
+            else:
+                self.stopping = "fast"  # a signal during the start: nothing to flush yet
+            while self.stopping is None:
+                self.watch()
+        except StartError as exc:
+            log.critical("cannot start: %s", exc)
+            self.stopping = "fast"
+            self.exit_code = 2
+        return self.stop()
+
+    def announce(self) -> None:
+        """The broker serves: say so (the log line tools scrape, the ready file, systemd)."""
+        host, port = self.config.host, self.port
+        tls_port = self.tls_listener.getsockname()[1] if self.tls_listener is not None else 0
+        if tls_port:
+            log.info("TLS (STOMP and wss) on %s:%d", host, tls_port)
+        line = f"stompbroker listening on {host}:{port}"
+        if self.config.log_format == "json":
+            log.info(line)
+        else:
+            print(line, flush=True)
+        if self.config.ready_file:
+            record = {"host": host, "port": port, "ssl_port": tls_port, "pid": os.getpid(),
+                      "version": __version__, "ts": round(time.time(), 3)}
+            tmp = f"{self.config.ready_file}.{os.getpid()}.tmp"
+            try:
+                with open(tmp, "w") as f:
+                    f.write(json.dumps(record) + "\n")
+                os.replace(tmp, self.config.ready_file)
+                self.ready_written = True
+            except OSError as exc:  # the broker serves all the same; say why the file is missing
+                log.error("cannot write ready_file %s: %s", self.config.ready_file, exc)
+        sd_notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=listening on {host}:{port}")
+
+    def watch(self) -> None:
+        """One wait: a signal, a statistics line to write, or a child that died."""
+        sentinels = {proc.sentinel: role for role, proc in self.children.items()}
+        ready = wait(list(sentinels) + [self.signal_r, self.diag_in])
+        if self.signal_r in ready:
+            os.read(self.signal_r, 512)
+            if os.getpid() == 1:
+                self.reap_orphans()
+        if self.diag_in in ready:
+            self.write_dump()
+        for fd in ready:
+            role = sentinels.get(fd)
+            if role is not None and self.stopping is None:
+                proc = self.children[role]
+                proc.join()
+                self.on_death(role, proc)
+
+    def reap_orphans(self) -> None:
+        """As PID 1 (a container) every orphan of the namespace becomes our child: reap the ones
+        that are not ours, so they do not stay zombies (ours are joined by multiprocessing)."""
+        ours = {proc.pid for proc in self.children.values()}
+        for child in psutil.Process().children():
+            try:
+                if child.pid not in ours and child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
+            except (psutil.Error, ChildProcessError):
+                pass
+
+    def stop(self) -> int:
+        sd_notify("STOPPING=1")
+        if self.ready_written:
+            try:
+                os.unlink(self.config.ready_file)
+            except OSError:
+                pass
         if self.stopping == "graceful":
             self.graceful()
         else:
@@ -187,7 +319,7 @@ class Supervisor:
             self.dump.close()
         self.resources.close()
         log.info("stopped")
-        return 0
+        return self.exit_code
 
     def write_dump(self) -> None:
         while True:
@@ -220,6 +352,9 @@ def run(config) -> int:
     except store.StoreError as exc:
         log.critical("%s; not starting. 'stompbroker-store check|export|repair %s' can help.", exc,
                      config.store_path)
+        return 2
+    except StartError as exc:
+        log.critical("cannot start: %s", exc)
         return 2
     except (ssl.SSLError, OSError) as exc:
         log.critical("cannot start: %s", exc)

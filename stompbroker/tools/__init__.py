@@ -24,7 +24,9 @@ __all__ = ["add_connection_options", "connect", "decode_escapes", "exit_status_h
            "BrokerError", "ClientError", "ConnectionClosed", "StompClient"]
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 3490  # the broker's default port
+DEFAULT_PORT = 61613  # the broker's default port
+# The broker's own variables, so a shell set up for the broker points the tools at it too.
+HOST_ENV, PORT_ENV = "STOMPBROKER_HOST", "STOMPBROKER_PORT"
 
 EXIT_OK = 0
 EXIT_FAILURE = 1      # the broker refused something, went away, or could not be reached
@@ -33,7 +35,8 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a C tool killed by SIGPIPE reports
 
 CONNECTION_EPILOG = """\
-connection: --host/--port for raw STOMP over TCP (default 127.0.0.1:3490, the broker's default),
+connection: --host/--port for raw STOMP over TCP (default $STOMPBROKER_HOST:$STOMPBROKER_PORT, else
+127.0.0.1:61613, the broker's default),
 or --ws ws://HOST:PORT/ for STOMP over WebSocket (any path; wss:// works too). The passcode can
 also come from the STOMPBROKER_PASSCODE environment variable, which keeps it out of `ps`.
 
@@ -94,10 +97,11 @@ def delimiter(text: str) -> bytes:
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("connection")
-    group.add_argument("--host", default=None, help=f"broker host for STOMP over TCP (default {DEFAULT_HOST})")
-    group.add_argument("--port", type=int, default=None, help=f"broker port (default {DEFAULT_PORT})")
+    group.add_argument("--host", default=None,
+                       help=f"broker host for STOMP over TCP (default ${HOST_ENV}, else {DEFAULT_HOST})")
+    group.add_argument("--port", type=int, default=None, help=f"broker port (default ${PORT_ENV}, else {DEFAULT_PORT})")
     group.add_argument("--ws", metavar="URL", default=None,
-                       help="connect over WebSocket instead, e.g. ws://127.0.0.1:3490/")
+                       help=f"connect over WebSocket instead, e.g. ws://127.0.0.1:{DEFAULT_PORT}/")
     group.add_argument("--login", default=None, help="login header of CONNECT")
     group.add_argument("--passcode", default=None,
                        help="passcode header of CONNECT (default: $STOMPBROKER_PASSCODE)")
@@ -115,6 +119,19 @@ def check_connection_options(parser: argparse.ArgumentParser, args: argparse.Nam
             parser.error(f"--ws needs a ws:// or wss:// URL, not {args.ws!r}")
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, not {args.port}")
+    if args.ws is None:
+        if args.host is None:
+            args.host = os.environ.get(HOST_ENV) or DEFAULT_HOST
+            if args.host in ("0.0.0.0", "::"):  # the broker's "every interface": reach it on loopback
+                args.host = "127.0.0.1" if args.host == "0.0.0.0" else "::1"
+        if args.port is None:
+            text = os.environ.get(PORT_ENV)
+            try:
+                args.port = int(text) if text else DEFAULT_PORT
+            except ValueError:
+                parser.error(f"${PORT_ENV} must be a port number, not {text!r}")
+            if not 0 < args.port < 65536:
+                parser.error(f"${PORT_ENV} must be between 1 and 65535, not {args.port}")
     if args.connect_timeout <= 0:
         parser.error("--connect-timeout must be positive")
 

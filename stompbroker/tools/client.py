@@ -3,7 +3,7 @@
 It is deliberately independent of the broker's own protocol code (a bug shared by both sides
 would go unnoticed by the tools' tests). One connection, one thread:
 
-    client = StompClient.connect(host="127.0.0.1", port=3490)        # or ws_url="ws://..."
+    client = StompClient.connect(host="127.0.0.1", port=61613)        # or ws_url="ws://..."
     client.subscribe("/topic/a", "sub-0")                              # waits for the receipt
     frame = client.read_frame(timeout=1.0)                             # None on timeout
     client.send("/topic/b", b"body", receipt=True)                     # waits for the receipt
@@ -246,7 +246,7 @@ class StompClient:
 
     # -- connection ------------------------------------------------------------------------------
     @classmethod
-    def connect(cls, host: str = "127.0.0.1", port: int = 3490, ws_url: str | None = None,
+    def connect(cls, host: str = "127.0.0.1", port: int = 61613, ws_url: str | None = None,
                 login: str | None = None, passcode: str | None = None, timeout: float = 5.0,
                 vhost: str | None = None) -> "StompClient":
         """Open the transport, send CONNECT and wait for CONNECTED (an ERROR raises BrokerError)."""

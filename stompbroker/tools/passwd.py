@@ -1,6 +1,7 @@
 """stompbroker-passwd FILE LOGIN: add, replace or delete a user in a passwd file.
 
-The secret is asked for twice on the terminal (or read from stdin with ``--password-stdin``) and
+The secret is asked for twice on the terminal (or read from stdin with ``--password-stdin`` or
+when stdin is not a terminal) and
 stored as a salted scrypt hash (``stompbroker.security.passwd.hash_secret``). Every other line of
 the file, comments and blank lines included, is kept as it is; a replaced user keeps its
 permissions unless ``--permissions`` gives new ones. The file is written atomically (a temporary
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("login", metavar="LOGIN", help="the user to add, change or delete")
     parser.add_argument("--password-stdin", action="store_true",
                         help="read the secret from stdin (one line; the final newline is dropped) "
-                             "instead of asking twice on the terminal")
+                             "instead of asking twice on the terminal (the default when stdin is not a terminal)")
     parser.add_argument("--delete", action="store_true", help="remove LOGIN's line")
     parser.add_argument("--permissions", metavar="SPEC", default=None,
                         help="set LOGIN's permissions (e.g. 'read=/topic/*;write=/queue/*;admin'; "
@@ -63,9 +64,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+NO_TTY_HINT = ("no secret: without a terminal, pipe it in on stdin "
+               "(printf '%s\\n' \"$SECRET\" | stompbroker-passwd FILE LOGIN)")
+
+
+def has_terminal() -> bool:
+    """Whether getpass can prompt: stdin is a terminal, or the process has a controlling one."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        return True
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+        return True
+    except OSError:
+        return False
+
+
 def read_secret(from_stdin: bool, login: str) -> str:
+    # Without a terminal to prompt on (scripts, containers, CI), stdin carries the secret.
+    from_stdin = from_stdin or not has_terminal()
     if from_stdin:
+        if sys.stdin is None:
+            raise Failure(NO_TTY_HINT)
         data = sys.stdin.read()
+        if not data:
+            raise Failure(NO_TTY_HINT)
         if data.endswith("\n"):
             data = data[:-1]
             if data.endswith("\r"):
@@ -73,9 +95,12 @@ def read_secret(from_stdin: bool, login: str) -> str:
         if "\n" in data or "\r" in data:
             raise Failure("the secret on stdin must be one line")
     else:
-        data = getpass.getpass(f"Secret for {login}: ")
-        if data and getpass.getpass("Again: ") != data:
-            raise Failure("the secrets differ; nothing changed")
+        try:
+            data = getpass.getpass(f"Secret for {login}: ")
+            if data and getpass.getpass("Again: ") != data:
+                raise Failure("the secrets differ; nothing changed")
+        except EOFError:
+            raise Failure(NO_TTY_HINT) from None
     if not data:
         raise Failure("empty secret; nothing changed")
     return data

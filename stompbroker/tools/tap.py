@@ -37,7 +37,7 @@ examples:
   stompbroker-tap /topic/prices                      one body per line, until Ctrl-C
   stompbroker-tap -n 1 --timeout 5 /queue/replies    wait up to 5 s for one reply
   stompbroker-tap -d '\\0' /topic/events | xargs -0 -n1 echo
-  stompbroker-tap --ws ws://127.0.0.1:3490/ --headers '/topic/*'"""
+  stompbroker-tap --ws ws://127.0.0.1:61613/ --headers '/topic/*'"""
 
 
 def build_parser() -> argparse.ArgumentParser:

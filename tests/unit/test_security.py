@@ -380,6 +380,7 @@ def run_tool(monkeypatch, argv, stdin=None, prompts=None):
     if prompts is not None:
         answers = iter(prompts)
         monkeypatch.setattr(tool.getpass, "getpass", lambda prompt="": next(answers))
+        monkeypatch.setattr(tool, "has_terminal", lambda: True)
     return tool.main(argv)
 
 
