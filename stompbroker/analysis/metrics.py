@@ -362,7 +362,7 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
         runs = s.get("runs") or 0
         out.update(
             runs=runs,
-            restarts=max(runs - 1, 0),
+            restarts=max(runs - max(len(per_node), 1), 0),  # every node's first run is no restart
             intervals=s.get("intervals") or 0,
             first=_utc(s.get("first")),
             last=_utc(s.get("last")),
