@@ -60,20 +60,21 @@ class Daemon:
     """A JVM started in its own session, its output in a log file; stop() ends the whole group."""
 
     def __init__(self, name: str, argv: list[str], env: dict, log: Path, ready: str):
-        self.name, self.log = name, log
+        self.name, self.log, self.ready = name, log, ready
         self._out = open(log, "wb")
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, env=env, stdout=self._out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            text = log.read_text(errors="replace")
-            if re.search(ready, text):
+
+    def wait_ready(self) -> None:
+        while time.monotonic() < self.started + START_TIMEOUT:
+            if re.search(self.ready, self.log.read_text(errors="replace")):
                 return
             if self.proc.poll() is not None:
                 break
             time.sleep(0.2)
-        self.stop()
-        pytest.fail(f"{name} did not start within {START_TIMEOUT} s:\n{log.read_text(errors='replace')[-3000:]}")
+        pytest.fail(f"{self.name} did not start within {START_TIMEOUT} s:\n"
+                    f"{self.log.read_text(errors='replace')[-3000:]}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -88,51 +89,30 @@ class Daemon:
         self._out.close()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A standalone master and one worker (2 cores, 1 GiB for executors)."""
-    tmp = tmp_path_factory.mktemp("spark-cluster")
-    (tmp / "conf").mkdir()
-    # No REST submission server (fixed port 6066) and no web UIs: nothing but the RPC ports.
-    (tmp / "conf" / "spark-defaults.conf").write_text(
-        "spark.master.rest.enabled false\nspark.ui.enabled false\nspark.ui.showConsoleProgress false\n"
-        # two applications at once fit the worker: the Connect server's and one other
-        "spark.executor.memory 512m\nspark.cores.max 1\n")
-    env = _env(tmp)
-    spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
-    port = _free_port()
-    url = f"spark://127.0.0.1:{port}"
-    daemons = []
-    try:
-        daemons.append(Daemon("master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                         "--port", str(port), "--webui-port", str(_free_port())],
-                              env, tmp / "master.log", r"Starting Spark master at spark://"))
-        daemons.append(Daemon("worker", [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                         "--port", str(_free_port()), "--webui-port", str(_free_port()),
-                                         "--cores", "2", "--memory", "1g", "--work-dir", str(tmp / "work"), url],
-                              env, tmp / "worker.log", r"Successfully registered with master"))
-        yield {"url": url, "env": env, "tmp": tmp, "work": tmp / "work", "daemons": daemons}
-    finally:
-        for d in reversed(daemons):
-            d.stop()
+def _start_report(env, dumps, out: Path, *where: str):
+    """Start stompbroker-diag-report (its stderr in a file beside out); finish with _finish_report."""
+    cmd = [sys.executable, "-m", "stompbroker.analysis", *dumps, "--out", str(out), *where]
+    err = open(f"{out}.stderr", "w+")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    return proc, out, time.monotonic(), err
 
 
-@pytest.fixture(scope="module")
-def connect(cluster):
-    """A Spark Connect server from the package's sbin/start-connect-server.sh, on the cluster."""
-    port = _free_port()
-    script = os.path.join(SPARK_HOME, "sbin", "start-connect-server.sh")
-    d = Daemon("connect server", [script, "--wait", "--master", cluster["url"],
-                                  "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-                                  "--conf", f"spark.connect.grpc.binding.port={port}",
-                                  "--conf", f"spark.driver.extraJavaOptions={FAST_JVM}"],
-               # the server is the driver, run through spark-daemon.sh: its heap is the daemon's
-               {**cluster["env"], "SPARK_DAEMON_MEMORY": "768m"},
-               cluster["tmp"] / "connect.log", r"Spark Connect server started at")
+def _finish_report(started) -> tuple[dict, float, str]:
+    """Wait for a report: (summary.json, its own elapsed seconds from its last progress line, stderr)."""
+    proc, out, start, err = started
     try:
-        yield f"sc://127.0.0.1:{port}"
+        proc.wait(timeout=240)
     finally:
-        d.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err.seek(0)
+    text = err.read()
+    err.close()
+    assert proc.returncode == 0, text[-4000:]
+    done = re.findall(r"\[\s*([\d.]+) s\] done", text)
+    assert done, text[-4000:]
+    return json.loads((out / "summary.json").read_text()), float(done[-1]), text
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +120,55 @@ def fleet_dumps(tmp_path_factory):
     return fx.write_fleet(tmp_path_factory.mktemp("fleet"))
 
 
-def _report(env, dumps, out: Path, *where: str) -> tuple[dict, float, str]:
-    """Run the console entry point; (summary.json, seconds, stderr)."""
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "stompbroker.analysis", *dumps, "--out", str(out), *where],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    took = time.monotonic() - start
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((out / "summary.json").read_text()), took, proc.stderr
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, fleet_dumps):
+    """A standalone master and one worker (3 cores, 1.5 GiB for executors), a Spark Connect
+    server on it (the package's sbin/start-connect-server.sh), and the local[2] reference
+    report: all started side by side, which saves half a minute of JVM start-up."""
+    tmp = tmp_path_factory.mktemp("spark-cluster")
+    (tmp / "conf").mkdir()
+    # No REST submission server (fixed port 6066) and no web UIs: nothing but the RPC ports.
+    (tmp / "conf" / "spark-defaults.conf").write_text(
+        "spark.master.rest.enabled false\nspark.ui.enabled false\nspark.ui.showConsoleProgress false\n"
+        # three applications at once fit the worker: the Connect server's and two others
+        "spark.executor.memory 512m\nspark.cores.max 1\n")
+    env = _env(tmp)
+    spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
+    port, connect_port = _free_port(), _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    local = _start_report(env, fleet_dumps, tmp / "local", "--master", "local[2]")
+    daemons, runs = [], {}
+    try:
+        daemons.append(Daemon("master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                         "--port", str(port), "--webui-port", str(_free_port())],
+                              env, tmp / "master.log", r"Starting Spark master at spark://"))
+        daemons.append(Daemon("worker", [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                                         "--port", str(_free_port()), "--webui-port", str(_free_port()),
+                                         "--cores", "3", "--memory", "1536m", "--work-dir", str(tmp / "work"), url],
+                              env, tmp / "worker.log", r"Successfully registered with master"))
+        daemons.append(Daemon("connect server",
+                              [os.path.join(SPARK_HOME, "sbin", "start-connect-server.sh"), "--wait", "--master", url,
+                               "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+                               "--conf", f"spark.connect.grpc.binding.port={connect_port}",
+                               "--conf", f"spark.driver.extraJavaOptions={FAST_JVM}"],
+                              # the server is the driver, run through spark-daemon.sh: its heap is the daemon's
+                              {**env, "SPARK_DAEMON_MEMORY": "768m"}, tmp / "connect.log",
+                              r"Spark Connect server started at"))
+        for d in daemons:
+            d.wait_ready()
+        remote = f"sc://127.0.0.1:{connect_port}"
+        # Both reports run on the cluster while the notebook test drives a third application.
+        runs["standalone"] = _start_report(env, fleet_dumps, tmp / "standalone", "--master", url)
+        runs["connect"] = _start_report(env, fleet_dumps, tmp / "connect", "--remote", remote)
+        runs["local"] = local
+        yield {"url": url, "remote": remote, "env": env, "tmp": tmp, "work": tmp / "work", "runs": runs}
+    finally:
+        for proc, *_ in [local, *runs.values()]:  # any a failed test left running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        for d in reversed(daemons):
+            d.stop()
 
 
 def _same(a: dict, b: dict) -> None:
@@ -160,29 +181,12 @@ def _same(a: dict, b: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def local_run(cluster, fleet_dumps):
-    return _report(cluster["env"], fleet_dumps, cluster["tmp"] / "local", "--master", "local[2]")
+def local_run(cluster):
+    return _finish_report(cluster["runs"]["local"])
 
 
 @pytest.mark.timeout(400)
-def test_report_on_standalone_cluster_equals_local(cluster, fleet_dumps, local_run):
-    summ, took, err = _report(cluster["env"], fleet_dumps, cluster["tmp"] / "standalone", "--master", cluster["url"])
-    local, local_took, _ = local_run
-    print(f"\nlocal[2] {local_took:.1f} s, standalone {took:.1f} s")
-    _same(local, summ)
-    assert summ["nodes"] == 2 and summ["messages_delivered_per_s_mean"] == pytest.approx(900.0)
-    assert "starting Spark (spark://127.0.0.1" in err and "computing tables" in err
-    # The executors, not the driver, read the dumps: the worker ran an executor for the
-    # report's application, and its tasks read the dump files by path.
-    logs = "\n".join(p.read_text(errors="replace") for p in cluster["work"].glob("app-*/*/stderr"))
-    for node in ("a", "b"):
-        assert re.search(rf"Reading File path: file:\S*/{node}/diag\.jsonl", logs), logs[-3000:]
-    report = (cluster["tmp"] / "standalone" / "report.md").read_text()
-    assert "## Fleet (2 nodes)" in report
-
-
-@pytest.mark.timeout(400)
-def test_notebook_on_standalone_cluster(cluster, fleet_dumps, local_run, monkeypatch):
+def test_notebook_on_standalone_cluster(cluster, fleet_dumps, request, monkeypatch):
     import nbclient
     import nbformat
 
@@ -197,7 +201,7 @@ def test_notebook_on_standalone_cluster(cluster, fleet_dumps, local_run, monkeyp
                             resources={"metadata": {"path": os.path.join(ROOT, "scripts")}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                      if o.get("output_type") == "stream" and o.get("name") == "stdout")
-    local = local_run[0]
+    local = request.getfixturevalue("local_run")[0]  # only now: the notebook ran beside it
     assert f"master: {cluster['url']}" in text
     assert "nodes: 2 (a, b)" in text, text
     assert f"messages published {local['messages_published_per_s_mean']:.1f}/s" in text
@@ -207,10 +211,31 @@ def test_notebook_on_standalone_cluster(cluster, fleet_dumps, local_run, monkeyp
 
 
 @pytest.mark.timeout(400)
-def test_report_through_spark_connect_equals_local(connect, fleet_dumps, cluster, local_run):
-    summ, took, err = _report(cluster["env"], fleet_dumps, cluster["tmp"] / "connect", "--remote", connect)
+def test_report_on_standalone_cluster_equals_local(cluster, fleet_dumps, local_run):
+    summ, took, err = _finish_report(cluster["runs"]["standalone"])
     local, local_took, _ = local_run
-    print(f"\nlocal[2] {local_took:.1f} s, Spark Connect {took:.1f} s")
+    print(f"\nlocal[2] {local_took:.1f} s, standalone {took:.1f} s (side by side with other runs)")
+    _same(local, summ)
+    assert summ["nodes"] == 2 and summ["messages_delivered_per_s_mean"] == pytest.approx(900.0)
+    assert "starting Spark (spark://127.0.0.1" in err and "computing tables" in err
+    # The executors, not the driver, read the dumps: the worker ran an executor for the
+    # report's application, and its tasks read the dump files by path.
+    apps = re.findall(r"Asked to launch executor (app-[\d-]+)/\d+ for stompbroker-diag-report\b",
+                      (cluster["tmp"] / "worker.log").read_text(errors="replace"))
+    assert len(apps) == 1, apps  # the standalone report; the local[2] reference ran off the cluster
+    logs = "\n".join(p.read_text(errors="replace") for a in apps for p in cluster["work"].glob(f"{a}/*/stderr"))
+    for node in ("a", "b"):
+        assert re.search(rf"Reading File path: file:\S*/{node}/diag\.jsonl", logs), logs[-3000:]
+    report = (cluster["tmp"] / "standalone" / "report.md").read_text()
+    assert "## Fleet (2 nodes)" in report
+
+
+@pytest.mark.timeout(400)
+def test_report_through_spark_connect_equals_local(fleet_dumps, cluster, local_run):
+    connect = cluster["remote"]
+    summ, took, err = _finish_report(cluster["runs"]["connect"])
+    local, local_took, _ = local_run
+    print(f"\nlocal[2] {local_took:.1f} s, Spark Connect {took:.1f} s (side by side with other runs)")
     _same(local, summ)
     assert f"starting Spark (Spark Connect {connect})" in err
     # the tables were written by the server's executors, the report by the client
