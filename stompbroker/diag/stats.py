@@ -8,6 +8,7 @@ once per interval (a seqlock, so it is read whole, never torn). Process figures 
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import orjson
@@ -154,7 +155,8 @@ class Statistics:
             "ts": round(time.time() * 1000, 1),
             "interval_ms": self.config.diag_interval,
             "settings_id": self.config.settings_id,
-            "broker": {"version": __version__, "start": self.started, "pid": os.getppid()},
+            "broker": {"version": __version__, "start": self.started, "pid": os.getppid(),
+                       "node": self.config.node_id or socket.gethostname()},
             "session": self.query("session"),
             "ws_buffer": self.query("ws_buffer"),
             "stale": self.query("stale"),
