@@ -268,7 +268,7 @@ def test_fleet_per_node_and_fleet_wide(spark, tmp_path):
     # Two brokers, one directory each: "a" (two runs) and "b" (broker.node set, twice the rates).
     globs = fx.write_fleet(tmp_path / "fleet")
     df = load_dumps(spark, globs).cache()
-    t = compute_tables(df)
+    t = {k: v.cache() for k, v in compute_tables(df).items()}  # many small actions follow, as in run()
     s = summary(t)
     per = to_pandas(t["nodes"]).set_index("node")
     assert s["nodes"] == 2 and s["node_names"] == ["a", "b"]
@@ -298,6 +298,8 @@ def test_fleet_per_node_and_fleet_wide(spark, tmp_path):
     assert "| fleet | 3 |" in text and "| 300.0 | 900.0 | 900.0 |" in text
     assert "| Nodes (brokers) | 2: a, b |" in text
     assert (tmp_path / "r" / "charts" / "fleet.png").stat().st_size > 1000
+    for v in t.values():
+        v.unpersist()
     df.unpersist()
 
 
