@@ -87,7 +87,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
     Setting("diag_dump_max_bytes", int, 64 * MB, "rotate the dump file past this size"),
     Setting("diag_dump_backups", int, 5, "rotated dump files kept (path.1 ... path.N)"),
-    Setting("node_id", str, "", "this broker's name in dump lines (broker.node), to analyse several brokers as a fleet (empty = host name)"),
+    Setting("node_id", str, "", "this broker's name in dump lines (broker.node), to analyse several brokers as a fleet (empty = none: the analysis names it after the dump's directory)"),
     Setting("monitor_interval", int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 )

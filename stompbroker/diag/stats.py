@@ -8,7 +8,6 @@ once per interval (a seqlock, so it is read whole, never torn). Process figures 
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import orjson
@@ -155,8 +154,10 @@ class Statistics:
             "ts": round(time.time() * 1000, 1),
             "interval_ms": self.config.diag_interval,
             "settings_id": self.config.settings_id,
+            # broker.node only when configured: a default such as the host name would change
+            # with every container re-creation and split one broker into several nodes.
             "broker": {"version": __version__, "start": self.started, "pid": os.getppid(),
-                       "node": self.config.node_id or socket.gethostname()},
+                       **({"node": self.config.node_id} if self.config.node_id else {})},
             "session": self.query("session"),
             "ws_buffer": self.query("ws_buffer"),
             "stale": self.query("stale"),
