@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")  # the analysis extra; ./build.sh test installs it
-from pyspark.find_spark_home import _find_spark_home  # noqa: E402
+from pyspark.find_spark_home import _find_spark_home  # the analysis extra: ./build.sh installs it
 
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "unit"))
 import diag_dump_fixture as fx  # noqa: E402
