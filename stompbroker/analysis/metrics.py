@@ -415,13 +415,15 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
             F.avg("batch_fill").alias("fill_mean"),
         )
         # Whole-run balance: max/mean of each writer's total frames.
-        per = wb.groupBy("writer").agg(F.sum("frames_delta").alias("f"))
-        o = _one(per, F.max("f").alias("mx"), F.avg("f").alias("mean"))
+        # Whole-run balance per node (a fleet's nodes carry different loads): the worst node.
+        per = wb.groupBy("node", "writer").agg(F.sum("frames_delta").alias("f"))
+        per_node_balance = per.groupBy("node").agg((F.max("f") / F.avg("f")).alias("imb"))
+        o = _one(per_node_balance, F.max("imb").alias("imb"))
         out.update(
             writers=s.get("writers"),
             writer_imbalance_mean=s.get("imb_mean"),
             writer_imbalance_max=s.get("imb_max"),
-            writer_imbalance_overall=o["mx"] / o["mean"] if o.get("mean") else None,
+            writer_imbalance_overall=o.get("imb"),
             batch_fill_mean=s.get("fill_mean"),
         )
 

@@ -119,16 +119,17 @@ def collect_for_report(tables: dict[str, DataFrame], max_points: int = CHART_MAX
     top_pdf = to_pandas(top)
     chart_dests = list(top_pdf["destination"][:TOP_QUEUES])
     wb = tables["writer_balance"]
-    writers = wb.groupBy("writer").agg(
+    writers = wb.groupBy("node", "writer").agg(
         F.sum("frames_delta").alias("frames"),
         F.sum("bytes_delta").alias("bytes"),
         F.sum("batches_delta").alias("batches"),
         F.avg("batch_fill").alias("mean_batch_fill"),
         F.max("pending_bytes").alias("max_pending_bytes"),
-    ).orderBy("writer")
+    ).orderBy("node", "writer")
     writers_pdf = to_pandas(writers)
-    total = writers_pdf["frames"].sum() if len(writers_pdf) else 0
-    writers_pdf["share"] = writers_pdf["frames"] / total if total else float("nan")
+    # share of its own node's frames
+    totals = writers_pdf.groupby("node")["frames"].transform("sum") if len(writers_pdf) else 0
+    writers_pdf["share"] = (writers_pdf["frames"] / totals).where(totals > 0) if len(writers_pdf) else float("nan")
     b = chart_bucket(tables["throughput"], max_points)
     return {
         "throughput": to_pandas(downsample(tables["throughput"], b, (),
@@ -266,7 +267,7 @@ def _blocks(summ: dict, frames: dict, images: dict, inputs, leak_rule=None) -> l
                 f"{_num(summ.get('writer_imbalance_max'), 2)}.")]
     if len(wt):
         b.append(("table", (["Writer", "Frames", "Share", "Bytes", "Batches", "Mean batch fill", "Max pending"],
-                            [(f"writer {r.writer}", _num(r.frames), _num(r.share, 3), _bytes(r.bytes),
+                            [((f"{r.node} " if _is_fleet(frames) else "") + f"writer {r.writer}", _num(r.frames), _num(r.share, 3), _bytes(r.bytes),
                               _num(r.batches), _num(r.mean_batch_fill, 3), _bytes(r.max_pending_bytes))
                              for r in wt.itertuples()])))
 

@@ -297,6 +297,12 @@ def test_fleet_per_node_and_fleet_wide(spark, tmp_path):
     assert "| b | 1 | 28.8 s | 200.0 | 600.0 | 600.0 |" in text
     assert "| fleet | 3 |" in text and "| 300.0 | 900.0 | 900.0 |" in text
     assert "| Nodes (brokers) | 2: a, b |" in text
+    # writers are per node: b's writer 0 is not a's writer 0
+    wt = frames["writer_totals"].set_index(["node", "writer"])
+    assert len(wt) == 6 and wt.loc[("b", 0), "frames"] == fx.FLEET_FACTOR * wt.loc[("a", 0), "frames"] / 2
+    assert wt["share"].tolist() == pytest.approx(list(fx.WRITER_SHARES) * 2)
+    assert s["writer_imbalance_overall"] == pytest.approx(fx.IMBALANCE)
+    assert "| b writer 0 |" in text
     assert (tmp_path / "r" / "charts" / "fleet.png").stat().st_size > 1000
     for v in t.values():
         v.unpersist()
