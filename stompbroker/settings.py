@@ -102,6 +102,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
     Setting("diag_dump_max_bytes", _int, 64 * MB, "rotate the dump file past this size"),
     Setting("diag_dump_backups", _int, 5, "rotated dump files kept (path.1 ... path.N)"),
+    Setting("node_id", str, "", "this broker's name in dump lines (broker.node), to analyse several brokers as a fleet (empty = none: the analysis names it after the dump's directory)"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),

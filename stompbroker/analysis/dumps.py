@@ -41,6 +41,7 @@ DUMP_SCHEMA = StructType(
                     StructField("version", StringType()),
                     StructField("start", DoubleType()),
                     StructField("pid", LongType()),
+                    StructField("node", StringType()),
                 ]
             ),
         ),
@@ -129,12 +130,15 @@ def load_dumps(spark: SparkSession, paths) -> DataFrame:
     """Read dump files (paths, globs or directories on any Hadoop filesystem).
 
     Returns one row per interval with the raw fields plus derived columns:
-      run        -- "<broker pid>@<broker start ms>", one value per broker run
-      run_seq    -- 0 for the earliest run, 1 after the first restart, ...
+      node       -- the broker: broker.node of the line (the broker's node_id
+                    setting), else the name of the directory holding the file,
+                    so dumps laid out one directory per broker form a fleet
+      run        -- "<node>/<broker pid>@<broker start ms>", one per broker run
+      run_seq    -- per node: 0 for the earliest run, 1 after the first restart, ...
       restart    -- true on the first interval of every run after the first
       first_in_run -- true on the first interval seen for a run
       time       -- ts as a timestamp
-      t_s        -- seconds since the first interval of the whole data set
+      t_s        -- seconds since the first interval of the whole data set (all nodes)
       dt_s       -- seconds covered by this interval's counter deltas (see
                     docs/diag-schema.md: since the previous line of the same
                     run, or since broker start for the first line of a run)
@@ -149,10 +153,12 @@ def load_dumps(spark: SparkSession, paths) -> DataFrame:
     df = raw.where(
         (F.col("schema") >= SCHEMA_VERSION) & F.col("ts").isNotNull() & F.col("broker.start").isNotNull()
     )
+    directory = F.regexp_extract(F.col("_metadata.file_path"), r"([^/]+)/[^/]*$", 1)
+    df = df.withColumn("node", F.coalesce(F.col("broker.node"), F.when(directory != "", directory), F.lit("?")))
     df = df.withColumn(
         "run",
-        F.concat_ws("@", F.coalesce(F.col("broker.pid").cast("string"), F.lit("?")),
-                    F.format_string("%.3f", F.col("broker.start"))),
+        F.concat(F.col("node"), F.lit("/"), F.coalesce(F.col("broker.pid").cast("string"), F.lit("?")),
+                 F.lit("@"), F.format_string("%.3f", F.col("broker.start"))),
     )
     # Overlapping inputs (a file given twice, or both "x" and "x*") must not
     # double-count intervals.
@@ -161,7 +167,7 @@ def load_dumps(spark: SparkSession, paths) -> DataFrame:
     # Run numbering from a tiny per-run table (a self-join counting earlier
     # runs) rather than an unpartitioned window, which would pull everything
     # into one partition.
-    runs = df.groupBy("run").agg(
+    runs = df.groupBy("node", "run").agg(
         F.min("ts").alias("_run_first_ts"), F.first("broker.start").alias("_start")
     )
     def key(alias):
@@ -169,7 +175,7 @@ def load_dumps(spark: SparkSession, paths) -> DataFrame:
 
     seq = (
         runs.alias("a")
-        .join(runs.alias("b"), key("b") < key("a"), "left")
+        .join(runs.alias("b"), (F.col("a.node") == F.col("b.node")) & (key("b") < key("a")), "left")
         .groupBy(F.col("a.run").alias("run"))
         .agg(F.count(F.col("b.run")).alias("run_seq"))
     )

@@ -2,7 +2,7 @@
 
 All functions take and return Spark DataFrames built only from Spark SQL
 functions (no Python UDFs), so they run unchanged on a cluster.  Every
-per-interval table carries run, run_seq, ts (epoch ms), time and t_s
+per-interval table carries node, run, run_seq, ts (epoch ms), time and t_s
 (seconds since the first interval) so tables can be joined and plotted.
 """
 
@@ -14,7 +14,7 @@ from typing import Mapping
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-KEYS = ["run", "run_seq", "ts", "time", "t_s"]
+KEYS = ["node", "run", "run_seq", "ts", "time", "t_s"]
 
 THROUGHPUT_COUNTERS = [
     "frames_in",
@@ -176,7 +176,7 @@ def leak_flags(
     w = Window.partitionBy("run", "role", "pid").orderBy("ts")
     step = F.signum(F.col(value) - F.lag(value).over(w))
     m = mem_df.withColumn("_step", step)
-    g = m.groupBy("run", "run_seq", "role", "pid").agg(
+    g = m.groupBy("node", "run", "run_seq", "role", "pid").agg(
         F.count(value).alias("samples"),
         ((F.max("ts") - F.min("ts")) / 1000.0).alias("span_s"),
         F.min_by(value, "ts").alias("first_rss"),
@@ -206,17 +206,108 @@ def leak_flags(
     return g.withColumn("leak", F.coalesce(leak, F.lit(False))).drop("_cov", "_var", "_r")
 
 
+NODE_RATES = ["messages_published", "messages_delivered", "frames_in", "frames_out", "bytes_in", "bytes_out"]
+
+
+def _node_rss(mem_df: DataFrame) -> DataFrame:
+    """Total RSS of all of a node's processes at each interval."""
+    return mem_df.groupBy("node", "run", "ts", "t_s").agg(F.sum("rss").alias("rss"))
+
+
+def nodes(tp: DataFrame, ch: DataFrame, lat: DataFrame, mem_df: DataFrame, leaks: DataFrame) -> DataFrame:
+    """One row per node (broker): runs, span, totals, time-weighted mean and peak rates,
+    latency, memory (node total RSS = all its processes at one interval) and leak count."""
+    t = tp.groupBy("node").agg(
+        F.size(F.collect_set("run")).alias("runs"),
+        F.count("*").alias("intervals"),
+        F.min("ts").alias("first"),
+        F.max("ts").alias("last"),
+        F.sum("dt_s").alias("covered_s"),
+        *[F.sum(f"{c}_delta").alias(f"{c}_total") for c in NODE_RATES],
+        *[F.max(f"{c}_per_s").alias(f"{c}_per_s_peak") for c in NODE_RATES],
+    )
+    for c in NODE_RATES:
+        t = t.withColumn(f"{c}_per_s_mean", F.when(F.col("covered_s") > 0, F.col(f"{c}_total") / F.col("covered_s")))
+    c = ch.groupBy("node").agg(
+        *[F.sum(f"{n}_delta").alias(f"{n}_total") for n in CHURN_COUNTERS],
+        F.sum("dt_s").alias("_churn_s"),
+        F.max("clients").alias("clients_peak"),
+    )
+    for n in CHURN_COUNTERS:
+        c = c.withColumn(f"{n}_per_s_mean", F.when(F.col("_churn_s") > 0, F.col(f"{n}_total") / F.col("_churn_s")))
+    la = lat.groupBy("node").agg(
+        F.sum("count").alias("latency_samples"),
+        F.avg("p50_ms").alias("latency_p50_ms_mean"),
+        F.avg("p99_ms").alias("latency_p99_ms_mean"),
+        F.max("p99_ms").alias("latency_p99_ms_max"),
+        F.max("max_ms").alias("latency_max_ms"),
+    )
+    m = _node_rss(mem_df).groupBy("node").agg(
+        (F.max("rss") / 2**20).alias("rss_mb_peak"),
+        (F.max_by("rss", "ts") / 2**20).alias("rss_mb_last"),
+    )
+    lk = leaks.groupBy("node").agg(F.sum(F.col("leak").cast("int")).alias("leaks"))
+    return (
+        t.join(c.drop("_churn_s"), "node", "left")
+        .join(la, "node", "left")
+        .join(m, "node", "left")
+        .join(lk, "node", "left")
+        .withColumn("duration_s", (F.col("last") - F.col("first")) / 1000.0)
+        .orderBy("node")
+    )
+
+
+def fleet(df: DataFrame, tp: DataFrame, lat: DataFrame, mem_df: DataFrame) -> DataFrame:
+    """The fleet as one broker, per time bucket (the longest diag_interval, at least 1 s):
+    rates summed over nodes (each node's mean in the bucket), worst p99 and max latency of
+    any node, total RSS of all nodes, and how many nodes reported."""
+    width = df.agg((F.greatest(F.max("interval_ms"), F.lit(1000.0)) / 1000.0).alias("_w"))
+
+    def bucketed(t):
+        return t.crossJoin(F.broadcast(width)).withColumn("_bucket", F.floor(F.col("t_s") / F.col("_w")))
+
+    per_node = bucketed(tp).groupBy("_bucket", "node").agg(
+        F.min("ts").alias("ts"), F.first("_w").alias("_w"),
+        *[F.avg(f"{c}_per_s").alias(f"{c}_per_s") for c in NODE_RATES],
+    )
+    rates = per_node.groupBy("_bucket").agg(
+        F.min("ts").alias("ts"), F.first("_w").alias("_w"), F.count("node").alias("nodes"),
+        *[F.sum(f"{c}_per_s").alias(f"{c}_per_s") for c in NODE_RATES],
+    )
+    la = bucketed(lat).groupBy("_bucket").agg(
+        F.max("p99_ms").alias("p99_ms_max"), F.max("max_ms").alias("max_ms"),
+        # count-weighted mean of the nodes' medians: an estimate, percentiles do not add up
+        (F.sum(F.col("p50_ms") * F.col("count")) / F.sum(F.when(F.col("p50_ms").isNotNull(), F.col("count"))))
+        .alias("p50_ms_mean"),
+    )
+    rss = (
+        bucketed(_node_rss(mem_df)).groupBy("_bucket", "node").agg(F.avg("rss").alias("rss"))
+        .groupBy("_bucket").agg((F.sum("rss") / 2**20).alias("rss_mb_total"))
+    )
+    out = rates.join(la, "_bucket", "left").join(rss, "_bucket", "left")
+    return (
+        out.withColumn("t_s", F.col("_bucket") * F.col("_w"))
+        .withColumn("time", F.expr("timestamp_millis(cast(ts as bigint))"))
+        .withColumnRenamed("_w", "bucket_s")
+        .drop("_bucket")
+    )
+
+
 def compute_tables(df: DataFrame, **leak_args) -> dict[str, DataFrame]:
-    """All per-interval tables plus leak flags, keyed by table name."""
+    """All per-interval tables, leak flags, and the per-node and fleet tables, keyed by name."""
     mem = memory(df)
+    tp, ch, lat = throughput(df), churn(df), latency(df)
+    leaks = leak_flags(mem, **leak_args)
     return {
-        "throughput": throughput(df),
+        "throughput": tp,
         "queue_depths": queue_depths(df),
         "writer_balance": writer_balance(df),
-        "latency": latency(df),
-        "churn": churn(df),
+        "latency": lat,
+        "churn": ch,
         "memory": mem,
-        "leak_flags": leak_flags(mem, **leak_args),
+        "leak_flags": leaks,
+        "nodes": nodes(tp, ch, lat, mem, leaks),
+        "fleet": fleet(df, tp, lat, mem),
     }
 
 
@@ -237,10 +328,29 @@ def _one(df: DataFrame, *aggs) -> dict:
 def summary(tables: Mapping[str, DataFrame]) -> dict:
     """Run-level figures from the tables of compute_tables() (missing tables are skipped).
 
-    Mean rates are time-weighted: total delta / seconds covered.  Returns a
-    plain dict (numbers, strings and a list of leaking processes).
+    Mean rates are time-weighted: total delta / seconds covered, per node; for
+    a fleet (several nodes) the fleet's mean rate is the sum of its nodes' mean
+    rates and its peak the highest bucket of the fleet table.  Returns a plain
+    dict (numbers, strings and a list of leaking processes).
     """
     out: dict = {}
+    nd = tables.get("nodes")
+    per_node = nd.collect() if nd is not None else []
+    out["nodes"] = len(per_node) if nd is not None else None
+    out["node_names"] = [r["node"] for r in per_node]
+
+    def fleet_mean(total_col, covered_col):
+        """Sum of the nodes' time-weighted means (None when no node has the counter)."""
+        means = [r[total_col] / r[covered_col] for r in per_node
+                 if r[total_col] is not None and r[covered_col]]
+        return sum(means) if means else None
+
+    fl = tables.get("fleet")
+    fleet_peaks = {}
+    if fl is not None and len(per_node) > 1:
+        fleet_peaks = _one(fl, *[F.max(f"{c}_per_s").alias(c) for c in THROUGHPUT_COUNTERS],
+                           F.max("rss_mb_total").alias("rss"))
+        out["fleet_rss_mb_peak"] = fleet_peaks.pop("rss")
     tp = tables.get("throughput")
     if tp is not None:
         s = _one(
@@ -258,7 +368,7 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
         runs = s.get("runs") or 0
         out.update(
             runs=runs,
-            restarts=max(runs - 1, 0),
+            restarts=max(runs - max(len(per_node), 1), 0),  # every node's first run is no restart
             intervals=s.get("intervals") or 0,
             first=_utc(s.get("first")),
             last=_utc(s.get("last")),
@@ -269,8 +379,11 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
         for c in THROUGHPUT_COUNTERS:
             total = s.get(f"{c}_total")
             out[f"{c}_total"] = total
-            out[f"{c}_per_s_mean"] = total / covered if total is not None and covered > 0 else None
-            out[f"{c}_per_s_peak"] = s.get(f"{c}_per_s_peak")
+            if per_node:
+                out[f"{c}_per_s_mean"] = fleet_mean(f"{c}_total", "covered_s")
+            else:
+                out[f"{c}_per_s_mean"] = total / covered if total is not None and covered > 0 else None
+            out[f"{c}_per_s_peak"] = fleet_peaks.get(c) if fleet_peaks else s.get(f"{c}_per_s_peak")
 
     ch = tables.get("churn")
     if ch is not None:
@@ -284,7 +397,11 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
         for c in CHURN_COUNTERS:
             total, cov = s.get(f"{c}_total"), s.get("covered") or 0.0
             out[f"{c}_total"] = total
-            out[f"{c}_per_s_mean"] = total / cov if total is not None and cov > 0 else None
+            if per_node:
+                means = [r[f"{c}_per_s_mean"] for r in per_node if r[f"{c}_per_s_mean"] is not None]
+                out[f"{c}_per_s_mean"] = sum(means) if means else None
+            else:
+                out[f"{c}_per_s_mean"] = total / cov if total is not None and cov > 0 else None
             out[f"{c}_per_s_peak"] = s.get(f"{c}_per_s_peak")
         out["clients_peak"] = s.get("clients_peak")
 
@@ -304,13 +421,15 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
             F.avg("batch_fill").alias("fill_mean"),
         )
         # Whole-run balance: max/mean of each writer's total frames.
-        per = wb.groupBy("writer").agg(F.sum("frames_delta").alias("f"))
-        o = _one(per, F.max("f").alias("mx"), F.avg("f").alias("mean"))
+        # Whole-run balance per node (a fleet's nodes carry different loads): the worst node.
+        per = wb.groupBy("node", "writer").agg(F.sum("frames_delta").alias("f"))
+        per_node_balance = per.groupBy("node").agg((F.max("f") / F.avg("f")).alias("imb"))
+        o = _one(per_node_balance, F.max("imb").alias("imb"))
         out.update(
             writers=s.get("writers"),
             writer_imbalance_mean=s.get("imb_mean"),
             writer_imbalance_max=s.get("imb_max"),
-            writer_imbalance_overall=o["mx"] / o["mean"] if o.get("mean") else None,
+            writer_imbalance_overall=o.get("imb"),
             batch_fill_mean=s.get("fill_mean"),
         )
 
@@ -340,7 +459,9 @@ def summary(tables: Mapping[str, DataFrame]) -> dict:
 
     lf = tables.get("leak_flags")
     if lf is not None:
-        rows = lf.where("leak").orderBy("run_seq", "role", "pid").select("role", "pid", "run_seq").collect()
+        rows = lf.where("leak").orderBy("node", "run_seq", "role", "pid").select("node", "role", "pid", "run_seq").collect()
         out["leaks"] = len(rows)
-        out["leaking_processes"] = [f"{r.role} (pid {r.pid}, run {r.run_seq})" for r in rows]
+        fleet_names = len(per_node) > 1
+        out["leaking_processes"] = [(f"{r.node}: " if fleet_names else "") + f"{r.role} (pid {r.pid}, run {r.run_seq})"
+                                    for r in rows]
     return out

@@ -24,11 +24,13 @@ if __package__ in (None, ""):
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import datetime as _dt  # noqa: E402
+import glob  # noqa: E402
 import html  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 import warnings  # noqa: E402
 from urllib.parse import urlparse  # noqa: E402
 
@@ -81,7 +83,7 @@ def downsample(df: DataFrame, bucket_s, keys=(), peak_cols=()) -> DataFrame:
     """
     if not bucket_s:
         return df
-    group = ["run", "run_seq", *keys, "_bucket"]
+    group = [*(c for c in ("node", "run", "run_seq") if c in df.columns), *keys, "_bucket"]
     aggs = []
     for name, kind in df.dtypes:
         if name in group or name in ("ts", "t_s", "time"):
@@ -117,16 +119,17 @@ def collect_for_report(tables: dict[str, DataFrame], max_points: int = CHART_MAX
     top_pdf = to_pandas(top)
     chart_dests = list(top_pdf["destination"][:TOP_QUEUES])
     wb = tables["writer_balance"]
-    writers = wb.groupBy("writer").agg(
+    writers = wb.groupBy("node", "writer").agg(
         F.sum("frames_delta").alias("frames"),
         F.sum("bytes_delta").alias("bytes"),
         F.sum("batches_delta").alias("batches"),
         F.avg("batch_fill").alias("mean_batch_fill"),
         F.max("pending_bytes").alias("max_pending_bytes"),
-    ).orderBy("writer")
+    ).orderBy("node", "writer")
     writers_pdf = to_pandas(writers)
-    total = writers_pdf["frames"].sum() if len(writers_pdf) else 0
-    writers_pdf["share"] = writers_pdf["frames"] / total if total else float("nan")
+    # share of its own node's frames
+    totals = writers_pdf.groupby("node")["frames"].transform("sum") if len(writers_pdf) else 0
+    writers_pdf["share"] = (writers_pdf["frames"] / totals).where(totals > 0) if len(writers_pdf) else float("nan")
     b = chart_bucket(tables["throughput"], max_points)
     return {
         "throughput": to_pandas(downsample(tables["throughput"], b, (),
@@ -138,8 +141,9 @@ def collect_for_report(tables: dict[str, DataFrame], max_points: int = CHART_MAX
         "writer_totals": writers_pdf,
         "latency": to_pandas(downsample(tables["latency"], b, (), ("p90_ms", "p99_ms", "p999_ms", "max_ms"))),
         "churn": to_pandas(downsample(tables["churn"], b)),
+        "nodes": to_pandas(tables["nodes"]) if "nodes" in tables else None,
         "memory": to_pandas(downsample(tables["memory"], b, ("role", "pid"), ("rss", "rss_mb"))),
-        "leak_flags": to_pandas(tables["leak_flags"].orderBy("run_seq", "role", "pid")),
+        "leak_flags": to_pandas(tables["leak_flags"].orderBy("node", "run_seq", "role", "pid")),
     }
 
 
@@ -200,6 +204,7 @@ def _bytes(v):
 def _summary_rows(s: dict):
     g = s.get
     rows = [
+        *([("Nodes (brokers)", f"{g('nodes')}: {', '.join(g('node_names') or [])}")] if (g("nodes") or 0) > 1 else []),
         ("Broker runs", f"{g('runs', 0)} ({g('restarts', 0)} restart(s))"),
         ("First / last interval", f"{g('first')} / {g('last')}"),
         ("Duration", _num(g("duration_s"), 1, " s")),
@@ -262,7 +267,7 @@ def _blocks(summ: dict, frames: dict, images: dict, inputs, leak_rule=None) -> l
                 f"{_num(summ.get('writer_imbalance_max'), 2)}.")]
     if len(wt):
         b.append(("table", (["Writer", "Frames", "Share", "Bytes", "Batches", "Mean batch fill", "Max pending"],
-                            [(f"writer {r.writer}", _num(r.frames), _num(r.share, 3), _bytes(r.bytes),
+                            [((f"{r.node} " if _is_fleet(frames) else "") + f"writer {r.writer}", _num(r.frames), _num(r.share, 3), _bytes(r.bytes),
                               _num(r.batches), _num(r.mean_batch_fill, 3), _bytes(r.max_pending_bytes))
                              for r in wt.itertuples()])))
 
@@ -278,19 +283,46 @@ def _blocks(summ: dict, frames: dict, images: dict, inputs, leak_rule=None) -> l
                 f"(mean {_num(summ.get('connections_closed_per_s_mean'), 2, '/s')}), peak clients "
                 f"{_num(summ.get('clients_peak'))}.")]
 
+    if _is_fleet(frames):
+        b += _fleet_blocks(summ, frames["nodes"], images["fleet"])
+
     lf = frames["leak_flags"]
     b += [("h2", "Memory"), ("img", images["memory"]),
           ("p", f"Leak rule: at least {rule['min_samples']} samples, fitted RSS slope >= "
                 f"{rule['min_slope']:.0f} B/s, >= {rule['min_up_fraction']:.0%} of RSS changes upwards and "
                 f"linear-fit r2 >= {rule['min_r2']} (see docs/diag-schema.md).")]
     if len(lf):
-        b.append(("table", (["Run", "Process", "PID", "Samples", "First RSS", "Last RSS", "Peak RSS",
+        b.append(("table", (["Node", "Run", "Process", "PID", "Samples", "First RSS", "Last RSS", "Peak RSS",
                              "Slope (MiB/h)", "Up fraction", "r2", "Leak?"],
-                            [(_num(r.run_seq), r.role, _num(r.pid), _num(r.samples), _bytes(r.first_rss),
+                            [(r.node, _num(r.run_seq), r.role, _num(r.pid), _num(r.samples), _bytes(r.first_rss),
                               _bytes(r.last_rss), _bytes(r.peak_rss), _num(r.slope_mib_per_hour, 2),
                               _num(r.up_fraction, 2), _num(r.r2, 3), "LEAK?" if r.leak else "no")
                              for r in lf.itertuples()])))
     return b
+
+
+def _fleet_blocks(summ: dict, nodes, image) -> list:
+    """Per-node figures and the fleet as a whole (rates summed, worst latency, summed memory)."""
+    head = ["Node", "Runs", "Duration", "Published /s", "Delivered /s", "Peak delivered /s", "Bytes out /s",
+            "p50 mean", "p99 max", "Max latency", "Peak RSS (all processes)", "Leaks"]
+    rows = [(r.node, _num(r.runs), _num(r.duration_s, 1, " s"), _num(r.messages_published_per_s_mean),
+             _num(r.messages_delivered_per_s_mean), _num(r.messages_delivered_per_s_peak),
+             _bytes(r.bytes_out_per_s_mean), _num(r.latency_p50_ms_mean, 2, " ms"),
+             _num(r.latency_p99_ms_max, 2, " ms"), _num(r.latency_max_ms, 2, " ms"),
+             _bytes(None if r.rss_mb_peak != r.rss_mb_peak else r.rss_mb_peak * 2**20), _num(r.leaks))
+            for r in nodes.itertuples()]
+    g = summ.get
+    rows.append(("fleet", _num(g("runs")), _num(g("duration_s"), 1, " s"), _num(g("messages_published_per_s_mean")),
+                 _num(g("messages_delivered_per_s_mean")), _num(g("messages_delivered_per_s_peak")),
+                 _bytes(g("bytes_out_per_s_mean")), _num(g("latency_p50_ms_mean"), 2, " ms"),
+                 _num(g("latency_p99_ms_max"), 2, " ms"), _num(g("latency_max_ms"), 2, " ms"),
+                 _bytes(None if g("fleet_rss_mb_peak") is None else g("fleet_rss_mb_peak") * 2**20), _num(g("leaks"))))
+    return [("h2", f"Fleet ({len(nodes)} nodes)"), ("img", image),
+            ("p", "One row per broker (node), then the fleet as one broker: mean rates are the sum of the "
+                  "nodes' time-weighted means, the peak is the highest fleet-wide interval (nodes' rates "
+                  "summed per time bucket), latency is the worst of any node, and memory is the highest "
+                  "total RSS of all nodes' processes at one time. Bytes are per second."),
+            ("table", (head, rows))]
 
 
 def _md(blocks) -> str:
@@ -342,7 +374,14 @@ def make_charts(frames: dict) -> dict:
         "latency": charts.plot_latency(frames["latency"]),
         "churn": charts.plot_churn(frames["churn"]),
         "memory": charts.plot_memory(frames["memory"], frames["leak_flags"]),
+        **({"fleet": charts.plot_fleet(frames["throughput"], frames["latency"], frames["memory"])}
+           if _is_fleet(frames) else {}),
     }
+
+
+def _is_fleet(frames: dict) -> bool:
+    nodes = frames.get("nodes")
+    return nodes is not None and len(nodes) > 1
 
 
 def write_report(out_dir, summ: dict, frames: dict, fmt: str = "md", inputs=(), leak_rule=None) -> Path:
@@ -417,13 +456,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Analyse stompbroker diag_dump files with Spark: tables (Parquet+CSV) and a report.",
     )
     ap.add_argument("dumps", nargs="+", help="dump files, globs or directories (any Spark path; "
-                                             "use 'diag.jsonl*' to include rotated files)")
+                                             "use 'diag.jsonl*' to include rotated files; one directory "
+                                             "per broker for a fleet)")
     ap.add_argument("--out", required=True, help="output directory (local, hdfs://, s3a://, ...)")
-    ap.add_argument("--master", default=None,
-                    help="Spark master URL (default: spark-submit's --master, else local[*])")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--master", default=None,
+                       help="Spark master URL: local[*], spark://HOST:7077, yarn, k8s://... "
+                            "(default: spark-submit's --master, else local[*])")
+    where.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                       help="run on a Spark Connect server instead (paths are resolved by the server)")
     ap.add_argument("--format", choices=("md", "html"), default="md", help="report format (default md)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", type=_conf_pair,
                     help="extra Spark setting for the session this command creates (repeatable)")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     ap.add_argument("--leak-min-slope", type=float, default=LEAK_MIN_SLOPE,
                     help=f"leak rule: minimum RSS slope in bytes/s (default {LEAK_MIN_SLOPE:.0f})")
     ap.add_argument("--leak-min-up-fraction", type=float, default=LEAK_MIN_UP_FRACTION,
@@ -441,23 +486,77 @@ def _conf_pair(text: str) -> str:
     return text
 
 
-def _session(master, conf=()):
+def _is_local_path(path: str) -> bool:
+    """A path this machine can check: file:..., or no scheme while no Hadoop configuration
+    could send it to another default filesystem (HDFS)."""
+    scheme = urlparse(path).scheme
+    if scheme == "file":
+        return True
+    return scheme == "" and not (os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR"))
+
+
+def missing_inputs(dumps) -> list[str]:
+    """The local dump paths that match no file (checked before paying for Spark's start-up).
+
+    Remote paths (hdfs://, s3a://...) and Spark-only glob syntax ({a,b}) are left to Spark."""
+    missing = []
+    for d in dumps:
+        if not _is_local_path(d) or "{" in d:
+            continue
+        local = urlparse(d).path if d.startswith("file:") else d
+        if not glob.glob(local):
+            missing.append(d)
+    return missing
+
+
+def _progress(enabled: bool):
+    start = time.monotonic()
+
+    def say(text: str) -> None:
+        if enabled:
+            print(f"[{time.monotonic() - start:6.1f} s] {text}", file=sys.stderr, flush=True)
+    return say
+
+
+_LOG4J = Path(__file__).with_name("log4j2.properties")
+
+
+def _session(master=None, conf=(), remote=None):
     builder = SparkSession.builder.appName("stompbroker-diag-report")
+    given = {}
     for pair in conf:
         key, value = pair.split("=", 1)
-        builder = builder.config(key.strip(), value.strip())
-    if master:
-        builder = builder.master(master)
-    elif not os.environ.get("PYSPARK_GATEWAY_PORT") and "--master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
-        # Plain `python -m`: no spark-submit supplied a master.
-        builder = builder.master("local[*]")
+        given[key.strip()] = value.strip()
+    if remote:
+        builder = builder.remote(remote)
+    else:
+        # Our progress lines replace Spark's console progress bar and start-up chatter.
+        given.setdefault("spark.ui.showConsoleProgress", "false")
+        if _LOG4J.is_file() and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+            opts = given.get("spark.driver.extraJavaOptions", "")
+            given["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={_LOG4J.as_uri()} {opts}".strip()
+        if (master or "local").startswith("local") and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+            # Embedded Spark needs only loopback (and then need not warn about the host name).
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if master:
+            builder = builder.master(master)
+        elif not os.environ.get("PYSPARK_GATEWAY_PORT") and "--master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+            # Plain `python -m`: no spark-submit supplied a master.
+            builder = builder.master("local[*]")
+    for key, value in given.items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (no JVM or SparkContext on this side)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 @contextlib.contextmanager
-def small_table_settings(spark: SparkSession, dumps):
+def small_table_settings(spark: SparkSession, dumps, keep=()):
     """Session settings suited to this job, restored afterwards; settings given at
-    launch (--conf / spark-defaults) are left alone.
+    launch (--conf / spark-defaults; keep: keys the caller set) are left alone.
 
     The per-interval tables are small (a day at 1 s is 86,400 lines), so:
     * shuffle partitions sized from the number of input splits (a file listing,
@@ -466,13 +565,20 @@ def small_table_settings(spark: SparkSession, dumps):
       here, as our joins are explicit broadcasts of tiny tables and the
       partition count is already sized.
     """
-    launch = spark.sparkContext.getConf()
+    connect = is_connect(spark)
+    launch = None if connect else spark.sparkContext.getConf()
+
+    def given(key):
+        return key in keep or (launch is not None and launch.contains(key))
+
     wanted = {}
-    if not launch.contains("spark.sql.shuffle.partitions"):
+    if not given("spark.sql.shuffle.partitions"):
         quiet_glob_warning(spark)
-        splits = spark.read.schema(DUMP_SCHEMA).json(list(dumps)).rdd.getNumPartitions()
+        reader = spark.read.schema(DUMP_SCHEMA).json(list(dumps))
+        # Connect has no RDD API: one split per file is close enough for dump files.
+        splits = len(reader.inputFiles()) if connect else reader.rdd.getNumPartitions()
         wanted["spark.sql.shuffle.partitions"] = str(min(200, max(2, 2 * splits)))
-    if not launch.contains("spark.sql.adaptive.enabled"):
+    if not given("spark.sql.adaptive.enabled"):
         wanted["spark.sql.adaptive.enabled"] = "false"
     previous = {k: spark.conf.get(k) for k in wanted}
     for k, v in wanted.items():
@@ -484,21 +590,38 @@ def small_table_settings(spark: SparkSession, dumps):
             spark.conf.set(k, v)
 
 
-def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> tuple[dict, str]:
+def run(spark: SparkSession, dumps, out: str, fmt: str = "md", progress=None, keep_conf=(),
+        **leak_args) -> tuple[dict, str]:
     """The whole job: load, compute, write tables and report.  Returns (summary, report path).
 
+    progress: a callable given one line of text per step (None: silent).
     leak_args are passed to leak_flags() (min_samples, min_slope, ...).
     """
+    say = progress or (lambda text: None)
     dumps = [dumps] if isinstance(dumps, str) else list(dumps)
-    with small_table_settings(spark, dumps):
+    if is_connect(spark):
+        # The server resolves paths: relative ones would be relative to *its* directory.
+        dumps = [os.path.abspath(d) if _is_local_path(d) and not d.startswith("file:") else d for d in dumps]
+        out = os.path.abspath(out) if _is_local_path(out) and not out.startswith("file:") else out
+        if _local_dir(spark, out) is None:
+            raise ValueError("with --remote, --out must be a path the client can write too "
+                             "(the report is rendered here): a local or shared-storage directory")
+    with small_table_settings(spark, dumps, keep_conf):
+        say(f"reading {', '.join(dumps)}")
         df = load_dumps(spark, dumps).cache()
         tables = {}
         try:
-            if df.isEmpty():
+            counts = df.agg(F.count("*").alias("lines"), F.size(F.collect_set("node")).alias("nodes"),
+                            F.size(F.collect_set("run")).alias("runs")).first()
+            if not counts or not counts["lines"]:
                 raise ValueError(f"no diagnostic lines (schema >= 1) found in {', '.join(dumps)}")
+            say(f"{counts['lines']} lines from {counts['nodes']} node(s), {counts['runs']} broker run(s); "
+                "computing tables")
             tables = {k: v.cache() for k, v in compute_tables(df, **leak_args).items()}
             summ = summary(tables)
+            say(f"writing tables to {out}")
             write_tables({**tables, "summary": summary_frame(spark, summ)}, out)
+            say("collecting chart data and rendering the report")
             frames = collect_for_report(tables)
             path = publish_report(spark, summ, frames, out, fmt, dumps, leak_args)
         finally:
@@ -508,6 +631,14 @@ def run(spark: SparkSession, dumps, out: str, fmt: str = "md", **leak_args) -> t
     return summ, path
 
 
+def _where(args) -> str:
+    if args.remote:
+        return f"Spark Connect {args.remote}"
+    if args.master:
+        return args.master
+    return "spark-submit's master" if os.environ.get("PYSPARK_GATEWAY_PORT") else "local[*]"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # pyspark warns about pandas versions at session start; this job only uses
@@ -515,24 +646,39 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     # Called in-process (tests, notebook): reuse the caller's session; --master/--conf are then moot.
     existing = SparkSession.getActiveSession()
-    spark = existing or _session(args.master, args.conf)
+    if existing is None and not args.remote:
+        missing = missing_inputs(args.dumps)
+        if missing:
+            print(f"stompbroker-diag-report: no such file: {', '.join(missing)}", file=sys.stderr)
+            return 2
+    say = _progress(not args.quiet)
     if existing is None:
+        say(f"starting Spark ({_where(args)})")
+    try:
+        spark = existing or _session(args.master, args.conf, args.remote)
+    except Exception as exc:  # noqa: BLE001 -- no Java, unreachable master or Connect server...
+        print(f"stompbroker-diag-report: cannot start Spark ({_where(args)}): "
+              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}", file=sys.stderr)
+        return 2
+    if existing is None and not is_connect(spark):
         spark.sparkContext.setLogLevel("WARN")
     try:
         summ, path = run(
-            spark, args.dumps, args.out, args.format,
+            spark, args.dumps, args.out, args.format, progress=say,
+            keep_conf=[p.split("=", 1)[0].strip() for p in args.conf],
             min_samples=args.leak_min_samples, min_slope=args.leak_min_slope,
             min_up_fraction=args.leak_min_up_fraction, min_r2=args.leak_min_r2,
         )
     except (ValueError, AnalysisException) as exc:  # no data, missing path
-        print(f"stompbroker-diag-report: {exc}", file=sys.stderr)
+        print(f"stompbroker-diag-report: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     finally:
         if existing is None:  # leave a caller's (test, notebook) session running
             spark.stop()
+    say("done")
     print(f"report: {path}")
     print(f"tables: {args.out.rstrip('/')}/<table>/{{parquet,csv}}")
-    for k in ("runs", "duration_s", "frames_out_per_s_mean", "latency_p99_ms_max", "leaking_processes"):
+    for k in ("nodes", "runs", "duration_s", "frames_out_per_s_mean", "latency_p99_ms_max", "leaking_processes"):
         print(f"  {k}: {summ.get(k)}")
     return 0
 

@@ -182,7 +182,10 @@ class Statistics:
             "ts": round(time.time() * 1000, 1),
             "interval_ms": self.config.diag_interval,
             "settings_id": self.config.settings_id,
-            "broker": {"version": __version__, "start": self.started, "pid": os.getppid()},
+            # broker.node only when configured: a default such as the host name would change
+            # with every container re-creation and split one broker into several nodes.
+            "broker": {"version": __version__, "start": self.started, "pid": os.getppid(),
+                       **({"node": self.config.node_id} if self.config.node_id else {})},
             "session": self.query("session"),
             "ws_buffer": self.query("ws_buffer"),
             "stale": self.query("stale"),

@@ -212,3 +212,14 @@ def test_dump_to_unwritable_path_keeps_serving(start_broker, tmp_path):
     w.frame("SEND", {"destination": "/topic/x", "receipt": "alive"})
     assert w.read()[:2] == ("RECEIPT", {"receipt-id": "alive"})
     assert "cannot write statistics dump" in b.log()
+
+
+def test_dump_lines_name_their_node(start_broker, tmp_path):
+    # Several brokers' dumps analysed as one fleet are told apart by broker.node.
+    path = tmp_path / "diag.jsonl"
+    start_broker("diag_interval=100", f"diag_dump={path}", "node_id=edge-1")
+    deadline = time.monotonic() + 15
+    while not (path.exists() and path.read_bytes().count(b"\n") >= 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = json.loads(path.read_bytes().split(b"\n")[0])
+    assert line["broker"]["node"] == "edge-1"

@@ -59,12 +59,12 @@ def _rss(role: str, k: int) -> int:
     return 24_000_000  # writers: constant
 
 
-def line(run: int, k: int) -> dict:
+def line(run: int, k: int, factor: int = 1, pid_offset: int = 0) -> dict:
     start = RUN_STARTS[run]
     e = elapsed_ms(k)
     sec = e / 1000.0
-    c = {name: round(rate * sec) for name, rate in RATES.items()}
-    pid = BROKER_PIDS[run]
+    c = {name: round(factor * rate * sec) for name, rate in RATES.items()}
+    pid = BROKER_PIDS[run] + pid_offset
     lat = dict(LATENCY)
     if (run, k) == SPIKE[:2]:
         lat.update(SPIKE[2])
@@ -108,7 +108,8 @@ def line(run: int, k: int) -> dict:
              "enqueued": round(QUEUE_IN * sec), "dequeued": round(QUEUE_OUT * sec), "unacked": 0, "consumers": 1},
             {"destination": "/queue/b", "depth": 0, "enqueued": 0, "dequeued": 0, "unacked": 0, "consumers": 2},
         ],
-        "latency": {"count": RATES["messages_delivered"] * (e - (elapsed_ms(k - 1) if k > 1 else 0)) // 1000, **lat},
+        "latency": {"count": factor * RATES["messages_delivered"] * (e - (elapsed_ms(k - 1) if k > 1 else 0)) // 1000,
+                    **lat},
         # A field from some future schema: readers must ignore it.
         "future": {"something": [1, 2, 3]},
     }
@@ -127,6 +128,25 @@ def write_dump(path) -> list[Path]:
             f.write(json.dumps(line(1, k)) + "\n")
         f.write(json.dumps(line(1, SAMPLES_PER_RUN + 1))[:57])  # killed mid-write
     return [older, path]
+
+
+FLEET_FACTOR = 2  # node "b" runs at twice the rates of node "a"
+
+
+def write_fleet(base) -> list[str]:
+    """A fleet of two brokers laid out one directory per node: <base>/a holds write_dump()
+    (two runs); <base>/b one run of the same span at FLEET_FACTOR times the rates, other
+    pids, and broker.node set to "b" (as the node_id setting writes it).  Returns the globs."""
+    base = Path(base)
+    write_dump(base / "a" / "diag.jsonl")
+    b = base / "b" / "diag.jsonl"
+    b.parent.mkdir(parents=True, exist_ok=True)
+    with b.open("w") as f:
+        for k in range(1, SAMPLES_PER_RUN + 1):
+            entry = line(0, k, factor=FLEET_FACTOR, pid_offset=50)
+            entry["broker"]["node"] = "b"
+            f.write(json.dumps(entry) + "\n")
+    return [f"{base}/a/diag.jsonl*", f"{base}/b/diag.jsonl*"]
 
 
 if __name__ == "__main__":

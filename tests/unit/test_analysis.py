@@ -264,6 +264,68 @@ def test_sparse_lines_still_give_a_report(spark, tmp_path):
     df.unpersist()
 
 
+def test_fleet_per_node_and_fleet_wide(spark, tmp_path):
+    # Two brokers, one directory each: "a" (two runs) and "b" (broker.node set, twice the rates).
+    globs = fx.write_fleet(tmp_path / "fleet")
+    df = load_dumps(spark, globs).cache()
+    t = {k: v.cache() for k, v in compute_tables(df).items()}  # many small actions follow, as in run()
+    s = summary(t)
+    per = to_pandas(t["nodes"]).set_index("node")
+    assert s["nodes"] == 2 and s["node_names"] == ["a", "b"]
+    assert s["runs"] == 3 and s["restarts"] == 1  # b's first run is not a restart
+    assert per.loc["a", "runs"] == 2 and per.loc["b", "runs"] == 1
+    for c in ("messages_delivered", "frames_in", "bytes_out"):
+        assert per.loc["a", f"{c}_per_s_mean"] == pytest.approx(RATES[c])
+        assert per.loc["b", f"{c}_per_s_mean"] == pytest.approx(fx.FLEET_FACTOR * RATES[c])
+        # the fleet as one broker: the nodes' rates add up, at the mean and at the peak
+        assert s[f"{c}_per_s_mean"] == pytest.approx((1 + fx.FLEET_FACTOR) * RATES[c])
+        assert s[f"{c}_per_s_peak"] == pytest.approx((1 + fx.FLEET_FACTOR) * RATES[c])
+    assert per.loc["a", "latency_p99_ms_max"] == 12.0 and per.loc["b", "latency_p99_ms_max"] == 12.0
+    assert s["latency_p99_ms_max"] == 12.0
+    # memory: a node's RSS is all its processes; the fleet's peak is both nodes at one time
+    assert per.loc["b", "rss_mb_peak"] > 6 * 24 and s["fleet_rss_mb_peak"] > per["rss_mb_peak"].max()
+    assert s["leaking_processes"] == ["a: dispatcher (pid 1239, run 0)", "a: dispatcher (pid 2239, run 1)",
+                                      "b: dispatcher (pid 1289, run 0)"]
+    # run numbering is per node: b's only run is run 0
+    runs = to_pandas(df.select("node", "run_seq").distinct()).sort_values(["node", "run_seq"])
+    assert runs.values.tolist() == [["a", 0], ["a", 1], ["b", 0]]
+    fl = to_pandas(t["fleet"])
+    assert set(fl["nodes"]) == {1, 2} and fl["messages_delivered_per_s"].max() == pytest.approx(900.0)
+    frames = collect_for_report(t)
+    text = write_report(tmp_path / "r", s, frames).read_text()
+    assert "## Fleet (2 nodes)" in text and "![fleet](charts/fleet.png)" in text
+    assert "| b | 1 | 28.8 s | 200.0 | 600.0 | 600.0 |" in text
+    assert "| fleet | 3 |" in text and "| 300.0 | 900.0 | 900.0 |" in text
+    assert "| Nodes (brokers) | 2: a, b |" in text
+    # writers are per node: b's writer 0 is not a's writer 0
+    wt = frames["writer_totals"].set_index(["node", "writer"])
+    assert len(wt) == 6 and wt.loc[("b", 0), "frames"] == fx.FLEET_FACTOR * wt.loc[("a", 0), "frames"] / 2
+    assert wt["share"].tolist() == pytest.approx(list(fx.WRITER_SHARES) * 2)
+    assert s["writer_imbalance_overall"] == pytest.approx(fx.IMBALANCE)
+    assert "| b writer 0 |" in text
+    assert (tmp_path / "r" / "charts" / "fleet.png").stat().st_size > 1000
+    for v in t.values():
+        v.unpersist()
+    df.unpersist()
+
+
+def test_missing_local_input_is_reported_before_spark(tmp_path, capsys, monkeypatch):
+    # No Spark session may be started for a mistyped path: one line, exit 2, at once.
+    monkeypatch.setattr(report_mod, "_session", lambda *a, **k: pytest.fail("Spark was started"))
+    monkeypatch.setattr(report_mod.SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "diag.jsonl").write_text("{}\n")
+    args = [str(tmp_path / "d" / "diag.jsonl*"), str(tmp_path / "typo" / "diag.jsonl*"), "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stompbroker-diag-report: no such file: {tmp_path / 'typo' / 'diag.jsonl*'}"]
+    # remote filesystems are Spark's to check
+    assert report_mod.missing_inputs(["hdfs:///x/*", "s3a://b/k", f"file://{tmp_path}/nothing"]) == \
+        [f"file://{tmp_path}/nothing"]
+
+
 def test_downsample_bounds_chart_points(tables):
     tp = tables["throughput"]
     b = chart_bucket(tp, max_points=10)
