@@ -280,7 +280,7 @@ class Link:
             raise BenchError("timed out waiting for the broker") from None
         if not data:
             raise BenchError("the broker closed the connection" +
-                             (f" after {bytes(self.raw[-300:])!r}" if self.raw else ""))
+                             (f" after {self.unread()[-300:]!r}" if self.raw or self.stomp.partial() else ""))
         self.raw += data
 
     def read_frame(self, timeout: float | None = None):

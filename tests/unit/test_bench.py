@@ -8,8 +8,8 @@ import pytest
 
 from stompbroker.bench import cli, report, scenarios, stats
 from stompbroker.bench.stats import percentiles
-from stompbroker.bench.wire import (TOKEN, StompReader, TokenCounter, TsScanner, count_nul, make_body, mask,
-                                    parse_ws_frame, stomp_frame, ws_frame)
+from stompbroker.bench.wire import (TOKEN, Link, StompReader, Target, TokenCounter, TsScanner, count_nul, make_body,
+                                    mask, parse_ws_frame, stomp_frame, ws_frame)
 
 
 def message(i: int, size: int = 117, ts: int | None = None) -> bytes:
@@ -92,6 +92,21 @@ def test_stomp_reader_splits_frames():
         reader = StompReader()
         frames = [f for i in range(0, len(stream), chunk) for f in reader.feed(stream[i:i + chunk])]
         assert [(c, b) for c, _, b in frames] == [("MESSAGE", body), ("RECEIPT", b"")]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_link_hands_unread_input_to_the_hot_loop(transport):
+    """Frames that arrive with the one set-up waits for stay countable by the consumer's NUL/token count."""
+    link = Link(Target(port=1, ws_url="ws://127.0.0.1:1/ws"), transport)
+    wire = (lambda f: ws_frame(f, masked=False)) if transport == "ws" else (lambda f: f)
+    receipt = stomp_frame("RECEIPT", [("receipt-id", "sub-0")])
+    early = [message(i) for i in range(3)]
+    link.raw += b"".join(wire(f) for f in [receipt, *early]) + wire(message(3))[:40]
+    assert link._take_frame() == ("RECEIPT", {"receipt-id": "sub-0"}, b"")
+    unread = link.unread()
+    assert unread.count(TOKEN) == 3   # what the WebSocket consumer counts
+    assert transport == "ws" or unread.count(b"\0") == 3   # and the TCP one
+    assert unread.endswith(wire(message(3))[:40])
 
 
 # -- statistics and results ------------------------------------------------------------------------
