@@ -14,6 +14,7 @@ from .report import compare, load_results, make_chart
 from .runner import Runner
 from .scenarios import SCENARIOS, run_scenarios, scenario_names
 
+
 # -- command line ------------------------------------------------------------------------------
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="stompbroker-bench", description=PACKAGE_DOC.split("\n\n")[0],
@@ -70,7 +71,6 @@ def parse_args(argv=None):
                    help="print a side-by-side Markdown table of results.json files (or their directories)")
     opts = p.parse_args(argv)
     return opts
-
 
 
 def raise_fd_limit(want: int) -> int:

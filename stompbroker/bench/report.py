@@ -100,7 +100,6 @@ def summary_line(res: dict) -> str:
     return f"{res['name']:<22} {text:<24} " + ", ".join(extra)
 
 
-
 # -- progress ----------------------------------------------------------------------------------
 class Progress:
     """One status line on stderr while a run goes (redrawn on a terminal, every 2 s otherwise)."""

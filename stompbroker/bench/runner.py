@@ -20,6 +20,7 @@ from .stats import BIN, fmt_num, merge_bins, percentiles, steady_rate
 from .wire import BenchError, Target
 from .workers import Shared, run_worker
 
+
 # -- one measured run: workers, start, monitor, stop ------------------------------------------
 class Flow:
     """Raw measurements of one run (everything the scenarios turn into a result)."""

@@ -83,6 +83,7 @@ def ingest(runner, transport):
         return res
     yield runner.guarded(name, "ingest", transport, params, body)
 
+
 def one2one(runner, transport):
     name = f"one2one-{transport}"
     params = {"producers": 1, "consumers": 1, "size": runner.opts.size, "duration": runner.opts.duration,
@@ -100,6 +101,7 @@ def one2one(runner, transport):
                                                        runner.ceiling("recv", transport, 1)])
         return res
     yield runner.guarded(name, "one2one", transport, params, body)
+
 
 def fanout(runner, transport):
     n = runner.opts.fanout
@@ -130,6 +132,7 @@ def fanout(runner, transport):
         if layout == "conns":
             time.sleep(runner.opts.pause)
 
+
 def queue(runner, transport):
     k = runner.opts.queue_consumers
     name = f"queue-{transport}"
@@ -159,6 +162,7 @@ def queue(runner, transport):
         return res
     yield runner.guarded(name, "queue", transport, params, body)
 
+
 def latency(runner, transport):
     name = f"latency-{transport}"
     o = runner.opts
@@ -183,6 +187,7 @@ def latency(runner, transport):
         res["generator_ceiling"] = runner.ceiling("latency", transport)
         return res
     yield runner.guarded(name, "latency", transport, params, body)
+
 
 def idle(runner, transport):
     o = runner.opts
@@ -291,6 +296,7 @@ def idle(runner, transport):
         res["generator"] = {"processes": o.idle_procs, "open_seconds": round(open_s, 2)}
         return res
     yield runner.guarded(name, "idle", "tcp", params, body)
+
 
 def durable(runner, transport):
     o = runner.opts
