@@ -57,7 +57,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host", str, "127.0.0.1", "address to bind (0.0.0.0 for every interface)"),
     Setting("port", _int, 61613, "TCP port for STOMP and WebSocket (0 = pick a free port and log it)"),
     Setting("max_input_queue_size", _int, 1_000_000, "frames in the reader-to-dispatcher queue before the reader stops reading (TCP backpressure)"),
-    Setting("input_queue_bytes", _int, 32 * MB, "bytes of shared memory for the input queue (raised to fit two max-size frames)"),
+    Setting("input_queue_bytes", _int, 32 * MB, "bytes of shared memory for the input queue (raised to at least four max-size frames plus 1 MB)"),
     Setting("output_queue_bytes", _int, 32 * MB, "bytes of shared memory for each dispatcher-to-writer queue"),
     Setting("max_stale_queue_size", _int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
     Setting("TTL", _int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
@@ -111,7 +111,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ready_file", str, "", "once the broker serves, write one JSON line here (host, port, ssl_port, pid, version); removed at stop (empty = off)"),
 )
 
-BY_NAME = {s.name: s for s in SETTINGS}
 # stompica spelled the TTL key in capitals; accept every spelling of every key.
 BY_LOWER = {s.name.lower(): s for s in SETTINGS}
 

@@ -1,4 +1,4 @@
-"""stompica's TTL stale queue, with wall-clock time and an index by destination.
+"""stompica's TTL stale queue, on the monotonic clock, with an index by destination.
 
 A message that reached no subscriber waits here for at most ``ttl`` seconds. A new subscription
 takes every waiting message whose destination it matches, in send order, and removes it, so a
@@ -97,9 +97,3 @@ class StaleQueue:
                 queue.popleft()
             if not queue:
                 del self._by_destination[name]
-
-    def next_deadline(self) -> float | None:
-        for entry in self._order:
-            if entry[3]:
-                return entry[0]
-        return None

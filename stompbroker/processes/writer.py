@@ -23,7 +23,7 @@ from ..diag import latency
 from ..ipc import records as R
 from ..protocol.stomp import render_frame
 from ..protocol.websocket import encode_close, encode_message
-from . import common
+from . import batching, common
 
 log = logging.getLogger("stompbroker.writer")
 
@@ -136,8 +136,7 @@ class Writer:
                         continue  # the connection is long gone
                 if kind == R.DATA:
                     if not c.closing:
-                        frame = blob[start:stop]
-                        self.append(c, encode_message(frame) if c.ws else frame, stamp)
+                        self.append(c, blob[start:stop], stamp, c.ws)
                         touched.add(c)
                 elif kind == R.RAW or kind == R.WS_ON:
                     if not c.closing:
@@ -178,15 +177,8 @@ class Writer:
                 self.stats["connections"] = len(self.conns)
 
     # -- batching and sending --------------------------------------------------------------------
-    def append(self, c: Conn, frame, stamp: int = 0) -> None:
-        n = len(frame)
-        if c.cur and len(c.cur) + n > self.batch_size:
-            self.close_batch(c)
-        if not c.cur_frames:
-            c.cur_stamp = stamp
-        c.cur += frame
-        c.cur_frames += 1
-        c.pending += n
+    def append(self, c: Conn, frame, stamp: int = 0, ws: bool = False) -> None:
+        n = batching.add(c, frame, stamp, self.batch_size, ws)
         stats = self.stats
         stats["frames"] += 1
         stats["pending_bytes"] += n
@@ -196,11 +188,7 @@ class Writer:
                     c.pending > 4 * self.max_pending or time.monotonic() - c.last_write > STALLED):
                 self.slow_consumer(c)
 
-    @staticmethod
-    def close_batch(c: Conn) -> None:
-        c.batches.append((c.cur, c.cur_stamp, c.cur_frames))
-        c.cur = bytearray()
-        c.cur_frames = 0
+    close_batch = staticmethod(batching.close)
 
     def flush(self, c: Conn) -> None:
         if c.cur:

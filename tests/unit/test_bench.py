@@ -1,19 +1,15 @@
-"""The load generator (scripts/bench.py): its pure parts, and one tiny run against a real broker."""
+"""The load generator (stompbroker.bench): its pure parts, and one tiny run against a real broker."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
-sys.path.insert(0, SCRIPTS)
-
-import bench  # noqa: E402
-from bench_wire import (TOKEN, TokenCounter, TsScanner, count_nul, make_body, mask, parse_ws_frame,  # noqa: E402
-                        percentiles, split_stomp_frame, stomp_frame, ws_frame)
+from stompbroker.bench import cli, report, scenarios, stats
+from stompbroker.bench.stats import percentiles
+from stompbroker.bench.wire import (TOKEN, Link, StompReader, Target, TokenCounter, TsScanner, count_nul, make_body,
+                                    mask, parse_ws_frame, stomp_frame, ws_frame)
 
 
 def message(i: int, size: int = 117, ts: int | None = None) -> bytes:
@@ -83,14 +79,34 @@ def test_ws_frame_round_trip(size):
     assert mask(mask(payload)) == payload
 
 
-def test_split_stomp_frame():
+def test_stomp_reader_splits_frames():
     body = b"a\0b"  # a NUL inside a body with content-length
     stream = b"\n\r\n" + stomp_frame("MESSAGE", [("destination", "/q")], body) + b"RECEIPT\nreceipt-id:7\n\n\0"
-    (command, headers, got), pos = split_stomp_frame(stream)
+    reader = StompReader()
+    (command, headers, got), (command2, headers2, _) = reader.feed(stream)
     assert (command, headers["destination"], got) == ("MESSAGE", "/q", body)
-    (command, headers, got), end = split_stomp_frame(stream, pos)
-    assert (command, headers["receipt-id"], end) == ("RECEIPT", "7", len(stream))
-    assert split_stomp_frame(b"MESSAGE\nx:y\n")[0] is None
+    assert (command2, headers2["receipt-id"], reader.partial()) == ("RECEIPT", "7", b"")
+    reader = StompReader()
+    assert reader.feed(b"MESSAGE\nx:y\n") == [] and reader.partial() == b"MESSAGE\nx:y\n"
+    for chunk in (1, 3, 7):  # fed in pieces: the same frames
+        reader = StompReader()
+        frames = [f for i in range(0, len(stream), chunk) for f in reader.feed(stream[i:i + chunk])]
+        assert [(c, b) for c, _, b in frames] == [("MESSAGE", body), ("RECEIPT", b"")]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+def test_link_hands_unread_input_to_the_hot_loop(transport):
+    """Frames that arrive with the one set-up waits for stay countable by the consumer's NUL/token count."""
+    link = Link(Target(port=1, ws_url="ws://127.0.0.1:1/ws"), transport)
+    wire = (lambda f: ws_frame(f, masked=False)) if transport == "ws" else (lambda f: f)
+    receipt = stomp_frame("RECEIPT", [("receipt-id", "sub-0")])
+    early = [message(i) for i in range(3)]
+    link.raw += b"".join(wire(f) for f in [receipt, *early]) + wire(message(3))[:40]
+    assert link._take_frame() == ("RECEIPT", {"receipt-id": "sub-0"}, b"")
+    unread = link.unread()
+    assert unread.count(TOKEN) == 3   # what the WebSocket consumer counts
+    assert transport == "ws" or unread.count(b"\0") == 3   # and the TCP one
+    assert unread.endswith(wire(message(3))[:40])
 
 
 # -- statistics and results ------------------------------------------------------------------------
@@ -101,46 +117,46 @@ def test_percentiles_nearest_rank():
 
 
 def test_bins_and_steady_rate():
-    assert bench.merge_bins([[1, 2], [3, 4, 5]]) == [4, 6, 5]
+    assert stats.merge_bins([[1, 2], [3, 4, 5]]) == [4, 6, 5]
     bins = [100] * 10 + [1000] * 30 + [100] * 10   # 0.1 s bins: ramp, 3 s at 10,000/s, drain
-    assert bench.steady_rate(bins) == pytest.approx(10_000)
-    assert bench.steady_rate([5, 5]) is None
+    assert stats.steady_rate(bins) == pytest.approx(10_000)
+    assert stats.steady_rate([5, 5]) is None
 
 
 def test_result_schema():
-    res = bench.new_result("one2one-tcp", "one2one", "tcp", {"size": 117})
-    assert "an ok result needs a headline {metric, value, unit}" in bench.validate_result(res)
+    res = report.new_result("one2one-tcp", "one2one", "tcp", {"size": 117})
+    assert "an ok result needs a headline {metric, value, unit}" in report.validate_result(res)
     res["duration_s"] = 1.0
     res["headline"] = {"metric": "deliveries/s", "value": 10, "unit": "1/s"}
     res["latency_ms"] = {"p50": 0.1, "p99": 0.2, "p99.9": 0.3}
-    res["target"] = bench.check_target("one2one", 10)
+    res["target"] = report.check_target("one2one", 10)
     assert res["target"]["met"] is False
-    assert bench.validate_result(res) == []
-    assert set(bench.RESULT_KEYS) <= set(res)
+    assert report.validate_result(res) == []
+    assert set(report.RESULT_KEYS) <= set(res)
     del res["rates"]
-    assert bench.validate_result(res) == ["missing key 'rates'"]
-    skipped = bench.new_result("durable-tcp", "durable", "tcp", {})
+    assert report.validate_result(res) == ["missing key 'rates'"]
+    skipped = report.new_result("durable-tcp", "durable", "tcp", {})
     skipped["status"] = "skipped"
-    assert bench.validate_result(skipped) == []
+    assert report.validate_result(skipped) == []
 
 
 def test_scenario_names():
-    assert bench.scenario_names("all") == list(bench.SCENARIOS)
-    assert bench.scenario_names("1to1,ingest,1to1") == ["one2one", "ingest"]
+    assert scenarios.scenario_names("all") == list(scenarios.SCENARIOS)
+    assert scenarios.scenario_names("1to1,ingest,1to1") == ["one2one", "ingest"]
     with pytest.raises(SystemExit):
-        bench.scenario_names("nope")
+        scenarios.scenario_names("nope")
 
 
 # -- one tiny run ------------------------------------------------------------------------------------
 def test_smoke_one2one_against_broker(start_broker, tmp_path, capsys):
     broker = start_broker("processors=3")
     out = tmp_path / "bench"
-    code = bench.main(["--port", str(broker.port), "--pid", str(broker.proc.pid), "--scenario", "one2one",
+    code = cli.main(["--port", str(broker.port), "--pid", str(broker.proc.pid), "--scenario", "one2one",
                        "--duration", "1.5", "--no-ceiling", "--quiet", "--pause", "0", "--out", str(out)])
     assert code == 0, capsys.readouterr()
     doc = json.loads((out / "results.json").read_text())
     (res,) = doc["results"]
-    assert bench.validate_result(res) == []
+    assert report.validate_result(res) == []
     assert res["status"] == "ok", res["notes"]
     assert res["counts"]["delivered"] > 0
     assert res["counts"]["delivered"] == res["counts"]["sent"]

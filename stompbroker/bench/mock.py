@@ -1,4 +1,4 @@
-"""A trivial STOMP "broker" used to measure the load generator's own ceiling (scripts/bench.py --ceiling).
+"""A trivial STOMP "broker" used to measure the load generator's own ceiling (``--ceiling``).
 
 One process, one epoll loop, no routing. Modes:
 
@@ -10,34 +10,32 @@ One process, one epoll loop, no routing. Modes:
 * ``relay``: forwards what producers send, byte for byte (SEND frames included), to every
   subscribed connection (TCP only): the latency floor of the generator and the kernel.
 
-Run it from bench.py (``serve()`` in a forked process) or alone:
-``python scripts/bench_mock.py source`` prints ``mock listening on 127.0.0.1:PORT``.
+Run it from the generator (``serve()`` in a forked process) or alone:
+``python -m stompbroker.bench.mock source`` prints ``mock listening on 127.0.0.1:PORT``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import selectors
 import socket
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_wire import OP_CLOSE, OP_PING, OP_PONG, make_body, parse_ws_frame, split_stomp_frame, \
-    stomp_frame, ws_frame  # noqa: E402
+from .wire import OP_CLOSE, OP_PING, OP_PONG, StompReader, make_body, parse_ws_frame, stomp_frame, ws_frame
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 BATCH_BYTES = 256 * 1024
 
 
 class Conn:
-    __slots__ = ("sock", "buf", "ws", "phase", "subscribed", "out", "off", "bytes_in", "frames_out")
+    __slots__ = ("sock", "buf", "stomp", "ws", "phase", "subscribed", "out", "off", "bytes_in", "frames_out")
 
     def __init__(self, sock):
         self.sock = sock
-        self.buf = bytearray()
+        self.buf = bytearray()   # bytes not yet given to the STOMP reader (HTTP, WebSocket framing)
+        self.stomp = StompReader()
         self.ws = False
         self.phase = "new"       # new -> control -> stream (sink/relay after the first SEND)
         self.subscribed = False
@@ -140,30 +138,28 @@ class Mock:
         self.control(c)
 
     def control(self, c: Conn) -> None:
+        """Answer the frames before the first SEND; from the first SEND on, the connection streams."""
+        if not c.ws:
+            data, c.buf = bytes(c.buf), bytearray()
+            self.frames(c, c.stomp.feed(data), b"")
+            return
         while c.phase == "control":
-            if c.ws:
-                parsed = parse_ws_frame(c.buf)
-                if parsed is None:
-                    return
-                _, opcode, payload, pos = parsed
-                if opcode in (OP_CLOSE, OP_PING, OP_PONG):
-                    del c.buf[:pos]
-                    if opcode == OP_CLOSE:
-                        self.close(c)
-                        return
-                    continue
-                frame, _ = split_stomp_frame(payload)
-                if frame is None:
-                    del c.buf[:pos]
-                    continue
-                raw_frame = bytes(c.buf[:pos])
-            else:
-                frame, pos = split_stomp_frame(c.buf)
-                if frame is None:
-                    return
-                raw_frame = bytes(c.buf[:pos])
+            parsed = parse_ws_frame(c.buf)
+            if parsed is None:
+                return
+            _, opcode, payload, pos = parsed
+            raw_frame = bytes(c.buf[:pos])
             del c.buf[:pos]
-            command, headers, _ = frame
+            if opcode == OP_CLOSE:
+                self.close(c)
+                return
+            if opcode not in (OP_PING, OP_PONG):
+                self.frames(c, c.stomp.feed(payload), raw_frame)
+
+    def frames(self, c: Conn, frames: list, raw: bytes) -> None:
+        """Answer control frames; a SEND switches to streaming, and a relay forwards it and what
+        follows (on WebSocket ``raw`` is the SEND's WebSocket frame, forwarded as it came)."""
+        for i, (command, headers, body) in enumerate(frames):
             if command in ("CONNECT", "STOMP"):
                 self.reply(c, stomp_frame("CONNECTED", [("version", "1.2"), ("heart-beat", "0,0"),
                                                        ("server", "bench-mock")]))
@@ -180,7 +176,9 @@ class Mock:
                 rest = bytes(c.buf)
                 c.buf = bytearray()
                 if self.mode == "relay":
-                    self.relay(raw_frame + rest)
+                    sends = raw or b"".join(stomp_frame(*f) for f in frames[i:]) + c.stomp.partial()
+                    self.relay(sends + rest)
+                return
             elif "receipt" in headers:
                 self.reply(c, stomp_frame("RECEIPT", [("receipt-id", headers["receipt"])]))
 

@@ -1,4 +1,4 @@
-"""Worker processes of the load generator (scripts/bench.py): producers, consumers, idle holders.
+"""Worker processes of the load generator: producers, consumers, idle holders.
 
 Each worker is a forked process that talks to the coordinator through one Pipe:
 ``("ready", info)`` once its connections are set up, then ``("result", dict)`` at the end, or
@@ -19,9 +19,9 @@ import socket
 import time
 import traceback
 
-from bench_wire import TOKEN, BenchError, Link, TokenCounter, TsScanner, make_body, stomp_frame, ws_frame
+from .stats import BIN
+from .wire import TOKEN, BenchError, Link, TokenCounter, TsScanner, make_body, stomp_frame, ws_frame
 
-BIN = 0.1              # seconds per time-series bin
 RECV_SIZE = 256 * 1024
 
 
@@ -127,8 +127,9 @@ class Producer(Worker):
         self.link = link
         sock = link.sock
         sock.setblocking(False)
-        if link.raw:
-            self.receipts_total += self._count_receipts(bytes(link.raw))
+        unread = link.unread()
+        if unread:
+            self.receipts_total += self._count_receipts(unread)
         self.conn.send(("ready", {"version": link.version}))
         t0 = _wait_start(self.shared)
         if not t0:
@@ -352,7 +353,7 @@ class Consumer(Worker):
         # Bytes read during set-up after the receipt (normally none) count too.
         total = 0
         for st in state.values():
-            raw = bytes(st["link"].raw)
+            raw = st["link"].unread()
             if raw:
                 c = st["counter"].feed(raw) if ws else raw.count(b"\0")
                 st["count"] += c

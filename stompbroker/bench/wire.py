@@ -1,9 +1,11 @@
-"""Wire-level helpers of the load generator (scripts/bench.py): no client library on the hot path.
+"""Wire-level helpers of the load generator: no client library on the hot path.
 
 * frame rendering (STOMP frames, client WebSocket frames with masking), done once per run: the hot
   loops only send pre-rendered batches;
 * ``Link``: one connection during set-up (TCP or WebSocket handshake, CONNECT, SUBSCRIBE with a
-  receipt), with a small blocking frame reader; after set-up the raw socket is used directly;
+  receipt), with a small blocking frame reader; after set-up the raw socket is used directly.
+  STOMP frames are split and decoded by the broker's own sans-IO parser (``protocol/stomp.py``),
+  which only the set-up and the mock's control frames use: the measured loops parse nothing;
 * frame counting with bulk byte operations: ``count_nul`` on raw STOMP streams (the bodies the
   generator sends contain no NUL), ``TokenCounter`` on WebSocket streams (every body starts with
   ``TOKEN``, which no STOMP header and no WebSocket frame header of a realistic size can contain),
@@ -20,7 +22,10 @@ import re
 import socket
 import struct
 import time
+from collections import deque
 from urllib.parse import urlsplit
+
+from ..protocol.stomp import FrameParser, ProtocolError, parse_head, render_frame
 
 TOKEN = b"#BENCH#"          # first bytes of every counted message body
 TS_HEADER = "bench-ts"      # scheduled send time (time.monotonic_ns) of a latency message
@@ -41,12 +46,8 @@ def make_body(size: int, token: bytes = TOKEN) -> bytes:
 
 
 def stomp_frame(command: str, headers, body: bytes = b"") -> bytes:
-    """A STOMP frame; headers is a list of (name, value) pairs (values must not need escaping)."""
-    lines = [command]
-    lines += [f"{name}:{value}" for name, value in headers]
-    if body:
-        lines.append(f"content-length:{len(body)}")
-    return ("\n".join(lines) + "\n\n").encode() + body + b"\0"
+    """A STOMP frame; headers is a dict or a list of (name, value) pairs (values must not need escaping)."""
+    return render_frame(command, headers, body, escape_headers=False)
 
 
 def mask(data: bytes, key: bytes = MASK_KEY) -> bytes:
@@ -106,40 +107,32 @@ def parse_ws_frame(buf, pos: int = 0):
     return bool(b0 & 0x80), b0 & 0x0F, payload, p + length
 
 
-def split_stomp_frame(buf, pos: int = 0):
-    """Find one STOMP frame at ``buf[pos:]`` (heart-beat EOLs skipped).
+class StompReader:
+    """Whole STOMP frames, decoded, from a byte stream fed in pieces (heart-beat EOLs skipped).
 
-    Returns ((command, headers, body), next_pos), or (None, pos_after_heartbeats) if incomplete.
-    Headers are decoded without STOMP 1.1 unescaping (the generator never needs escaped values).
+    Headers are decoded without STOMP 1.1 unescaping (the generator never needs escaped values);
+    the limits are far above anything a broker sends, so the reader never refuses a real frame.
     """
-    n = len(buf)
-    while pos < n and buf[pos] in (10, 13):
-        pos += 1
-    end_head = buf.find(b"\n\n", pos)
-    crlf = buf.find(b"\r\n\r\n", pos)
-    if crlf >= 0 and (end_head < 0 or crlf < end_head):
-        end_head, skip = crlf, 4
-    else:
-        skip = 2
-    if end_head < 0:
-        return None, pos
-    head = bytes(buf[pos:end_head]).decode("utf-8", "replace").replace("\r\n", "\n")
-    lines = head.split("\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers.setdefault(name, value)
-    body_start = end_head + skip
-    length = headers.get("content-length")
-    if length is not None and length.isdigit():
-        end = body_start + int(length)
-        if end >= n:
-            return None, pos
-    else:
-        end = buf.find(b"\0", body_start)
-        if end < 0:
-            return None, pos
-    return (lines[0], headers, bytes(buf[body_start:end])), end + 1
+
+    __slots__ = ("_parser", "_partial")
+
+    def __init__(self):
+        self._parser = FrameParser(max_frame_size=1 << 30, max_headers=1 << 16, max_header_line=1 << 30)
+        self._partial = bytearray()  # the bytes of the unfinished frame, the same ones the parser holds
+
+    def feed(self, data) -> list[tuple[str, dict, bytes]]:
+        """(command, headers, body) for each frame ``data`` completes."""
+        try:
+            frames = [(*parse_head(head, False), body) for head, body in self._parser.feed(data)]
+        except ProtocolError as exc:
+            raise BenchError(f"unreadable STOMP from the broker: {exc}") from None
+        self._partial += data
+        del self._partial[:len(self._partial) - self._parser.buffered]
+        return frames
+
+    def partial(self) -> bytes:
+        """Bytes of a frame that has not finished arriving."""
+        return bytes(self._partial)
 
 
 # -- counting ----------------------------------------------------------------------------------
@@ -205,22 +198,6 @@ class TsScanner:
         return found
 
 
-def percentiles(samples, points=(50, 90, 99, 99.9)) -> dict:
-    """Nearest-rank percentiles of a list of numbers: {'p50': .., 'p99.9': .., 'max': .., 'count': ..}."""
-    data = sorted(samples)
-    out = {"count": len(data)}
-    if not data:
-        for p in points:
-            out[f"p{p:g}"] = None
-        out["max"] = None
-        return out
-    for p in points:
-        rank = max(int(-(-p * len(data) // 100)), 1)  # ceil(p/100 * n), at least 1
-        out[f"p{p:g}"] = data[min(rank, len(data)) - 1]
-    out["max"] = data[-1]
-    return out
-
-
 # -- connections -------------------------------------------------------------------------------
 class Target:
     """Where a broker listens: TCP host/port and/or a WebSocket URL, plus credentials."""
@@ -279,7 +256,9 @@ class Link:
         self.ws = transport == "ws"
         self.timeout = timeout
         self.sock: socket.socket | None = None
-        self.raw = bytearray()      # bytes read and not consumed yet (raw wire bytes)
+        self.raw = bytearray()      # wire bytes read and not yet given to the STOMP reader
+        self.stomp = StompReader()
+        self.frames: deque = deque()  # frames read and not consumed yet
         self.version = "1.0"
 
     # -- wire ------------------------------------------------------------------------------
@@ -301,7 +280,7 @@ class Link:
             raise BenchError("timed out waiting for the broker") from None
         if not data:
             raise BenchError("the broker closed the connection" +
-                             (f" after {bytes(self.raw[-300:])!r}" if self.raw else ""))
+                             (f" after {self.unread()[-300:]!r}" if self.raw or self.stomp.partial() else ""))
         self.raw += data
 
     def read_frame(self, timeout: float | None = None):
@@ -317,13 +296,14 @@ class Link:
 
     def _take_frame(self):
         if not self.ws:
-            frame, pos = split_stomp_frame(self.raw)
-            del self.raw[:pos]
-            return frame
-        while True:
+            if self.raw:
+                self.frames.extend(self.stomp.feed(bytes(self.raw)))
+                self.raw.clear()
+            return self.frames.popleft() if self.frames else None
+        while not self.frames:
             parsed = parse_ws_frame(self.raw)
             if parsed is None:
-                return None
+                break
             fin, opcode, payload, pos = parsed
             del self.raw[:pos]
             if opcode == OP_PING:
@@ -332,10 +312,14 @@ class Link:
             if opcode == OP_CLOSE:
                 code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
                 raise BenchError(f"WebSocket closed by the broker ({code}, {payload[2:]!r})")
-            if opcode in (OP_TEXT, OP_BIN, 0) and payload.strip(b"\r\n"):
-                frame, _ = split_stomp_frame(payload)
-                if frame is not None:
-                    return frame
+            if opcode in (OP_TEXT, OP_BIN, 0):
+                self.frames.extend(self.stomp.feed(payload))
+        return self.frames.popleft() if self.frames else None
+
+    def unread(self) -> bytes:
+        """What arrived and was not consumed as a frame (normally nothing once set-up is done), as
+        bytes the hot loops can count: queued frames re-rendered, then the unfinished rest."""
+        return b"".join(stomp_frame(*f) for f in self.frames) + self.stomp.partial() + bytes(self.raw)
 
     # -- set-up ----------------------------------------------------------------------------
     def open(self) -> "Link":

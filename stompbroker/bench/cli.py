@@ -1,0 +1,122 @@
+"""The ``stompbroker-bench`` command line (also ``python -m stompbroker.bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import sys
+import time
+
+from . import __doc__ as PACKAGE_DOC
+from .report import compare, load_results, make_chart
+from .runner import Runner
+from .scenarios import SCENARIOS, run_scenarios, scenario_names
+
+
+# -- command line ------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="stompbroker-bench", description=PACKAGE_DOC.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("broker")
+    g.add_argument("--spawn", nargs="?", const="", default=None, metavar="ARGS",
+                   help="start this project's broker (python -m stompbroker port=0 ARGS), a fresh one per run")
+    g.add_argument("--spawn-env", default=None, metavar="K=V ...",
+                   help="environment variables for the spawned broker, e.g. \"MALLOC_MMAP_THRESHOLD_=268435456\"")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=None, help="TCP port of a running broker")
+    g.add_argument("--ws", default=None, metavar="URL", help="WebSocket URL of a running broker (ws://host:port/path)")
+    g.add_argument("--login", default=None)
+    g.add_argument("--passcode", default=None)
+    g.add_argument("--vhost", default=None, help="CONNECT host header (default '/')")
+    g.add_argument("--pid", type=int, default=None, help="PID of a running broker: measure its process tree")
+    g.add_argument("--label", default=None, help="name of the broker in results and comparisons")
+    g = p.add_argument_group("runs")
+    g.add_argument("--scenario", default="all", help=f"comma list of {', '.join(SCENARIOS)}, or all")
+    g.add_argument("--transports", default=None,
+                   help="comma list of tcp,ws for every scenario (default: fanout on both, others on the first available)")
+    g.add_argument("--duration", type=float, default=10.0, help="seconds of load per run")
+    g.add_argument("--size", type=int, default=117, help="message body bytes")
+    g.add_argument("--rate", type=float, default=5000.0, help="offered load of the latency scenario, msg/s")
+    g.add_argument("--fanout", type=int, default=75)
+    g.add_argument("--queue-consumers", type=int, default=4)
+    g.add_argument("--consumer-procs", type=int, default=2, help="consumer processes for multi-connection runs")
+    g.add_argument("--batch-bytes", type=int, default=65536, help="bytes of pre-rendered frames per send call")
+    g.add_argument("--window", type=int, default=20000,
+                   help="SEND frames in flight between receipts (0: no receipts until the final one)")
+    g.add_argument("--max-inflight", type=int, default=200000,
+                   help="deliveries sent but not yet counted by the consumers before the producer waits")
+    g.add_argument("--conn-inflight-bytes", type=int, default=8 << 20,
+                   help="in-flight limit per consumer connection, in bytes of deliveries")
+    g.add_argument("--drain-timeout", type=float, default=20.0, help="seconds allowed for deliveries after the producers stop")
+    g.add_argument("--drain-quiet", type=float, default=2.0, help="seconds without deliveries that end a run early")
+    g.add_argument("--setup-timeout", type=float, default=60.0)
+    g.add_argument("--pause", type=float, default=2.0, help="seconds between runs (the machine is shared)")
+    g.add_argument("--idle-connections", type=int, default=10000)
+    g.add_argument("--idle-procs", type=int, default=4)
+    g.add_argument("--idle-in-flight", type=int, default=200, help="connection attempts at once per process")
+    g.add_argument("--idle-seconds", type=float, default=20.0)
+    g.add_argument("--idle-base-seconds", type=float, default=5.0, help="idle CPU measured before connecting")
+    g.add_argument("--durable", choices=("auto", "yes", "no"), default="auto")
+    g.add_argument("--durable-args", default="store=sqlite", help="extra broker args for the durable run (--spawn)")
+    g.add_argument("--durable-window", type=int, default=1000, help="SENDs awaiting their receipt at once")
+    g.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the generator against a trivial sink/source first")
+    g.add_argument("--ceiling-duration", type=float, default=3.0)
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default=None, help="directory for results.json and bench.png (default out/bench-TIME)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--compare", nargs="+", metavar="RESULTS", default=None,
+                   help="print a side-by-side Markdown table of results.json files (or their directories)")
+    opts = p.parse_args(argv)
+    return opts
+
+
+def raise_fd_limit(want: int) -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    new = hard if hard != resource.RLIM_INFINITY else max(soft, want)
+    if new > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    if opts.compare:
+        table = compare(opts.compare)
+        print(table)
+        if opts.out:
+            os.makedirs(opts.out, exist_ok=True)
+            with open(os.path.join(opts.out, "compare.md"), "w") as f:
+                f.write(table + "\n")
+        return 0
+    if opts.spawn is None and not (opts.port or opts.ws):
+        raise SystemExit("give --spawn [ARGS], or the broker's --port and/or --ws URL")
+    names = scenario_names(opts.scenario)
+    limit = raise_fd_limit(opts.idle_connections + 1024)
+    if "idle" in names:
+        need = opts.idle_connections + 256
+        print(f"file descriptors: this process may open {limit}; the broker needs about {need} "
+              f"(start it with `ulimit -n {need * 2}` or more, and max_connections >= {opts.idle_connections})",
+              file=sys.stderr)
+    opts.out = opts.out or os.path.join("out", time.strftime("bench-%Y%m%d-%H%M%S"))
+    runner = Runner(opts)
+    print(f"bench: {runner.label}; scenarios {', '.join(names)}; results in {opts.out}", flush=True)
+    try:
+        run_scenarios(runner, names)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    finally:
+        runner.save()
+        try:
+            make_chart(load_results(opts.out), os.path.join(opts.out, "bench.png"))
+        except Exception as exc:  # a chart problem must not lose the results
+            print(f"chart not written: {exc!r}", file=sys.stderr)
+    print(f"wrote {os.path.join(opts.out, 'results.json')} and bench.png")
+    return 0 if all(r["status"] != "error" for r in runner.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

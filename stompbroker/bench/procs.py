@@ -1,0 +1,172 @@
+"""The broker under test as processes (CPU and memory of its process tree, or one this generator
+spawns) and the machine around it (how busy it was with other work during a run)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from .wire import BenchError
+
+# The checkout (or site-packages) holding this stompbroker: the spawned broker runs the same code.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# -- the broker's processes --------------------------------------------------------------------
+def _role(proc) -> str:
+    try:
+        cmd = " ".join(proc.cmdline()).strip()
+    except Exception:
+        cmd = ""
+    if cmd.startswith("stompbroker: "):
+        return cmd[len("stompbroker: "):].split()[0]
+    if "resource_tracker" in cmd:
+        return "resource_tracker"
+    try:
+        return proc.name()
+    except Exception:
+        return "?"
+
+
+class BrokerProcs:
+    """CPU and memory of a process tree (the broker we spawned, or --pid)."""
+
+    def __init__(self, pid: int | None, label: str):
+        self.pid = pid
+        self.label = label
+        self._seen = {}   # pid -> Process (kept so cpu_times work for the same objects)
+
+    def processes(self) -> list:
+        if not self.pid:
+            return []
+        import psutil
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        out = []
+        for p in procs:
+            out.append(self._seen.setdefault(p.pid, p))
+        return out
+
+    def cpu(self) -> dict:
+        """{role: cpu seconds}, roles numbered if repeated; '<role>:sys' for the kernel part; '_total'."""
+        import psutil
+        out: dict = {}
+        for p in self.processes():
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            role = _role(p)
+            key = role if role not in out else f"{role}#{p.pid}"
+            out[key] = t.user + t.system
+            out[key + ":sys"] = t.system
+        out["_total"] = sum(v for k, v in out.items() if not k.endswith(":sys"))
+        return out
+
+    def pss(self) -> tuple[int | None, dict]:
+        import psutil
+        total, by = 0, {}
+        procs = self.processes()
+        if not procs:
+            return None, {}
+        for p in procs:
+            try:
+                pss = p.memory_full_info().pss
+            except (psutil.Error, AttributeError):
+                continue
+            role = _role(p)
+            by[role if role not in by else f"{role}#{p.pid}"] = pss
+            total += pss
+        return total, by
+
+    @staticmethod
+    def delta(before: dict, after: dict) -> dict:
+        return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+
+
+class SpawnedBroker(BrokerProcs):
+    """``python -m stompbroker port=0 ARGS`` in a scratch directory (removed at stop), so files the broker
+    writes with relative paths (a sqlite store, diagnostics dumps) never land in the source tree."""
+
+    def __init__(self, args: list[str], extra_env: dict | None = None):
+        self.workdir = tempfile.mkdtemp(prefix="bench-broker-")
+        self.log_path = os.path.join(self.workdir, "broker.log")
+        self._log = open(self.log_path, "wb")
+        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "stompbroker", "port=0", *args], cwd=self.workdir,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        super().__init__(self.proc.pid, "stompbroker " + " ".join(args))
+        deadline = time.monotonic() + 30
+        self.port = None
+        while time.monotonic() < deadline:
+            m = re.search(r"stompbroker listening on [^\s]+:(\d+)", self.log())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None:
+                raise BenchError(f"broker exited with {self.proc.returncode}:\n{self.log()[-2000:]}")
+            time.sleep(0.05)
+        if self.port is None:
+            self.stop()
+            raise BenchError("broker did not start within 30 s")
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self._log.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def broker_has_setting(name: str) -> bool:
+    out = subprocess.run([sys.executable, "-m", "stompbroker", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30)
+    return f"--{name}" in out.stdout
+
+
+def system_busy() -> float:
+    """CPU seconds the whole machine has been busy (every process, every core)."""
+    import psutil
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def machine_load(flow, broker_cpu) -> dict:
+    """How busy the shared machine was during a run, and how much of that was neither the broker nor
+    the generator (other people's work: the figures are noisy when this is high)."""
+    window = max(flow.t_stop - flow.t0, 1e-9)
+    busy = flow.sys_after - flow.sys_before
+    others = busy - (broker_cpu or 0.0) - flow.generator_cpu
+    return {"cores": os.cpu_count(), "busy_cores": round(busy / window, 2),
+            "other_processes_cores": round(max(others, 0.0) / window, 2), "load_avg": os.getloadavg()}
+
+
+def machine_info() -> dict:
+    import platform
+    info = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    try:
+        info["load_avg"] = os.getloadavg()
+    except OSError:
+        pass
+    return info

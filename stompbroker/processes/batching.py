@@ -1,0 +1,35 @@
+"""How a writer gathers one connection's output into batches (pure: no sockets, no clock).
+
+A connection (``writer.Conn``) has ``batches``, the closed batches waiting to be sent, each
+``(bytes, stamp of its first frame, frame count)``, and ``cur``/``cur_stamp``/``cur_frames``, the batch
+being filled. Frames are appended to the current batch; when the next frame would take it past
+``limit`` (``write_buffer_size``) the batch is closed first, so a batch never goes over the limit
+unless it is one frame larger than that, which is then a batch of its own. Each batch is one send().
+On a WebSocket connection each STOMP frame becomes one WebSocket message.
+"""
+
+from __future__ import annotations
+
+from ..protocol.websocket import encode_message
+
+
+def add(c, data, stamp: int, limit: int, ws: bool = False) -> int:
+    """Append one frame to c's current batch (as a WebSocket message when ws); return its bytes on the wire."""
+    if ws:
+        data = encode_message(data)
+    n = len(data)
+    if c.cur and len(c.cur) + n > limit:
+        close(c)
+    if not c.cur_frames:
+        c.cur_stamp = stamp
+    c.cur += data
+    c.cur_frames += 1
+    c.pending += n
+    return n
+
+
+def close(c) -> None:
+    """Close the current batch: it joins the ones waiting to be sent."""
+    c.batches.append((c.cur, c.cur_stamp, c.cur_frames))
+    c.cur = bytearray()
+    c.cur_frames = 0
