@@ -169,6 +169,8 @@ class Broker:
                             f"(heart-beat every {session.hb_in} ms)")
         if self.stale is not None:
             self.stale.sweep(now)
+        if self.holding and self.store is not None and self.store.failing_since:
+            self.store_outage(now)
         if self.delayed:
             due = [conn for when, conn in self.delayed if when <= now]
             self.delayed = [(when, conn) for when, conn in self.delayed if when > now]
@@ -184,7 +186,8 @@ class Broker:
                 self._deliver(sub, status, None)
 
     def needs_tick(self) -> bool:
-        return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR))
+        return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR)
+                    or (self.holding and self.store is not None and self.store.failing_since))
 
     # -- connecting ----------------------------------------------------------------------------
     def _connect(self, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -280,6 +283,9 @@ class Broker:
             query = body.decode(errors="replace").strip()
             if query in QUERIES:
                 headers = {**headers, **self.diag.headers(query)}
+        if self._store_refuses(destination, headers):
+            raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
+                                "the message was not accepted", receipt)
         queue = self.queues.get(destination)
         if queue is not None and len(queue.messages) >= self.config.max_queue_messages:
             raise ProtocolError("queue full", f"{destination} holds {len(queue.messages)} messages, "
@@ -833,13 +839,14 @@ class Broker:
 
     def _receipt(self, session: Session, receipt: str | None) -> None:
         if receipt is not None:
-            self._emit(session, R.DATA, render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape))
+            self._emit(session, R.DATA, render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape),
+                       receipt)
 
-    def _emit(self, session: Session, kind: int, payload: bytes = b"") -> None:
+    def _emit(self, session: Session, kind: int, payload: bytes = b"", receipt: str | None = None) -> None:
         """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk)."""
         store = self.store
         if store is not None and store.sync_receipts and (session.held or store.ops != self._ops_mark):
-            session.held.append((store.generation, kind, payload))
+            session.held.append((store.generation, kind, payload, receipt))
             self.holding.add(session)
             self.need_commit = True
         else:
@@ -850,7 +857,7 @@ class Broker:
         for session in list(self.holding):
             held = session.held
             done = 0
-            for due, kind, payload in held:
+            for due, kind, payload, _ in held:
                 if due > generation:
                     break
                 session.outbox.add(kind, session.conn, payload)
@@ -858,6 +865,44 @@ class Broker:
             del held[:done]
             if not held:
                 self.holding.discard(session)
+
+    def store_outage(self, now: float) -> None:
+        """The store has failed to commit for longer than store_error_timeout_ms: every sender still
+        waiting for a receipt gets an ERROR naming it (the message may still be written if the store
+        recovers, so it may arrive once; it is never receipted unwritten)."""
+        since = self.store.failing_since if self.store is not None else 0.0
+        if not since or now - since < self.config.store_error_timeout_ms / 1000:
+            return
+        for session in list(self.holding):
+            receipt = next((r for _, kind, _, r in session.held if r is not None), None)
+            session.held.clear()
+            self.holding.discard(session)
+            if session.closing:
+                session.outbox.add(R.CLOSE, session.conn)
+                continue
+            self.stats["errors"] += 1
+            session.closing = True
+            self._end_session(session)
+            headers = {"message": "store unavailable"}
+            if receipt is not None:
+                headers["receipt-id"] = receipt
+            headers["content-type"] = "text/plain"
+            body = (f"the durable store has not been able to write for {now - since:.1f} s (see the broker's "
+                    "log); this message and the ones after it are not confirmed").encode()
+            log.warning("connection %s (%s): ERROR store unavailable (receipt %s)", session.conn, session.peer, receipt)
+            session.outbox.add(R.DATA, session.conn, render_frame("ERROR", headers, body, escape_headers=session.escape))
+            if session.websocket:
+                session.outbox.add(R.RAW, session.conn, encode_close(1011))
+            session.outbox.add(R.CLOSE, session.conn)
+
+    def _store_refuses(self, destination: str, headers: dict) -> bool:
+        """A persistent SEND while the store has been failing past store_error_timeout_ms."""
+        store = self.store
+        if store is None or not store.failing_since or headers.get("persistent") == "false":
+            return False
+        if self.now - store.failing_since < self.config.store_error_timeout_ms / 1000:
+            return False
+        return destination.startswith(QUEUE_PREFIX) or bool(self.durables and self.durable_index.match(destination))
 
     def _error(self, session: Session, message: str, detail: str = "", receipt: str | None = None,
                extra: dict | None = None) -> None:
