@@ -61,6 +61,7 @@ class Broker:
         self._ops_mark = 0
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
+        self.unconfirmed: dict[int, tuple] = {}  # ended sessions with deliveries the writer may still send
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.durables: dict[str, Durable] = {}
         self.durable_index = SubscriptionIndex()
@@ -84,7 +85,7 @@ class Broker:
         self.timed.add(session)  # until CONNECT: the connect timeout applies
         self.stats["connections_opened"] += 1
 
-    def on_closed(self, conn: int) -> None:
+    def on_closed(self, conn: int, tell_writer: bool = True) -> None:
         session = self.sessions.pop(conn, None)
         if session is None:
             return
@@ -92,9 +93,91 @@ class Broker:
         self.holding.discard(session)
         self.timed.discard(session)
         self._end_session(session)
+        if session.inflight and not session.written_final:
+            # The writer may still be sending them: wait for its last count for this connection.
+            self.unconfirmed[conn] = (session, self.now + self.config.shutdown_timeout_ms / 1000 + 2)
+        else:
+            self._return_unwritten(session)
         self.stats["connections_closed"] += 1
-        # The writer still holds its copy of the socket: let it go.
-        session.outbox.add(R.CLOSE, conn)
+        if tell_writer:  # the writer still holds its copy of the socket: let it go
+            session.outbox.add(R.CLOSE, conn)
+
+    def on_reader_start(self, first_conn: int) -> None:
+        """A new reader runs: every session belongs to the one that died. End them all (their unacked
+        and unwritten queue messages go back to their queues) and have the writers cut the sockets."""
+        if self.sessions:
+            log.warning("reader restarted: ending its %d sessions; queued messages are kept", len(self.sessions))
+        for session in self.sessions.values():  # first nobody takes deliveries: none go to the dead
+            for sub in session.subs.values():
+                self.index.remove(sub.destination, sub)
+                if sub.durable is not None:
+                    sub.durable.sub = None
+        for conn in list(self.sessions):
+            self.on_closed(conn, tell_writer=False)
+        floor = R.CONN_ID.pack(first_conn)
+        for box in self.outboxes:
+            box.add(R.RESET, 0, floor)
+
+    def on_written(self, conn: int, total: int, final: bool = False) -> None:
+        """The writer has sent ``total`` marked deliveries of this connection: they leave the store.
+        ``final``: it will send no more (closing or gone); what is left goes back to its queue."""
+        session = self.sessions.get(conn)
+        ended = None
+        if session is None:
+            ended = self.unconfirmed.pop(conn, None) if final else self.unconfirmed.get(conn)
+            if ended is None:
+                return
+            session = ended[0]
+        if total > session.written:
+            n = total - session.written
+            session.written = total
+            inflight = session.inflight
+            store = self.store
+            for _ in range(min(n, len(inflight))):
+                message, _ = inflight.popleft()
+                if message.seq:
+                    store.delete(message.seq)
+                    message.seq = 0
+        if final:
+            session.written_final = True
+            if ended is not None:
+                self._return_unwritten(session)
+
+    def on_writer_restart(self, index: int) -> None:
+        """A writer died: nothing more of what it held will be sent."""
+        for conn, (session, _) in list(self.unconfirmed.items()):
+            if session.outbox.index == index:
+                del self.unconfirmed[conn]
+                self._return_unwritten(session)
+        for session in self.sessions.values():
+            if session.outbox.index == index:
+                session.written_final = True
+
+    def _expire_unconfirmed(self, now: float) -> None:
+        for conn, (session, deadline) in list(self.unconfirmed.items()):
+            if now >= deadline:
+                del self.unconfirmed[conn]
+                self._return_unwritten(session)
+
+    def _return_unwritten(self, session: Session) -> None:
+        """Deliveries the writer never sent go back to the head of their queues, marked redelivered."""
+        if not session.inflight:
+            return
+        returned: dict[Queue, list] = {}
+        for message, queue in session.inflight:
+            queue.dequeued -= 1
+            current = self.queues.get(queue.name)
+            if current is None and queue.owner is None:
+                current = self._queue(queue.name)
+            if current is None:  # its durable subscription was dropped meanwhile
+                self._discard(queue, message)
+                continue
+            message.redelivered = True
+            returned.setdefault(current, []).append(message)
+        session.inflight.clear()
+        for queue, messages in returned.items():
+            queue.messages.extendleft(reversed(messages))
+            self._pump(queue)
 
     def on_alive(self, conn: int, now: float) -> None:
         session = self.sessions.get(conn)
@@ -171,6 +254,8 @@ class Broker:
             self.stale.sweep(now)
         if self.holding and self.store is not None and self.store.failing_since:
             self.store_outage(now)
+        if self.unconfirmed:
+            self._expire_unconfirmed(now)
         if self.delayed:
             due = [conn for when, conn in self.delayed if when <= now]
             self.delayed = [(when, conn) for when, conn in self.delayed if when > now]
@@ -187,7 +272,8 @@ class Broker:
 
     def needs_tick(self) -> bool:
         return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR)
-                    or (self.holding and self.store is not None and self.store.failing_since))
+                    or (self.holding and self.store is not None and self.store.failing_since)
+                    or self.unconfirmed)
 
     # -- connecting ----------------------------------------------------------------------------
     def _connect(self, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -392,14 +478,15 @@ class Broker:
             return
         session = sub.session
         shared = message.shared(session.escape)
-        if message.redelivered:
-            session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared)
-        else:
-            session.outbox.add2(session.conn, sub.prefix, shared)
-        if queue is not None:
+        mark = 0
+        if queue is not None:  # it leaves the store (or goes back to the queue) once the writer says
             queue.dequeued += 1
-            if message.seq:
-                self.store.delete(message.seq)
+            session.inflight.append((message, queue))
+            mark = R.WRITTEN_MARK
+        if message.redelivered:
+            session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared, mark)
+        else:
+            session.outbox.add2(session.conn, sub.prefix, shared, mark)
 
     def _deliver_tracked(self, sub: Subscription, message: Message, queue: Queue | None) -> None:
         session = sub.session

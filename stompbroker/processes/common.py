@@ -92,6 +92,8 @@ class Resources:
         self.input_ring = Ring(max(config.input_queue_bytes, margin), config.max_input_queue_size)
         self.output_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(config.writers)]
         self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
+        self.written_channel = self._written_pair()  # writers -> dispatcher: deliveries sent
+        self.reader_generation = 0  # set by the supervisor before each reader start: unique connection ids
         self.reader_control = os.pipe()  # supervisor -> reader: "writer N was restarted"
         self.dispatcher_ready = os.pipe()  # dispatcher -> supervisor: state loaded, start reading
         self.reader_stats = SharedStats(READER_STATS)
@@ -102,6 +104,14 @@ class Resources:
         for sock in self.diag_channel:  # room for a few large lines (many queues) before one is dropped
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+
+    @staticmethod
+    def _written_pair():
+        pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for sock in pair:  # room for many reports while the dispatcher is busy with a long round
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        return pair
 
     @staticmethod
     def _fd_pair():
@@ -121,6 +131,9 @@ class Resources:
             for sock in pair:
                 sock.close()
             self.fd_pairs[i] = self._fd_pair()
+        for sock in self.written_channel:  # and reports about them
+            sock.close()
+        self.written_channel = self._written_pair()
         self.reader_stats.reset()
         for stats in self.writer_stats:
             stats.reset()
