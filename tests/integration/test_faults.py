@@ -411,3 +411,147 @@ def test_whole_broker_stopped_under_load_and_restarted(start_broker, tmp_path, s
     load = run_load(start_broker, store, tmp_path, f"{sig.name} whole broker, store={store}",
                     restart_broker(start_broker, sig))
     check_promises(load, store, lossy=(store == "memory"))
+
+
+# --- slow consumers -----------------------------------------------------------------------------
+
+def slow_reader(broker, subscriptions: list[dict], go: threading.Event) -> tuple:
+    """A subscriber with a tiny receive buffer that reads nothing until ``go`` is set, then reads
+    everything until the broker closes the connection (at most 20 s). Returns (frames, thread)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(broker.address)
+    w = Wire(sock)
+    w.connect()
+    for headers in subscriptions:
+        w.frame("SUBSCRIBE", {**headers, "receipt": headers["id"]})
+        assert w.read(5)[0] == "RECEIPT"
+    frames: list = []
+
+    def run():
+        go.wait(30)
+        deadline = time.monotonic() + 20
+        sock.settimeout(2.0)
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(1 << 20)
+            except OSError:
+                break
+            if not chunk:
+                break
+            w.buf += chunk
+            while (frame := w._parse()) is not None:
+                frames.append(frame)
+        sock.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return frames, thread
+
+
+def test_sigterm_with_a_slow_auto_ack_subscriber_keeps_what_was_not_written(start_broker, tmp_path):
+    """SIGTERM while a slow auto-ack subscriber has a backlog in flight: what the writer could not
+    send before shutdown_timeout_ms stays in the store and comes after the restart."""
+    path = str(tmp_path / "store.sqlite")
+    settings = ("store=sqlite", f"store_path={path}", "shutdown_timeout_ms=1000")
+    b = start_broker(*settings)
+    queue, topic = Ledger("SIGTERM, slow subscriber: queue"), Ledger("SIGTERM, slow subscriber: durable topic")
+    done = threading.Event()
+    frames, thread = slow_reader(b, [{"id": "q", "destination": "/queue/slow"},
+                                     {"id": "t", "destination": "/topic/slow", "durable": "true"}], done)
+    pub = wire(b)
+    n = 600  # 2 x 4.8 MB: more than the kernel's socket buffers hold, so the writer has a backlog
+    payload = b"y" * 8000
+    for dest, ledger in (("/queue/slow", queue), ("/topic/slow", topic)):
+        pub.send(b"".join(b"SEND\ndestination:%s\nreceipt:%d\npersistent:true\n\n%d:%s\0"
+                          % (dest.encode(), i, i, payload) for i in range(1, n + 1)))
+        ledger.sent.extend(range(1, n + 1))
+        for _ in range(n):
+            command, headers, _ = pub.read(10)
+            assert command == "RECEIPT"
+            ledger.receipted.add(int(headers["receipt-id"]))
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert b.stop(signal.SIGTERM) == 0
+    done.set()  # it starts reading now: what was written to its socket (kernel buffers) arrives
+    print(f"\nexit 0 {time.monotonic() - started:.1f} s after SIGTERM (shutdown_timeout_ms=1000)")
+    thread.join(25)
+    for command, headers, body in frames:
+        if command == "MESSAGE":
+            (queue if headers["subscription"] == "q" else topic).delivered.append(int(body.split(b":")[0]))
+    before = (len(queue.delivered), len(topic.delivered))
+    print(f"\nbefore the restart the slow subscriber got {before} (queue, topic) of {n} each")
+    assert before[0] < n and before[1] < n, "the subscriber was not slow enough to test anything"
+    b2 = start_broker(*settings)
+    drain(b2, "/queue/slow", queue, expect=n)
+    w = wire(b2)
+    w.frame("SUBSCRIBE", {"id": "t", "destination": "/topic/slow", "durable": "true"})
+    deadline = time.monotonic() + 15
+    while len(set(topic.delivered)) < n and time.monotonic() < deadline:
+        try:
+            topic.delivered.append(int(w.read(2)[2].split(b":")[0]))
+        except TimeoutError:
+            break
+    queue.report(allow_duplicates=True)  # written to the socket just before the cut: the broker cannot know
+    topic.report(allow_duplicates=True)
+
+
+def test_slow_consumer_cut_off_loses_nothing(start_broker):
+    """store=memory: a subscriber cut off as a slow consumer; its unwritten deliveries go back to the
+    queue and the next subscriber gets them."""
+    b = start_broker("max_pending_bytes=65536")
+    ledger = Ledger("slow consumer cut off, store=memory")
+    done = threading.Event()
+    frames, thread = slow_reader(b, [{"id": "q", "destination": "/queue/cut"}], done)
+    pub = wire(b)
+    n = 400
+    pub.send(b"".join(b"SEND\ndestination:/queue/cut\nreceipt:%d\n\n%d:%s\0" % (i, i, b"z" * 16000)
+                      for i in range(1, n + 1)))
+    ledger.sent.extend(range(1, n + 1))
+    for _ in range(n):
+        command, headers, _ = pub.read(10)
+        assert command == "RECEIPT"
+        ledger.receipted.add(int(headers["receipt-id"]))
+    deadline = time.monotonic() + 10
+    while "slow consumer" not in b.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    done.set()
+    thread.join(25)
+    errors = [h for c, h, _ in frames if c == "ERROR"]
+    assert errors and errors[0]["message"] == "slow consumer", frames[-1:]
+    ledger.delivered += [int(body.split(b":")[0]) for c, _, body in frames if c == "MESSAGE"]
+    print(f"\nthe slow consumer got {len(ledger.delivered)} of {n} before it was cut off")
+    drain(b, "/queue/cut", ledger, expect=n)
+    ledger.report(allow_duplicates=True)
+
+
+# --- reader crash, store=memory -------------------------------------------------------------------
+
+def test_reader_crash_keeps_queued_messages_in_memory(start_broker):
+    b = start_broker("processors=4")
+    ledger = Ledger("reader SIGKILL with a backlog, store=memory")
+    pub = wire(b)
+    n = 300
+    pub.send(b"".join(b"SEND\ndestination:/queue/kept\nreceipt:%d\n\n%d:\0" % (i, i) for i in range(1, n + 1)))
+    ledger.sent.extend(range(1, n + 1))
+    for _ in range(n):
+        ledger.receipted.add(int(pub.read(5)[1]["receipt-id"]))
+    # Some of them are unacknowledged at a client-ack subscriber when the reader dies.
+    holder = wire(b)
+    holder.frame("SUBSCRIBE", {"id": "h", "destination": "/queue/kept", "ack": "client", "prefetch-count": "20"})
+    held = [holder.read(5) for _ in range(20)]
+    dispatcher = role_pid(b, "dispatcher")
+    reader = role_pid(b, "reader")
+    os.kill(reader, signal.SIGKILL)
+    started = time.monotonic()
+    holder.expect_closed(5)  # cut, not left waiting
+    pub.expect_closed(5)
+    print(f"\nclients disconnected {time.monotonic() - started:.2f} s after the reader died")
+    assert role_pid(b, "reader") != reader
+    assert role_pid(b, "dispatcher") == dispatcher, "the dispatcher (and its state) must survive a reader crash"
+    drain(b, "/queue/kept", ledger, expect=n)
+    redelivered = len(held)
+    ledger.report()
+    assert "restarting the reader" in b.log()
+    print(f"{redelivered} unacknowledged messages were redelivered")
