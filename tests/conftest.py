@@ -15,6 +15,16 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--seconds", type=float, default=0.0,
+                     help="run the time-bounded fuzzers for this many seconds (default: their short CI budget)")
+
+
+@pytest.fixture
+def fuzz_seconds(request) -> float:
+    return request.config.getoption("--seconds")
+
+
 class BrokerProcess:
     """A running ``python -m stompbroker``; ``host``/``port`` to connect, ``log()`` for its output."""
 

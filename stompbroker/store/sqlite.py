@@ -229,6 +229,7 @@ class Store:
         self.finished()
         self.db.close()
         self.reader.close()
+        os.close(self.done_fd)
 
     # -- the store thread ------------------------------------------------------------------------
     def _run(self) -> None:
