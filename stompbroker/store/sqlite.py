@@ -109,6 +109,7 @@ class Store:
         self.unwritten = 0         # operations given up at close because the store could not write
         self._give_up_at = None    # set by close(): stop retrying after this (monotonic)
         self._fault = os.environ.get("STOMPBROKER_STORE_FAULT")
+        self.retry = RETRY
         self._batches: queue_module.Queue = queue_module.Queue()
         self._done_lock = threading.Lock()
         self._finished: list[int] = []
@@ -216,7 +217,7 @@ class Store:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            select.select([self.done_fd], [], [], min(left, RETRY))
+            select.select([self.done_fd], [], [], min(left, self.retry))
         return True
 
     def close(self, timeout: float = 30.0) -> None:
@@ -240,7 +241,7 @@ class Store:
         while not (stopping and not failed):
             if failed:  # wait a little before trying again, taking whatever comes meanwhile
                 try:
-                    batch = self._batches.get(timeout=RETRY)
+                    batch = self._batches.get(timeout=self.retry)
                 except queue_module.Empty:
                     batch = ()
                 batches = failed + ([batch] if batch != () else [])
@@ -309,8 +310,8 @@ class Store:
                 pass
             if not self.failing_since:  # once per outage, not once per attempt
                 self.failing_since = time.monotonic()
-                log.error("store commit failed: %s; receipts are held and the write is retried every %.1f s",
-                          exc, RETRY)
+                log.error("store commit failed: %s; receipts are held and the write is retried every %g s",
+                          exc, self.retry)
                 os.eventfd_write(self.done_fd, 1)  # the dispatcher starts timing the outage
             return False
         self.stats["commits"] += 1

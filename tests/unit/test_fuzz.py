@@ -399,20 +399,24 @@ from stompbroker.store.sqlite import Store
 HANG_SECONDS = 2.0
 STORE_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None  # fsync there is cheap
 
+sends = st.tuples(st.just("send"), st.integers(0, 2),
+                  st.sampled_from(["/queue/a", "/queue/a", "/queue/b", "/topic/t", "#w"]),
+                  st.sampled_from(["true", None, None, "false"]), st.sampled_from([True, True, False]),
+                  st.sampled_from([None, None, None, "tx"]))
 store_ops = st.one_of(
-    st.tuples(st.just("send"), st.integers(0, 2), st.sampled_from(["/queue/a", "/queue/b", "/topic/t", "#w"]),
-              st.sampled_from(["true", "false", None]), st.booleans(), st.sampled_from([None, "tx"])),
+    sends, sends,
     st.tuples(st.just("subscribe"), st.integers(0, 2), st.sampled_from(["/queue/a", "/queue/b", "/queue/*", "/topic/t"]),
-              st.sampled_from(["auto", "client", "client-individual"]), st.sampled_from([None, "0", "1", "3"]),
-              st.booleans(), st.sampled_from([None, "n > 2", "n < 5"])),
+              st.sampled_from(["auto", "auto", "client", "client-individual"]), st.sampled_from([None, "0", "1", "3"]),
+              st.booleans(), st.sampled_from([None, None, "n > 2", "n < 5"])),
     st.tuples(st.just("unsubscribe"), st.integers(0, 2), st.integers(0, 3)),
-    st.tuples(st.just("ack"), st.integers(0, 2), st.integers(0, 50), st.sampled_from(["ACK", "NACK"]), st.booleans()),
+    st.tuples(st.just("ack"), st.integers(0, 2), st.integers(0, 50), st.sampled_from(["ACK", "ACK", "NACK"]),
+              st.booleans()),
     st.tuples(st.just("tx"), st.integers(0, 2), st.sampled_from(["BEGIN", "COMMIT", "ABORT"])),
     st.tuples(st.just("written"), st.integers(0, 2), st.booleans()),
     st.tuples(st.just("close"), st.integers(0, 2)),
     st.tuples(st.just("disconnect"), st.integers(0, 2)),
     st.tuples(st.just("garbage"), st.integers(0, 2), st.binary(max_size=40)),
-    st.tuples(st.just("tick"), st.floats(0, 10)),
+    st.tuples(st.just("tick"), st.sampled_from([0.05, 1.0, 8.0])),
     st.tuples(st.just("outage"), st.booleans()),
     st.tuples(st.just("restart")),
 )
@@ -425,7 +429,7 @@ class StoreRig:
         self.path = os.path.join(directory, "store.sqlite")
         self.fault = os.path.join(directory, "fault")
         self.config = make_config(store="sqlite", store_path=self.path, store_error_timeout_ms=500)
-        self.now = 1000.0
+        self.now = _time.monotonic()  # the store times outages on this clock too
         self.conn_ids = [0, 0, 0]
         self.next_conn = 1
         self.receipts: dict[str, str] = {}      # receipt id -> message body of a persistent queue SEND
@@ -435,13 +439,16 @@ class StoreRig:
         self.written: dict[int, int] = {}
         self.acks: dict[int, list] = {}         # connection -> ack ids seen
         self.counter = 0
+        self.tx_open: set[int] = set()          # connections with a transaction begun
         self.start()
 
     def start(self):
         self.box = Outbox(0)
         self.store = Store(self.path, 0.0, 0.0)
         self.store._fault = self.fault
+        self.store.retry = 0.01
         self.broker = Broker(self.config, [self.box], clock=lambda: 1.7e9 + self.now)
+        self.now = max(self.now, _time.monotonic())
         self.broker.recover(self.store, self.now)
         self.disk = sqlite3.connect(self.path)
         self.conn_ids = [0, 0, 0]
@@ -456,6 +463,9 @@ class StoreRig:
         return os.path.exists(self.fault)
 
     def session(self, i: int) -> int:
+        old = self.broker.sessions.get(self.conn_ids[i])
+        if old is not None and old.closing:  # refused with an ERROR: the client has gone, it comes back
+            self.broker.on_closed(old.conn)
         if not self.conn_ids[i] or self.conn_ids[i] not in self.broker.sessions:
             conn = self.conn_ids[i] = self.next_conn
             self.next_conn += 1
@@ -513,6 +523,7 @@ class StoreRig:
         if kind == "send":
             _, i, dest, persistent, receipt, tx = op
             conn = self.session(i)
+            tx = tx if conn in self.tx_open else None
             self.counter += 1
             body = f"m{self.counter}"
             head = f"SEND\ndestination:{dest}\nn:{self.counter % 7}"
@@ -545,8 +556,11 @@ class StoreRig:
             ids = self.acks.get(conn) or ["none"]
             head = f"{command}\nid:{ids[pick % len(ids)]}" + ("\nreceipt:ack" if receipt else "")
             self.frame(conn, head.encode())
-        elif kind == "tx":
-            self.frame(self.session(op[1]), f"{op[2]}\ntransaction:tx".encode())
+        elif kind == "tx":  # BEGIN when none is open, else COMMIT or ABORT
+            conn = self.session(op[1])
+            command = "BEGIN" if conn not in self.tx_open else ("ABORT" if op[2] == "ABORT" else "COMMIT")
+            (self.tx_open.add if command == "BEGIN" else self.tx_open.discard)(conn)
+            self.frame(conn, f"{command}\ntransaction:tx".encode())
         elif kind == "written":
             if self.conn_ids[op[1]]:
                 self.written_report(op[1], op[2])
@@ -616,7 +630,7 @@ STORE_FUZZ = {"inputs": 0}
 
 
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(ops=st.lists(store_ops, max_size=40))
+@given(ops=st.lists(store_ops, min_size=20, max_size=60))
 def _store_program(ops):
     STORE_FUZZ["inputs"] += 1
     run_store_program(ops)
