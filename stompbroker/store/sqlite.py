@@ -215,7 +215,7 @@ class Store:
         deadline = time.monotonic() + timeout
         while self.finished() < target:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self.failing_since:  # an outage: the caller gets on with what it can do
                 return False
             select.select([self.done_fd], [], [], min(left, self.retry))
         return True
@@ -284,6 +284,12 @@ class Store:
         """Write the batches in one transaction; True when committed. A failure is rolled back."""
         db = self.db
         rows = 0
+        # A message inserted by one batch and deleted by a later one of the same transaction (sent and
+        # written to its subscriber meanwhile) never needs to touch the disk.
+        elided = {row[0] for b in batches for row in b[1]} & {seq for b in batches for seq in b[2]}
+        if elided:
+            batches = [(g, [r for r in ins if r[0] not in elided], [s for s in dels if s not in elided],
+                        [s for s in dlv if s not in elided], dur, lg) for g, ins, dels, dlv, dur, lg in batches]
         try:
             db.execute("BEGIN")
             if self._fault is not None and os.path.exists(self._fault):
