@@ -20,6 +20,14 @@ def pytest_addoption(parser):
                      help="run the time-bounded fuzzers for this many seconds (default: their short CI budget)")
 
 
+def pytest_collection_modifyitems(config, items):
+    seconds = config.getoption("--seconds")
+    if seconds:  # a long fuzzing run outlasts the default per-test timeout
+        for item in items:
+            if "fuzz_seconds" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.timeout(seconds + 120))
+
+
 @pytest.fixture
 def fuzz_seconds(request) -> float:
     return request.config.getoption("--seconds")
