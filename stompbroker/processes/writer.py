@@ -228,6 +228,7 @@ class Writer:
                     sock.send(R.WRITTEN_HEAD.pack(self.index, flag) + b"".join(pairs[-4096:]))
                 except OSError:
                     pass
+                sock.setblocking(False)
             return  # counts are cumulative: the next report carries them
         except OSError:
             pass
