@@ -164,6 +164,7 @@ class Dispatcher:
                 elif kind == R.OPEN:
                     broker.on_open(conn, aux, blob[start:stop].decode(), now)
                 elif kind == R.CLOSED:
+                    broker.now = now  # unwritten deliveries are timed from here
                     broker.on_closed(conn)
                 elif kind == R.ALIVE:
                     broker.on_alive(conn, now)
@@ -175,6 +176,7 @@ class Dispatcher:
                 elif kind == R.SHUTDOWN:
                     return False
                 elif kind == R.READER_START:
+                    broker.now = now
                     broker.on_reader_start(R.CONN_ID.unpack_from(blob, start)[0])
             except Exception:
                 # A bug must cost one connection, not every client's session (a dispatcher restart).
