@@ -394,7 +394,7 @@ def test_sigkill_of_one_process_under_load(start_broker, tmp_path, store, role):
     check_promises(load, store, lossy)
 
 
-@pytest.mark.parametrize("store", ["sqlite"])
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
 def test_sigterm_of_each_process_is_ignored_under_load(start_broker, tmp_path, store):
     """Children leave signals to the supervisor: a stray SIGTERM to one of them changes nothing."""
     def fault(b, load, settings):
@@ -408,7 +408,8 @@ def test_sigterm_of_each_process_is_ignored_under_load(start_broker, tmp_path, s
 
 
 @pytest.mark.parametrize("store, sig", [("sqlite", signal.SIGTERM), ("sqlite", signal.SIGKILL),
-                                        ("memory", signal.SIGKILL)], ids=["sqlite-SIGTERM", "sqlite-SIGKILL", "memory"])
+                                        ("memory", signal.SIGTERM), ("memory", signal.SIGKILL)],
+                         ids=["sqlite-SIGTERM", "sqlite-SIGKILL", "memory-SIGTERM", "memory-SIGKILL"])
 def test_whole_broker_stopped_under_load_and_restarted(start_broker, tmp_path, store, sig):
     load = run_load(start_broker, store, tmp_path, f"{sig.name} whole broker, store={store}",
                     restart_broker(start_broker, sig), lossy=(store == "memory"))

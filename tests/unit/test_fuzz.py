@@ -12,7 +12,8 @@ dispatcher. The properties here, for arbitrary input in arbitrary chunks:
   buffer more).
 
 Inputs are both raw random bytes and streams built from protocol-shaped pieces (which reach the
-deep states that random bytes rarely do). ``max_examples`` is bounded so the module runs in well
+deep states that random bytes rarely do). The last section fuzzes the broker itself on the durable
+store (see there; ``pytest --seconds N`` runs it for N seconds). ``max_examples`` is bounded so the module runs in well
 under 20 s on two cores; set ``FUZZ_EXAMPLES`` (a multiplier) for a longer soak.
 """
 
