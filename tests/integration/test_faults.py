@@ -558,3 +558,32 @@ def test_reader_crash_keeps_queued_messages_in_memory(start_broker):
     ledger.report()
     assert "restarting the reader" in b.log()
     print(f"{redelivered} unacknowledged messages were redelivered")
+
+
+def test_writer_crash_requeues_what_it_had_not_sent(start_broker):
+    """store=memory, one writer: an auto-ack subscriber that reads nothing has megabytes queued in
+    the writer when it is killed; what the writer had not sent goes back to the queue."""
+    b = start_broker("processors=3")  # one writer: every connection is on writer-0
+    ledger = Ledger("writer SIGKILL with unsent auto-ack deliveries, store=memory")
+    go = threading.Event()
+    frames, thread = slow_reader(b, [{"id": "q", "destination": "/queue/wk"}], go)
+    pub = wire(b)
+    n = 400
+    pub.send(b"".join(b"SEND\ndestination:/queue/wk\nreceipt:%d\n\n%d:%s\0" % (i, i, b"w" * 16000)
+                      for i in range(1, n + 1)))
+    ledger.sent.extend(range(1, n + 1))
+    for _ in range(n):
+        ledger.receipted.add(int(pub.read(10)[1]["receipt-id"]))
+    time.sleep(0.3)
+    writer = role_pid(b, "writer-0")
+    os.kill(writer, signal.SIGKILL)
+    go.set()  # what the kernel took before the crash still arrives
+    thread.join(25)
+    ledger.delivered += [int(body.split(b":")[0]) for c, _, body in frames if c == "MESSAGE"]
+    print(f"\nthe subscriber got {len(ledger.delivered)} of {n} before its writer died")
+    assert len(ledger.delivered) < n, "the writer had nothing unsent: nothing tested"
+    deadline = time.monotonic() + 10
+    while role_pid(b, "writer-0") == writer and time.monotonic() < deadline:
+        time.sleep(0.05)
+    drain(b, "/queue/wk", ledger, expect=n)
+    ledger.report(allow_duplicates=True)
