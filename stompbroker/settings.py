@@ -76,6 +76,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store", str, "memory", "queue store: memory, or sqlite (durable: messages survive restarts and crashes)"),
     Setting("store_path", str, "stompbroker.sqlite", "the sqlite store's file (store=sqlite)"),
     Setting("checkpoint", _float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
+    Setting("store_error_timeout_ms", _int, 5_000, "while the store cannot write (disk full), a persistent SEND waits this long for its receipt before its sender gets an ERROR; past it new persistent SENDs are refused at once"),
     Setting("replay_retention", _float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
     Setting("max_frame_size", _int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
     Setting("max_headers", _int, 256, "most header lines in one frame"),
@@ -189,7 +190,7 @@ def validate(values: dict) -> None:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
-                 "connect_timeout_ms", "shutdown_timeout_ms"):
+                 "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
     if values["ssl_port"] and not (values["ssl_cert"] and values["ssl_key"]):

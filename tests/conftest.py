@@ -15,6 +15,24 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--seconds", type=float, default=0.0,
+                     help="run the time-bounded fuzzers for this many seconds (default: their short CI budget)")
+
+
+def pytest_collection_modifyitems(config, items):
+    seconds = config.getoption("--seconds")
+    if seconds:  # a long fuzzing run outlasts the default per-test timeout
+        for item in items:
+            if "fuzz_seconds" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.timeout(seconds + 120))
+
+
+@pytest.fixture
+def fuzz_seconds(request) -> float:
+    return request.config.getoption("--seconds")
+
+
 class BrokerProcess:
     """A running ``python -m stompbroker``; ``host``/``port`` to connect, ``log()`` for its output."""
 

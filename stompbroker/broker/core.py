@@ -68,6 +68,7 @@ class Broker:
         self._ops_mark = 0
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
+        self.unconfirmed: dict[int, tuple] = {}  # ended sessions with deliveries the writer may still send
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables: dict[str, Durable] = {}
@@ -94,7 +95,7 @@ class Broker:
         self.timed.add(session)  # until CONNECT: the connect timeout applies
         self.stats["connections_opened"] += 1
 
-    def on_closed(self, conn: int) -> None:
+    def on_closed(self, conn: int, tell_writer: bool = True) -> None:
         session = self.sessions.pop(conn, None)
         if session is None:
             return
@@ -102,9 +103,91 @@ class Broker:
         self.holding.discard(session)
         self.timed.discard(session)
         self._end_session(session)
+        if session.inflight and not session.written_final:
+            # The writer may still be sending them: wait for its last count for this connection.
+            self.unconfirmed[conn] = (session, self.now + self.config.shutdown_timeout_ms / 1000 + 2)
+        else:
+            self._return_unwritten(session)
         self.stats["connections_closed"] += 1
-        # The writer still holds its copy of the socket: let it go.
-        session.outbox.add(R.CLOSE, conn)
+        if tell_writer:  # the writer still holds its copy of the socket: let it go
+            session.outbox.add(R.CLOSE, conn)
+
+    def on_reader_start(self, first_conn: int) -> None:
+        """A new reader runs: every session belongs to the one that died. End them all (their unacked
+        and unwritten queue messages go back to their queues) and have the writers cut the sockets."""
+        if self.sessions:
+            log.warning("reader restarted: ending its %d sessions; queued messages are kept", len(self.sessions))
+        for session in self.sessions.values():  # first nobody takes deliveries: none go to the dead
+            for sub in session.subs.values():
+                self.index.remove(sub.destination, sub)
+                if sub.durable is not None:
+                    sub.durable.sub = None
+        for conn in list(self.sessions):
+            self.on_closed(conn, tell_writer=False)
+        floor = R.CONN_ID.pack(first_conn)
+        for box in self.outboxes:
+            box.add(R.RESET, 0, floor)
+
+    def on_written(self, conn: int, total: int, final: bool = False) -> None:
+        """The writer has sent ``total`` marked deliveries of this connection: they leave the store.
+        ``final``: it will send no more (closing or gone); what is left goes back to its queue."""
+        session = self.sessions.get(conn)
+        ended = None
+        if session is None:
+            ended = self.unconfirmed.pop(conn, None) if final else self.unconfirmed.get(conn)
+            if ended is None:
+                return
+            session = ended[0]
+        if total > session.written:
+            n = total - session.written
+            session.written = total
+            inflight = session.inflight
+            store = self.store
+            for _ in range(min(n, len(inflight))):
+                message, _ = inflight.popleft()
+                if message.seq:
+                    store.delete(message.seq)
+                    message.seq = 0
+        if final:
+            session.written_final = True
+            if ended is not None:
+                self._return_unwritten(session)
+
+    def on_writer_restart(self, index: int) -> None:
+        """A writer died: nothing more of what it held will be sent."""
+        for conn, (session, _) in list(self.unconfirmed.items()):
+            if session.outbox.index == index:
+                del self.unconfirmed[conn]
+                self._return_unwritten(session)
+        for session in self.sessions.values():
+            if session.outbox.index == index:
+                session.written_final = True
+
+    def _expire_unconfirmed(self, now: float) -> None:
+        for conn, (session, deadline) in list(self.unconfirmed.items()):
+            if now >= deadline:
+                del self.unconfirmed[conn]
+                self._return_unwritten(session)
+
+    def _return_unwritten(self, session: Session) -> None:
+        """Deliveries the writer never sent go back to the head of their queues, marked redelivered."""
+        if not session.inflight:
+            return
+        returned: dict[Queue, list] = {}
+        for message, queue in session.inflight:
+            queue.dequeued -= 1
+            current = self.queues.get(queue.name)
+            if current is None and queue.owner is None:
+                current = self._queue(queue.name)
+            if current is None:  # its durable subscription was dropped meanwhile
+                self._discard(queue, message)
+                continue
+            message.redelivered = True
+            returned.setdefault(current, []).append(message)
+        session.inflight.clear()
+        for queue, messages in returned.items():
+            queue.messages.extendleft(reversed(messages))
+            self._pump(queue)
 
     def on_alive(self, conn: int, now: float) -> None:
         session = self.sessions.get(conn)
@@ -179,6 +262,10 @@ class Broker:
                             f"(heart-beat every {session.hb_in} ms)")
         if self.stale is not None:
             self.stale.sweep(now)
+        if self.holding and self.store is not None and self.store.failing_since:
+            self.store_outage(now)
+        if self.unconfirmed:
+            self._expire_unconfirmed(now)
         if self.delayed:
             due = [conn for when, conn in self.delayed if when <= now]
             self.delayed = [(when, conn) for when, conn in self.delayed if when > now]
@@ -194,7 +281,9 @@ class Broker:
                 self._deliver(sub, status, None)
 
     def needs_tick(self) -> bool:
-        return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR))
+        return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR)
+                    or (self.holding and self.store is not None and self.store.failing_since)
+                    or self.unconfirmed)
 
     # -- connecting ----------------------------------------------------------------------------
     def _connect(self, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -292,6 +381,9 @@ class Broker:
             query = body.decode(errors="replace").strip()
             if query in QUERIES:
                 headers = {**headers, **self.diag.headers(query)}
+        if self._store_refuses(destination, headers):
+            raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
+                                "the message was not accepted", receipt)
         queue = self.queues.get(destination)
         if queue is None and destination in self.temps:
             queue = self.temps[destination].queue
@@ -402,14 +494,15 @@ class Broker:
             return
         session = sub.session
         shared = message.shared(session.escape)
-        if message.redelivered:
-            session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared)
-        else:
-            session.outbox.add2(session.conn, sub.prefix, shared)
-        if queue is not None:
+        mark = 0
+        if queue is not None:  # it leaves the store (or goes back to the queue) once the writer says
             queue.dequeued += 1
-            if message.seq:
-                self.store.delete(message.seq)
+            session.inflight.append((message, queue))
+            mark = R.WRITTEN_MARK
+        if message.redelivered:
+            session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared, mark)
+        else:
+            session.outbox.add2(session.conn, sub.prefix, shared, mark)
 
     def _deliver_tracked(self, sub: Subscription, message: Message, queue: Queue | None) -> None:
         session = sub.session
@@ -954,13 +1047,14 @@ class Broker:
 
     def _receipt(self, session: Session, receipt: str | None) -> None:
         if receipt is not None:
-            self._emit(session, R.DATA, render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape))
+            self._emit(session, R.DATA, render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape),
+                       receipt)
 
-    def _emit(self, session: Session, kind: int, payload: bytes = b"") -> None:
+    def _emit(self, session: Session, kind: int, payload: bytes = b"", receipt: str | None = None) -> None:
         """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk)."""
         store = self.store
         if store is not None and store.sync_receipts and (session.held or store.ops != self._ops_mark):
-            session.held.append((store.generation, kind, payload))
+            session.held.append((store.generation, kind, payload, receipt))
             self.holding.add(session)
             self.need_commit = True
         else:
@@ -971,7 +1065,7 @@ class Broker:
         for session in list(self.holding):
             held = session.held
             done = 0
-            for due, kind, payload in held:
+            for due, kind, payload, _ in held:
                 if due > generation:
                     break
                 session.outbox.add(kind, session.conn, payload)
@@ -979,6 +1073,44 @@ class Broker:
             del held[:done]
             if not held:
                 self.holding.discard(session)
+
+    def store_outage(self, now: float) -> None:
+        """The store has failed to commit for longer than store_error_timeout_ms: every sender still
+        waiting for a receipt gets an ERROR naming it (the message may still be written if the store
+        recovers, so it may arrive once; it is never receipted unwritten)."""
+        since = self.store.failing_since if self.store is not None else 0.0
+        if not since or now - since < self.config.store_error_timeout_ms / 1000:
+            return
+        for session in list(self.holding):
+            receipt = next((r for _, kind, _, r in session.held if r is not None), None)
+            session.held.clear()
+            self.holding.discard(session)
+            if session.closing:
+                session.outbox.add(R.CLOSE, session.conn)
+                continue
+            self.stats["errors"] += 1
+            session.closing = True
+            self._end_session(session)
+            headers = {"message": "store unavailable"}
+            if receipt is not None:
+                headers["receipt-id"] = receipt
+            headers["content-type"] = "text/plain"
+            body = (f"the durable store has not been able to write for {now - since:.1f} s (see the broker's "
+                    "log); this message and the ones after it are not confirmed").encode()
+            log.warning("connection %s (%s): ERROR store unavailable (receipt %s)", session.conn, session.peer, receipt)
+            session.outbox.add(R.DATA, session.conn, render_frame("ERROR", headers, body, escape_headers=session.escape))
+            if session.websocket:
+                session.outbox.add(R.RAW, session.conn, encode_close(1011))
+            session.outbox.add(R.CLOSE, session.conn)
+
+    def _store_refuses(self, destination: str, headers: dict) -> bool:
+        """A persistent SEND while the store has been failing past store_error_timeout_ms."""
+        store = self.store
+        if store is None or not store.failing_since or headers.get("persistent") == "false":
+            return False
+        if self.now - store.failing_since < self.config.store_error_timeout_ms / 1000:
+            return False
+        return destination.startswith(QUEUE_PREFIX) or bool(self.durables and self.durable_index.match(destination))
 
     def _error(self, session: Session, message: str, detail: str = "", receipt: str | None = None,
                extra: dict | None = None) -> None:

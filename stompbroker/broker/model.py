@@ -33,19 +33,19 @@ class Outbox:
         if len(self.buf) > self.limit:
             self.on_full(self)
 
-    def add2(self, conn: int, first: bytes, second: bytes) -> None:
+    def add2(self, conn: int, first: bytes, second: bytes, aux: int = 0) -> None:
         """A DATA record made of two parts, without joining them first (one delivery)."""
         buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, 0, self.stamp[0])
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, aux, self.stamp[0])
         buf += first
         buf += second
         self.count += 1
         if len(buf) > self.limit:
             self.on_full(self)
 
-    def add3(self, conn: int, first: bytes, second: bytes, third: bytes) -> None:
+    def add3(self, conn: int, first: bytes, second: bytes, third: bytes, aux: int = 0) -> None:
         buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, 0,
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, aux,
                              self.stamp[0])
         buf += first
         buf += second
@@ -63,7 +63,7 @@ class Outbox:
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
                  "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login", "client_id",
-                 "held", "pending", "backlog", "temps")
+                 "held", "pending", "backlog", "temps", "inflight", "written", "written_final")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -87,6 +87,12 @@ class Session:
         self.pending = None          # a CONNECT waiting for its login check
         self.backlog: list = []      # frames that arrived meanwhile
         self.temps: dict[str, Temp] = {}  # its temporary destinations, by their private name
+        # Auto-ack queue deliveries handed to the writer and not yet sent, in order, as (message,
+        # queue): they leave the store when the writer reports them written, and go back to their
+        # queue if the connection ends first. ``written``: the writer's last cumulative count.
+        self.inflight: deque = deque()
+        self.written = 0
+        self.written_final = False   # the writer said it will send nothing more
 
 
 class Subscription:

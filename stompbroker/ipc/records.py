@@ -27,14 +27,29 @@ WS_REPLY = 8    # payload: an encoded WebSocket control frame (pong) to write ra
 WS_CLOSE = 9    # payload: an encoded close frame to write raw, then close
 SHUTDOWN = 10   # the reader stopped; drain and stop
 HTTP_REQUEST = 11  # payload: a plain HTTP request (console/http.py encode_request); answer, then close
+READER_START = 12  # a reader (re)started; payload: its first connection id (u64). Older ones are gone
 
 # dispatcher -> writer
-DATA = 20       # payload: one STOMP frame (WebSocket-encoded by the writer where needed)
+DATA = 20       # payload: one STOMP frame (WebSocket-encoded by the writer where needed);
+                # aux WRITTEN_MARK: a queue delivery the writer counts once sent (see WRITTEN below)
 RAW = 21        # payload: bytes written as they are
 WS_ON = 22      # payload: bytes written raw, then the connection switches to WebSocket framing
 CLOSE = 23      # flush what is queued, then close
 HEARTBEAT = 24  # aux: milliseconds between heart-beats the writer sends when the line is idle (0 = off)
 STOP = 25       # flush everything and exit
+RESET = 26      # the reader restarted: payload u64, drop every connection with an id below it
+
+WRITTEN_MARK = 1
+# writer -> dispatcher, on its own channel: how many marked DATA records of each connection are sent
+# (cumulative), so a queue message leaves the store only once its delivery is written. One datagram
+# per writer loop with progress: WRITTEN_HEAD (writer index, flags) + WRITTEN_PAIR* (connection,
+# count; WRITTEN_FINAL set when the connection will send nothing more).
+WRITTEN_HEAD = struct.Struct("<II")
+WRITTEN_PAIR = struct.Struct("<QQ")
+WRITTEN_LAST = 1      # head flag: the writer is stopping, this is its last report
+WRITTEN_STARTED = 2   # head flag: a writer (re)started; what its predecessor held is not coming
+WRITTEN_FINAL = 1 << 63
+CONN_ID = struct.Struct("<Q")
 
 
 STAMP_MASK = 0xFFFFFFFF

@@ -83,6 +83,12 @@ class Ring:
         ctl[WRITTEN] = self._written
         return True
 
+    def resume_producer(self) -> None:
+        """A new producer process takes over a ring whose last producer died: it carries on from the
+        published tail (a batch the dead one had not published is simply not there)."""
+        self._written = self._ctl[WRITTEN]
+        self._ctl[WAITING] = 0
+
     def notify(self) -> None:
         os.eventfd_write(self.data_fd, 1)
 

@@ -1,8 +1,9 @@
 """How a writer gathers one connection's output into batches (pure: no sockets, no clock).
 
 A connection (``writer.Conn``) has ``batches``, the closed batches waiting to be sent, each
-``(bytes, stamp of its first frame, frame count)``, and ``cur``/``cur_stamp``/``cur_frames``, the batch
-being filled. Frames are appended to the current batch; when the next frame would take it past
+``(bytes, stamp of its first frame, frame count, marked frames)``, and ``cur``/``cur_stamp``/
+``cur_frames``/``cur_marks``, the batch being filled. Marked frames are queue deliveries the writer
+reports to the dispatcher once they are sent, so the store keeps them until then. Frames are appended to the current batch; when the next frame would take it past
 ``limit`` (``write_buffer_size``) the batch is closed first, so a batch never goes over the limit
 unless it is one frame larger than that, which is then a batch of its own. Each batch is one send().
 On a WebSocket connection each STOMP frame becomes one WebSocket message.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from ..protocol.websocket import encode_message
 
 
-def add(c, data, stamp: int, limit: int, ws: bool = False) -> int:
+def add(c, data, stamp: int, limit: int, ws: bool = False, mark: int = 0) -> int:
     """Append one frame to c's current batch (as a WebSocket message when ws); return its bytes on the wire."""
     if ws:
         data = encode_message(data)
@@ -24,12 +25,14 @@ def add(c, data, stamp: int, limit: int, ws: bool = False) -> int:
         c.cur_stamp = stamp
     c.cur += data
     c.cur_frames += 1
+    c.cur_marks += mark
     c.pending += n
     return n
 
 
 def close(c) -> None:
     """Close the current batch: it joins the ones waiting to be sent."""
-    c.batches.append((c.cur, c.cur_stamp, c.cur_frames))
+    c.batches.append((c.cur, c.cur_stamp, c.cur_frames, c.cur_marks))
     c.cur = bytearray()
     c.cur_frames = 0
+    c.cur_marks = 0

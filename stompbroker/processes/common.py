@@ -98,6 +98,8 @@ class Resources:
         self.input_ring = Ring(max(config.input_queue_bytes, margin), config.max_input_queue_size)
         self.output_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(config.writers)]
         self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
+        self.written_channel = self._written_pair()  # writers -> dispatcher: deliveries sent
+        self.reader_generation = 0  # set by the supervisor before each reader start: unique connection ids
         self.reader_control = os.pipe()  # supervisor -> reader: "writer N was restarted"
         self.dispatcher_ready = os.pipe()  # dispatcher -> supervisor: state loaded, start reading
         self.reader_ready = os.pipe()  # reader -> supervisor: accepting; the broker serves
@@ -109,6 +111,14 @@ class Resources:
         for sock in self.diag_channel:  # room for a few large lines (many queues) before one is dropped
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+
+    @staticmethod
+    def _written_pair():
+        pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for sock in pair:  # room for many reports while the dispatcher is busy with a long round
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        return pair
 
     @staticmethod
     def _fd_pair():
@@ -128,9 +138,26 @@ class Resources:
             for sock in pair:
                 sock.close()
             self.fd_pairs[i] = self._fd_pair()
+        for sock in self.written_channel:  # and reports about them
+            sock.close()
+        self.written_channel = self._written_pair()
         self.reader_stats.reset()
         for stats in self.writer_stats:
             stats.reset()
+        for ready in (self.reader_ready[0], self.dispatcher_ready[0]):
+            drain(ready)  # a reader restarted alone said "ready" to nobody: not this generation's
+
+
+def drain(fd: int) -> None:
+    """Read and drop whatever a pipe holds, without blocking."""
+    os.set_blocking(fd, False)
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+    finally:
+        os.set_blocking(fd, True)
 
 
 _PR_SET_PDEATHSIG = 1

@@ -48,7 +48,10 @@ class Dispatcher:
         self.http_delayed: list[tuple[float, int, bytes]] = []  # refused HTTP logins, answered after a delay
         self.next_tick = 0.0
         self.tick = min(TICK, R.alive_every(config))
-        self.wait_fds = [self.ring.data_fd]
+        self.written = resources.written_channel[0]  # writers' reports: deliveries sent
+        self.written.setblocking(False)
+        self.wait_fds = [self.ring.data_fd, self.written]
+        self.writers_done: set[int] = set()
         self.auth = None
         if config.auth != "off" or config.secret or config.acl_file:
             self.broker.auth = self.auth = Authenticator(config)
@@ -86,8 +89,10 @@ class Dispatcher:
             if not ring.used_bytes:
                 select.select(self.wait_fds, [], [], timeout)
             ring.clear_wakeup()
+            self.progress()
             if self.store is not None:
                 self.broker.release(self.store.finished())
+                self.commit()  # deletes of messages the writers have sent
             if self.auth is not None:
                 now = time.monotonic()
                 for conn, user in self.auth.results():
@@ -119,12 +124,42 @@ class Dispatcher:
             if self.dump_channel is not None and now >= self.next_dump:
                 self.next_dump = now + self.config.diag_interval / 1000
                 self.dump()
+        timeout = self.config.shutdown_timeout_ms / 1000
         if self.store is not None:
-            self.store.close()  # everything on disk, then the last receipts go out
+            self.commit()
+            self.store.sync(timeout)  # everything on disk, then the last receipts go out
             self.broker.release(self.store.finished())
         for box in self.outboxes:
             box.add(R.STOP, 0)
         self.flush()
+        if self.store is not None:
+            # What the writers manage to send before their deadline leaves the store; the rest stays
+            # there and is delivered after the restart.
+            deadline = time.monotonic() + timeout + 1
+            while len(self.writers_done) < len(self.rings) and time.monotonic() < deadline:
+                select.select([self.written], [], [], max(deadline - time.monotonic(), 0))
+                self.progress()
+            self.commit()
+            self.store.close(timeout)
+
+    def progress(self) -> None:
+        """Take the writers' reports of sent deliveries (each a cumulative count per connection)."""
+        head, pair = R.WRITTEN_HEAD, R.WRITTEN_PAIR
+        on_written = self.broker.on_written
+        while True:
+            try:
+                report = self.written.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                return
+            if len(report) < head.size:
+                return
+            writer, flags = head.unpack_from(report)
+            if flags & R.WRITTEN_STARTED:
+                self.broker.on_writer_restart(writer)
+            for conn, total in pair.iter_unpack(memoryview(report)[head.size:]):
+                on_written(conn, total & ~R.WRITTEN_FINAL, bool(total & R.WRITTEN_FINAL))
+            if flags & R.WRITTEN_LAST:
+                self.writers_done.add(writer)
 
     def handle(self, blob: bytes, now: float) -> bool:
         broker = self.broker
@@ -143,6 +178,7 @@ class Dispatcher:
                 elif kind == R.OPEN:
                     broker.on_open(conn, aux, blob[start:stop].decode(), now)
                 elif kind == R.CLOSED:
+                    broker.now = now  # unwritten deliveries are timed from here
                     broker.on_closed(conn)
                 elif kind == R.ALIVE:
                     broker.on_alive(conn, now)
@@ -155,6 +191,9 @@ class Dispatcher:
                     self.http_request(conn, blob[start:stop], now)
                 elif kind == R.SHUTDOWN:
                     return False
+                elif kind == R.READER_START:
+                    broker.now = now
+                    broker.on_reader_start(R.CONN_ID.unpack_from(blob, start)[0])
             except Exception:
                 # A bug must cost one connection, not every client's session (a dispatcher restart).
                 log.exception("internal error on connection %d; closing it", conn)

@@ -83,7 +83,9 @@ class Reader:
         self.stats = dict.fromkeys(self.shared.names, 0)
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}   # by fd
-        self.ids = itertools.count(1)
+        # Ids stay unique across reader restarts: the dispatcher and writers tell the dead one's apart.
+        self.first_id = (resources.reader_generation << 40) + 1
+        self.ids = itertools.count(self.first_id)
         self.next_writer = itertools.cycle(range(len(self.fd_socks)))
         self.out = bytearray()
         self.count = 0
@@ -110,6 +112,10 @@ class Reader:
             self.tls_listener.setblocking(False)
             self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept")
         closing_tls: set = set()
+        self.ring.resume_producer()
+        self.emit(R.READER_START, 0, _CONN_ID.pack(self.first_id))  # ends whatever a dead reader left
+        self.push()
+        self.ring.notify()
         os.write(self.ready_fd, b"R")  # the supervisor announces the broker after this
         while self.running:
             events = self.sel.select(0.25 if closing_tls or self.http_waiting else None)

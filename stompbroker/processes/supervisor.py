@@ -4,9 +4,13 @@ Signals are handled here only (children ignore SIGINT and SIGTERM):
 - SIGTERM: graceful. The reader stops accepting and reading and tells the dispatcher, which passes
   everything on and tells the writers to flush; the supervisor waits for them, then exits 0.
 - SIGINT: fast. Children are killed at once.
-A writer that dies is restarted alone (its connections are closed; clients reconnect). The reader
-and the dispatcher share state with everyone, so if either dies the whole set is restarted, and the
-listening socket, held here, keeps queueing new connections meanwhile.
+A writer that dies is restarted alone (its connections are closed; clients reconnect), and so is the
+reader: the new one tells the dispatcher, which ends every session of the dead one (their unwritten
+and unacknowledged queue messages go back to their queues) and has the writers cut those sockets;
+queues, durable subscriptions and the memory store are kept. The dispatcher holds all broker state,
+so if it dies the whole set is restarted (with store=memory its queued messages are lost; with
+store=sqlite everything receipted is recovered); the listening socket, held here, keeps queueing
+new connections meanwhile.
 """
 
 from __future__ import annotations
@@ -134,6 +138,7 @@ class Supervisor:
     # -- children ------------------------------------------------------------------------------
     def spawn(self, role: str) -> None:
         if role == "reader":
+            self.resources.reader_generation += 1  # the child sees it: connection ids never repeat
             target, args = reader.run, (self.config, self.resources)
         elif role == "dispatcher":
             target, args = dispatcher.run, (self.config, self.resources)
@@ -204,6 +209,20 @@ class Supervisor:
             # reader now closes, and are dropped as those closes come through.
             self.spawn(role)
             os.write(self.resources.reader_control[1], f"writer-restarted:{role.split('-')[1]}\n".encode())
+        elif role == "reader" and self.children["dispatcher"].is_alive():
+            # The input ring stays: its published batches are whole (the tail moves after the bytes),
+            # the new reader appends after them and announces itself, so the dispatcher ends the
+            # dead reader's sessions in order. Everything the dispatcher holds is kept.
+            log.warning("restarting the reader; its connections are closed, queued messages are kept")
+            self.resources.reader_stats.reset()
+            control = self.resources.reader_control[0]
+            os.set_blocking(control, False)
+            try:  # what the dead reader did not read is about its connections, all closed now
+                os.read(control, 1 << 16)
+            except BlockingIOError:
+                pass
+            os.set_blocking(control, True)
+            self.spawn("reader")
         else:
             log.error("restarting every process (the %s holds shared state); open connections are closed", role)
             self.kill_all()

@@ -9,6 +9,12 @@ bounded) is a slow consumer: it gets an ERROR and is closed, and nobody else wai
 
 Closing: ``shutdown(SHUT_WR)`` sends what is queued and a FIN; after a short linger the read side is
 shut too, which the reader sees as end of file and reports to the dispatcher.
+
+Written progress: queue deliveries come marked (``WRITTEN_MARK``). When a batch is fully sent its
+marked frames are added to the connection's count, and once per loop the counts that moved go back
+to the dispatcher in one datagram, which then deletes those messages from the store. Whatever was
+not sent when a connection ends (slow consumer, close, crash, SIGTERM deadline) is never counted,
+so the dispatcher puts it back in its queue and it stays in the store.
 """
 
 from __future__ import annotations
@@ -33,19 +39,22 @@ _CONN_ID = struct.Struct("<Q")
 
 
 class Conn:
-    __slots__ = ("id", "sock", "ws", "batches", "cur", "cur_stamp", "cur_frames", "pending", "closing",
-                 "deadline", "hb", "last_write", "writing", "lingering")
+    __slots__ = ("id", "sock", "ws", "batches", "cur", "cur_stamp", "cur_frames", "cur_marks", "pending",
+                 "closing", "deadline", "hb", "last_write", "writing", "lingering", "written", "gone")
 
     def __init__(self, conn_id: int, sock: socket.socket):
         self.id = conn_id
         self.sock = sock
         self.ws = False
-        # Full batches waiting to be sent, as (bytes, stamp of the first frame, frame count); the
-        # first may be part-sent (then its bytes are a memoryview of the rest).
+        # Full batches waiting to be sent, as (bytes, stamp of the first frame, frame count, marked
+        # frame count); the first may be part-sent (then its bytes are a memoryview of the rest).
         self.batches: list = []   # (a list, not a deque: 56 bytes instead of 760 per idle connection)
         self.cur = bytearray()          # the batch being filled
         self.cur_stamp = 0
         self.cur_frames = 0
+        self.cur_marks = 0
+        self.written = 0                # marked frames sent (cumulative), reported to the dispatcher
+        self.gone = False               # discarded: its count is final
         self.pending = 0                # bytes queued, not yet sent
         self.closing = False
         self.deadline = 0.0
@@ -56,8 +65,12 @@ class Conn:
 
 
 class Writer:
-    def __init__(self, index: int, config, ring, fd_sock: socket.socket, shared, latency_shared):
+    def __init__(self, index: int, config, ring, fd_sock: socket.socket, shared, latency_shared,
+                 report_sock: socket.socket | None = None):
         self.index = index
+        self.report_sock = report_sock    # written progress to the dispatcher (None in unit tests)
+        self.progress: set[Conn] = set()  # connections whose written count moved since the last report
+        self.floor = 0                    # connection ids below this belong to a reader that died
         self.config = config
         self.ring = ring
         self.fd_sock = fd_sock
@@ -81,6 +94,7 @@ class Writer:
         self.fd_sock.setblocking(False)
         self.sel.register(self.ring.data_fd, selectors.EVENT_READ, "ring")
         self.sel.register(self.fd_sock, selectors.EVENT_READ, "fds")
+        self.report(R.WRITTEN_STARTED)
         while True:
             for key, _ in self.sel.select(self._timeout()):
                 what = key.data
@@ -101,8 +115,11 @@ class Writer:
                 self.latency_pending = False
                 self.interval_start = now
             self.shared.update(self.stats)
+            if self.progress:
+                self.report()
             if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
                 self.finish_all()
+                self.report(R.WRITTEN_LAST)
                 return
 
     def _timeout(self):
@@ -111,6 +128,8 @@ class Writer:
             waits.append(max(self.interval_start + self.interval - time.monotonic(), 0))
         if any(c.closing or c.lingering for c in self.conns.values()) or self.stopping:
             waits.append(0.1)
+        if self.progress:  # a report the dispatcher's channel could not take yet
+            waits.append(0.05)
         return min(waits) if waits else None
 
     # -- input from the dispatcher -------------------------------------------------------------
@@ -128,6 +147,9 @@ class Writer:
                 start = pos + R.HEADER_SIZE
                 stop = pos + length
                 pos = stop
+                if kind == R.RESET:
+                    self.reset(R.CONN_ID.unpack_from(blob, start)[0])
+                    continue
                 c = conns.get(conn_id)
                 if c is None and kind != R.STOP:
                     self.adopt()
@@ -136,7 +158,7 @@ class Writer:
                         continue  # the connection is long gone
                 if kind == R.DATA:
                     if not c.closing:
-                        self.append(c, blob[start:stop], stamp, c.ws)
+                        self.append(c, blob[start:stop], stamp, c.ws, aux & R.WRITTEN_MARK)
                         touched.add(c)
                 elif kind == R.RAW or kind == R.WS_ON:
                     if not c.closing:
@@ -173,12 +195,47 @@ class Writer:
                 sock = socket.socket(fileno=fd)
                 sock.setblocking(False)
                 (conn_id,) = _CONN_ID.unpack(data[:8])
+                if conn_id < self.floor:  # passed by a reader that has died since: nobody reads it
+                    sock.close()
+                    continue
                 self.conns[conn_id] = Conn(conn_id, sock)
                 self.stats["connections"] = len(self.conns)
 
+    def reset(self, floor: int) -> None:
+        """The reader restarted: connections older than its first id have no reader; cut them now."""
+        self.floor = max(self.floor, floor)
+        for c in [c for c in self.conns.values() if c.id < floor]:
+            self.cut(c, "broker restarting", "the broker's reader restarted: reconnect")
+            self.flush(c)
+
+    def report(self, flag: int = 0) -> None:
+        """Tell the dispatcher how many marked deliveries each connection has sent (one datagram)."""
+        sock = self.report_sock
+        if sock is None:
+            self.progress.clear()
+            return
+        pairs = [R.WRITTEN_PAIR.pack(c.id, c.written | (R.WRITTEN_FINAL if c.lingering or c.gone else 0))
+                 for c in self.progress]
+        try:
+            for i in range(0, max(len(pairs), 1), 4096):
+                flags = flag if i + 4096 >= len(pairs) else 0
+                sock.send(R.WRITTEN_HEAD.pack(self.index, flags) + b"".join(pairs[i:i + 4096]))
+        except (BlockingIOError, InterruptedError):
+            if flag:  # the dispatcher waits for this one: give it a moment
+                sock.settimeout(1.0)
+                try:
+                    sock.send(R.WRITTEN_HEAD.pack(self.index, flag) + b"".join(pairs[-4096:]))
+                except OSError:
+                    pass
+                sock.setblocking(False)
+            return  # counts are cumulative: the next report carries them
+        except OSError:
+            pass
+        self.progress.clear()
+
     # -- batching and sending --------------------------------------------------------------------
-    def append(self, c: Conn, frame, stamp: int = 0, ws: bool = False) -> None:
-        n = batching.add(c, frame, stamp, self.batch_size, ws)
+    def append(self, c: Conn, frame, stamp: int = 0, ws: bool = False, mark: int = 0) -> None:
+        n = batching.add(c, frame, stamp, self.batch_size, ws, mark)
         stats = self.stats
         stats["frames"] += 1
         stats["pending_bytes"] += n
@@ -197,7 +254,7 @@ class Writer:
         stats = self.stats
         now = time.monotonic()
         while batches:
-            batch, stamp, frames = batches[0]
+            batch, stamp, frames, marks = batches[0]
             try:
                 sent = c.sock.send(batch)
             except (BlockingIOError, InterruptedError):
@@ -211,12 +268,15 @@ class Writer:
                 stats["bytes"] += sent
                 stats["pending_bytes"] -= sent
             if sent < len(batch):
-                batches[0] = (memoryview(batch)[sent:], stamp, frames)
+                batches[0] = (memoryview(batch)[sent:], stamp, frames, marks)
                 if not c.writing:
                     self.sel.register(c.sock, selectors.EVENT_WRITE, c)
                     c.writing = True
                 return
             del batches[0]
+            if marks:
+                c.written += marks
+                self.progress.add(c)
             stats["batches"] += 1
             stats["fill"] += min(len(batch) / self.batch_size, 1.0)
             if stamp:  # the batch's oldest frame stands for all of its frames
@@ -233,16 +293,21 @@ class Writer:
         log.warning("writer %d: connection %d is a slow consumer (%d bytes pending), closing",
                     self.index, c.id, c.pending)
         self.stats["slow_consumers"] += 1
+        self.cut(c, "slow consumer", f"more than {self.max_pending} bytes waiting to be sent", 1008)
+
+    def cut(self, c: Conn, message: str, detail: str, ws_code: int = 1011) -> None:
+        """Drop the unsent output (the dispatcher requeues its deliveries), add an ERROR, close."""
+        if c.lingering:
+            return
         keep = []
         if c.batches and isinstance(c.batches[0][0], memoryview):
             keep.append(c.batches[0])  # part-sent: finish it, so the ERROR starts on a frame boundary
         c.batches = keep
-        error = render_frame("ERROR", {"message": "slow consumer", "content-type": "text/plain"},
-                             f"more than {self.max_pending} bytes waiting to be sent".encode())
+        error = render_frame("ERROR", {"message": message, "content-type": "text/plain"}, detail.encode())
         c.cur = bytearray(encode_message(error) if c.ws else error)
         if c.ws:
-            c.cur += encode_close(1008, "slow consumer")  # a close frame, not a bare FIN (RFC 6455 7.1.1)
-        c.cur_frames, c.cur_stamp = 1, 0
+            c.cur += encode_close(ws_code, message)  # a close frame, not a bare FIN (RFC 6455 7.1.1)
+        c.cur_frames, c.cur_stamp, c.cur_marks = 1, 0, 0
         before = c.pending
         c.pending = sum(len(b[0]) for b in keep) + len(c.cur)
         self.stats["pending_bytes"] += c.pending - before
@@ -257,6 +322,7 @@ class Writer:
             pass
         c.lingering = True
         c.deadline = time.monotonic() + LINGER
+        self.progress.add(c)  # all sent: its count is final
         self.heartbeats.discard(c)
 
     def discard(self, c: Conn) -> None:
@@ -269,6 +335,8 @@ class Writer:
             self.sel.unregister(c.sock)
             c.writing = False
         c.sock.close()
+        c.gone = True
+        self.progress.add(c)  # what was not sent never will be: its count is final
         self.heartbeats.discard(c)
         self.stats["pending_bytes"] -= c.pending
         c.pending = 0
@@ -300,5 +368,7 @@ class Writer:
 
 def run(index: int, config, resources) -> None:
     common.become_child(f"writer-{index}", config)
+    report_sock = resources.written_channel[1]
+    report_sock.setblocking(False)
     Writer(index, config, resources.output_rings[index], resources.fd_pairs[index][1],
-           resources.writer_stats[index], resources.writer_latency[index]).run()
+           resources.writer_stats[index], resources.writer_latency[index], report_sock).run()

@@ -7,6 +7,12 @@ one fsync for everything a round did), then reports the batch's generation throu
 the dispatcher releases the receipts that waited for it. A message inserted and acknowledged within
 the same round never reaches the disk. With ``checkpoint=N`` receipts do not wait and the thread
 commits at most every N seconds (the last N seconds can be lost in a crash).
+
+A commit that fails (disk full, I/O error) is rolled back and kept: the thread retries it, with
+every batch that came after it, every ``RETRY`` seconds until it goes through, so nothing is ever
+dropped and no later commit can release the receipts that wait for it. ``failing_since`` tells the
+dispatcher how long the store has been unable to write; it decides when senders get an ERROR.
+For tests, ``STOMPBROKER_STORE_FAULT=<path>`` makes every commit fail while that file exists.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import queue as queue_module
+import select
 import sqlite3
 import threading
 import time
@@ -21,6 +28,8 @@ import time
 import orjson
 
 log = logging.getLogger("stompbroker.store")
+
+RETRY = 0.5  # seconds between attempts to write a batch that failed
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -96,6 +105,11 @@ class Store:
         self.ops = 0               # operations recorded so far (to tell whether a frame wrote anything)
         self.done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.stats = {"commits": 0, "rows_written": 0, "errors": 0}
+        self.failing_since = 0.0   # monotonic time of the first failed commit of an outage (0 = fine)
+        self.unwritten = 0         # operations given up at close because the store could not write
+        self._give_up_at = None    # set by close(): stop retrying after this (monotonic)
+        self._fault = os.environ.get("STOMPBROKER_STORE_FAULT")
+        self.retry = RETRY
         self._batches: queue_module.Queue = queue_module.Queue()
         self._done_lock = threading.Lock()
         self._finished: list[int] = []
@@ -193,32 +207,55 @@ class Store:
         for destination, message_id, headers, body in rows:
             yield destination, message_id, orjson.loads(headers), bytes(body)
 
-    def close(self) -> None:
-        """Write everything still pending and stop the thread."""
+    def sync(self, timeout: float) -> bool:
+        """Submit what is pending and wait (up to ``timeout`` s) until everything is on disk."""
         if self.pending():
             self.submit()
+        target = self.generation - 1
+        deadline = time.monotonic() + timeout
+        while self.finished() < target:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.failing_since:  # an outage: the caller gets on with what it can do
+                return False
+            select.select([self.done_fd], [], [], min(left, self.retry))
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write everything still pending and stop the thread (giving up after ``timeout`` s of errors)."""
+        if self.pending():
+            self.submit()
+        self._give_up_at = time.monotonic() + timeout
         self._batches.put(None)
-        self._thread.join(30)
+        self._thread.join(timeout + 5)
         self.finished()
         self.db.close()
         self.reader.close()
+        os.close(self.done_fd)
 
     # -- the store thread ------------------------------------------------------------------------
     def _run(self) -> None:
         next_commit = time.monotonic() + self.checkpoint
         next_trim = time.monotonic() + 60
         stopping = False
-        while not stopping:
-            batch = self._batches.get()
-            batches = [batch]
-            if self.checkpoint:  # gather everything until the next checkpoint time
-                while time.monotonic() < next_commit and batch is not None:
-                    try:
-                        batch = self._batches.get(timeout=max(next_commit - time.monotonic(), 0))
-                        batches.append(batch)
-                    except queue_module.Empty:
-                        break
-                next_commit = time.monotonic() + self.checkpoint
+        failed: list = []  # batches whose commit failed: retried, in order, before anything newer
+        while not (stopping and not failed):
+            if failed:  # wait a little before trying again, taking whatever comes meanwhile
+                try:
+                    batch = self._batches.get(timeout=self.retry)
+                except queue_module.Empty:
+                    batch = ()
+                batches = failed + ([batch] if batch != () else [])
+            else:
+                batch = self._batches.get()
+                batches = [batch]
+                if self.checkpoint:  # gather everything until the next checkpoint time
+                    while time.monotonic() < next_commit and batch is not None:
+                        try:
+                            batch = self._batches.get(timeout=max(next_commit - time.monotonic(), 0))
+                            batches.append(batch)
+                        except queue_module.Empty:
+                            break
+                    next_commit = time.monotonic() + self.checkpoint
             while True:  # and whatever else is already waiting: one commit for all of it
                 try:
                     batches.append(self._batches.get_nowait())
@@ -227,17 +264,36 @@ class Store:
             if None in batches:
                 stopping = True
                 batches = [b for b in batches if b is not None]
-            if batches:
-                self._write(batches)
+            failed = []
+            if batches and not self._write(batches):
+                failed = batches
+                if stopping and time.monotonic() >= (self._give_up_at or 0):
+                    self.unwritten = sum(len(b[1]) + len(b[2]) + len(b[3]) + len(b[4]) + len(b[5]) for b in failed)
+                    log.error("store still cannot write at shutdown: %d operations not written (their "
+                              "senders got no receipt)", self.unwritten)
+                    break
             if self.replay_retention > 0 and time.monotonic() > next_trim:
                 next_trim = time.monotonic() + 60
                 cutoff = time.time() * 1000 - self.replay_retention * 1000
-                self.db.execute("DELETE FROM replay_log WHERE ts < ?", (cutoff,))
+                try:
+                    self.db.execute("DELETE FROM replay_log WHERE ts < ?", (cutoff,))
+                except sqlite3.Error as exc:
+                    log.warning("replay log trim failed: %s", exc)
 
-    def _write(self, batches: list) -> None:
+    def _write(self, batches: list) -> bool:
+        """Write the batches in one transaction; True when committed. A failure is rolled back."""
         db = self.db
+        rows = 0
+        # A message inserted by one batch and deleted by a later one of the same transaction (sent and
+        # written to its subscriber meanwhile) never needs to touch the disk.
+        elided = {row[0] for b in batches for row in b[1]} & {seq for b in batches for seq in b[2]}
+        if elided:
+            batches = [(g, [r for r in ins if r[0] not in elided], [s for s in dels if s not in elided],
+                        [s for s in dlv if s not in elided], dur, lg) for g, ins, dels, dlv, dur, lg in batches]
         try:
             db.execute("BEGIN")
+            if self._fault is not None and os.path.exists(self._fault):
+                raise sqlite3.OperationalError(f"database or disk is full (injected: {self._fault} exists)")
             for generation, inserts, deletes, delivered, durable_ops, log_rows in batches:
                 db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)", inserts)
                 db.executemany("DELETE FROM messages WHERE seq = ?", [(s,) for s in deletes])
@@ -249,18 +305,28 @@ class Store:
                     else:
                         db.execute("DELETE FROM durable_subscriptions WHERE name = ?", (name,))
                 db.executemany("INSERT INTO replay_log VALUES (?, ?, ?, ?, ?, ?)", log_rows)
-                self.stats["rows_written"] += len(inserts) + len(deletes) + len(delivered) + len(log_rows)
+                rows += len(inserts) + len(deletes) + len(delivered) + len(log_rows)
             db.execute("COMMIT")
-            self.stats["commits"] += 1
         except sqlite3.Error as exc:
-            # A failed commit is not reported as done: receipts stay held rather than lie.
+            # Not reported as done: receipts stay held; the caller keeps the batches and retries.
             self.stats["errors"] += 1
-            log.error("store commit failed: %s", exc)
             try:
                 db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            return
+            if not self.failing_since:  # once per outage, not once per attempt
+                self.failing_since = time.monotonic()
+                log.error("store commit failed: %s; receipts are held and the write is retried every %g s",
+                          exc, self.retry)
+                os.eventfd_write(self.done_fd, 1)  # the dispatcher starts timing the outage
+            return False
+        self.stats["commits"] += 1
+        self.stats["rows_written"] += rows
+        if self.failing_since:
+            log.warning("store writable again after %.1f s (%d failed attempts so far)",
+                        time.monotonic() - self.failing_since, self.stats["errors"])
+            self.failing_since = 0.0
         with self._done_lock:
             self._finished.append(max(b[0] for b in batches))
         os.eventfd_write(self.done_fd, 1)
+        return True

@@ -24,7 +24,7 @@ def frame(n: int, fill: bytes = b"x") -> bytes:
 
 def sizes(c: Conn) -> list[int]:
     """Closed batches' sizes, then the open one's (if any)."""
-    return [len(b) for b, _, _ in c.batches] + ([len(c.cur)] if c.cur else [])
+    return [len(b) for b, _, _, _ in c.batches] + ([len(c.cur)] if c.cur else [])
 
 
 def test_frames_share_a_batch_until_the_next_would_overflow():
@@ -33,7 +33,7 @@ def test_frames_share_a_batch_until_the_next_would_overflow():
         assert batching.add(c, frame(30), i + 1, LIMIT) == 30
     assert (c.batches, bytes(c.cur), c.cur_frames, c.cur_stamp) == ([], frame(90), 3, 1)
     batching.add(c, frame(30), 4, LIMIT)   # 120 > 100: the first three leave as one batch
-    assert c.batches == [(bytearray(frame(90)), 1, 3)]
+    assert c.batches == [(bytearray(frame(90)), 1, 3, 0)]
     assert (bytes(c.cur), c.cur_frames, c.cur_stamp) == (frame(30), 1, 4)
     assert c.pending == 120
 
@@ -52,7 +52,7 @@ def test_a_frame_larger_than_the_limit_is_a_batch_of_its_own():
     batching.add(c, frame(30, b"a"), 1, LIMIT)
     batching.add(c, frame(250, b"b"), 2, LIMIT)
     batching.add(c, frame(10, b"c"), 3, LIMIT)
-    assert c.batches == [(bytearray(frame(30, b"a")), 1, 1), (bytearray(frame(250, b"b")), 2, 1)]
+    assert c.batches == [(bytearray(frame(30, b"a")), 1, 1, 0), (bytearray(frame(250, b"b")), 2, 1, 0)]
     assert (bytes(c.cur), c.cur_stamp) == (frame(10, b"c"), 3)
     d = conn()
     batching.add(d, frame(250), 0, LIMIT)   # into an empty batch: written whole, not split
@@ -68,7 +68,7 @@ def test_close_keeps_the_first_frames_stamp_and_the_count():
     batching.close(c)
     batching.add(c, frame(10), 66, LIMIT)
     batching.close(c)
-    assert [(s, n) for _, s, n in c.batches] == [(0, 2), (66, 1)]
+    assert [(s, n) for _, s, n, _ in c.batches] == [(0, 2), (66, 1)]
     assert (c.cur, c.cur_frames) == (bytearray(), 0)
 
 
@@ -82,11 +82,11 @@ def test_greedy_batches_in_order(seed):
     for i, f in enumerate(frames):
         batching.add(c, f, i + 1, LIMIT)
     batching.close(c)
-    assert b"".join(bytes(b) for b, _, _ in c.batches) == b"".join(frames)
-    assert sum(n for _, _, n in c.batches) == len(frames)
+    assert b"".join(bytes(b) for b, _, _, _ in c.batches) == b"".join(frames)
+    assert sum(n for _, _, n, _ in c.batches) == len(frames)
     assert c.pending == sum(map(len, frames))
     first = 0
-    for k, (b, stamp, n) in enumerate(c.batches):
+    for k, (b, stamp, n, _) in enumerate(c.batches):
         assert stamp == first + 1
         assert len(b) <= LIMIT or n == 1
         if k + 1 < len(c.batches):
@@ -111,3 +111,16 @@ def test_websocket_headers_count_against_the_limit():
     batching.add(c, frame(49), 0, LIMIT, ws=True)   # 51 bytes on the wire
     batching.add(c, frame(49), 0, LIMIT, ws=True)   # 102 > 100: a new batch
     assert sizes(c) == [51, 51]
+
+
+def test_marked_frames_are_counted_per_batch():
+    """Queue deliveries are marked so the writer can report them once sent: each batch knows how many."""
+    c = conn()
+    batching.add(c, frame(30), 1, LIMIT, mark=1)
+    batching.add(c, frame(30), 2, LIMIT)
+    batching.add(c, frame(30), 3, LIMIT, mark=1)
+    batching.add(c, frame(30), 4, LIMIT, mark=1)   # 120 > 100: closes the first three
+    assert [(n, marks) for _, _, n, marks in c.batches] == [(3, 2)]
+    assert (c.cur_frames, c.cur_marks) == (1, 1)
+    batching.close(c)
+    assert [(n, marks) for _, _, n, marks in c.batches] == [(3, 2), (1, 1)] and c.cur_marks == 0

@@ -12,7 +12,8 @@ dispatcher. The properties here, for arbitrary input in arbitrary chunks:
   buffer more).
 
 Inputs are both raw random bytes and streams built from protocol-shaped pieces (which reach the
-deep states that random bytes rarely do). ``max_examples`` is bounded so the module runs in well
+deep states that random bytes rarely do). The last section fuzzes the broker itself on the durable
+store (see there; ``pytest --seconds N`` runs it for N seconds). ``max_examples`` is bounded so the module runs in well
 under 20 s on two cores; set ``FUZZ_EXAMPLES`` (a multiplier) for a longer soak.
 """
 
@@ -371,3 +372,278 @@ def test_http_request_any_bytes_incrementally(data, cuts, max_size):
                 continue
             assert response.startswith(b"HTTP/1.1 101 ") and response.endswith(b"\r\n\r\n")
             assert subprotocol in (None, "v12.stomp", "v11.stomp", "v10.stomp", "stomp")
+
+
+# --- the broker on the durable store ------------------------------------------------------------
+#
+# Random sessions (connect, send, subscribe with every ack mode and durable topics, ack, nack,
+# transactions, disconnects, connection losses, writer reports, store outages, restarts) drive the
+# sans-IO Broker on a real SQLite store, the way the dispatcher does (one round per step: submit the
+# store batch, release the receipts it allows). Properties:
+# - nothing escapes the broker and no step takes more than HANG_SECONDS (a hang);
+# - a RECEIPT for a persistent queue SEND leaves only once the message is on disk (or already
+#   written to a subscriber), also while the store fails;
+# - what the store holds is exactly what the broker holds (queued, unacknowledged and unwritten
+#   deliveries), and a restart recovers every receipted message not yet consumed.
+# The number of inputs is bounded in CI; `--seconds N` runs it for N seconds instead.
+
+import sqlite3
+import tempfile
+import time as _time
+
+from stompbroker.broker.core import Broker
+from stompbroker.broker.model import Outbox
+from stompbroker.ipc import records as R
+from stompbroker.settings import make_config
+from stompbroker.store.sqlite import Store
+
+HANG_SECONDS = 2.0
+STORE_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None  # fsync there is cheap
+
+sends = st.tuples(st.just("send"), st.integers(0, 2),
+                  st.sampled_from(["/queue/a", "/queue/a", "/queue/b", "/topic/t", "#w"]),
+                  st.sampled_from(["true", None, None, "false"]), st.sampled_from([True, True, False]),
+                  st.sampled_from([None, None, None, "tx"]))
+store_ops = st.one_of(
+    sends, sends,
+    st.tuples(st.just("subscribe"), st.integers(0, 2), st.sampled_from(["/queue/a", "/queue/b", "/queue/*", "/topic/t"]),
+              st.sampled_from(["auto", "auto", "client", "client-individual"]), st.sampled_from([None, "0", "1", "3"]),
+              st.booleans(), st.sampled_from([None, None, "n > 2", "n < 5"])),
+    st.tuples(st.just("unsubscribe"), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(st.just("ack"), st.integers(0, 2), st.integers(0, 50), st.sampled_from(["ACK", "ACK", "NACK"]),
+              st.booleans()),
+    st.tuples(st.just("tx"), st.integers(0, 2), st.sampled_from(["BEGIN", "COMMIT", "ABORT"])),
+    st.tuples(st.just("written"), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("close"), st.integers(0, 2)),
+    st.tuples(st.just("disconnect"), st.integers(0, 2)),
+    st.tuples(st.just("garbage"), st.integers(0, 2), st.binary(max_size=40)),
+    st.tuples(st.just("tick"), st.sampled_from([0.05, 1.0, 8.0])),
+    st.tuples(st.just("outage"), st.booleans()),
+    st.tuples(st.just("restart")),
+)
+
+
+class StoreRig:
+    """A Broker on a Store, fed like the dispatcher feeds it, with a model of what clients saw."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, "store.sqlite")
+        self.fault = os.path.join(directory, "fault")
+        self.config = make_config(store="sqlite", store_path=self.path, store_error_timeout_ms=500)
+        self.now = _time.monotonic()  # the store times outages on this clock too
+        self.conn_ids = [0, 0, 0]
+        self.next_conn = 1
+        self.receipts: dict[str, str] = {}      # receipt id -> message body of a persistent queue SEND
+        self.receipted: set[str] = set()        # bodies whose RECEIPT went out
+        self.consumed: set[str] = set()         # bodies written to an auto-ack subscriber or given out to ack
+        self.marked: dict[int, list] = {}       # connection -> bodies of marked deliveries, in order
+        self.written: dict[int, int] = {}
+        self.acks: dict[int, list] = {}         # connection -> ack ids seen
+        self.counter = 0
+        self.tx_open: set[int] = set()          # connections with a transaction begun
+        self.start()
+
+    def start(self):
+        self.box = Outbox(0)
+        self.store = Store(self.path, 0.0, 0.0)
+        self.store._fault = self.fault
+        self.store.retry = 0.01
+        self.broker = Broker(self.config, [self.box], clock=lambda: 1.7e9 + self.now)
+        self.now = max(self.now, _time.monotonic())
+        self.broker.recover(self.store, self.now)
+        self.disk = sqlite3.connect(self.path)
+        self.conn_ids = [0, 0, 0]
+
+    def stop(self):
+        if os.path.exists(self.fault):
+            os.unlink(self.fault)
+        self.store.close(5)
+        self.disk.close()
+
+    def failing(self) -> bool:
+        return os.path.exists(self.fault)
+
+    def session(self, i: int) -> int:
+        old = self.broker.sessions.get(self.conn_ids[i])
+        if old is not None and old.closing:  # refused with an ERROR: the client has gone, it comes back
+            self.broker.on_closed(old.conn)
+        if not self.conn_ids[i] or self.conn_ids[i] not in self.broker.sessions:
+            conn = self.conn_ids[i] = self.next_conn
+            self.next_conn += 1
+            self.broker.on_open(conn, 0, "127.0.0.1:1", self.now)
+            self.frame(conn, b"CONNECT\naccept-version:1.2", b"")
+        return self.conn_ids[i]
+
+    def frame(self, conn: int, head: bytes, body: bytes = b"") -> None:
+        self.broker.on_frame(conn, head, body, self.now)
+
+    def round(self) -> None:
+        """End of a dispatcher round: hand the batch over, wait for it unless the store fails."""
+        store, broker = self.store, self.broker
+        if store.pending() or broker.need_commit:
+            store.submit()
+            broker.need_commit = False
+        if not self.failing():
+            store.sync(5)
+        broker.release(store.finished())
+        self.observe()
+
+    def observe(self) -> None:
+        buf, _ = self.box.take()
+        for kind, conn, aux, _, payload in R.iter_records(bytes(buf)):
+            if kind != R.DATA:
+                continue
+            command, _, rest = payload.partition(b"\n")
+            head = rest.split(b"\n\n", 1)[0].decode(errors="replace")
+            headers = dict(line.split(":", 1) for line in head.split("\n") if ":" in line)
+            if command == b"RECEIPT":
+                body = self.receipts.get(headers.get("receipt-id"))
+                if body is not None:
+                    self.receipted.add(body)
+                    if body not in self.consumed:  # a receipt means on disk
+                        rows = self.disk.execute("SELECT count(*) FROM messages WHERE body = ?",
+                                                 (body.encode(),)).fetchone()[0]
+                        assert rows, f"RECEIPT for {body} before it is on disk"
+            elif command == b"MESSAGE":
+                body = payload.rsplit(b"\n\n", 1)[-1].rstrip(b"\0").decode(errors="replace")
+                if aux & R.WRITTEN_MARK:
+                    self.marked.setdefault(conn, []).append(body)
+                if "ack" in headers:
+                    self.acks.setdefault(conn, []).append(headers["ack"])
+                    self.consumed.add(body)  # it may be acknowledged from now on
+
+    def written_report(self, i: int, final: bool) -> None:
+        conn = self.conn_ids[i]
+        bodies = self.marked.get(conn, [])
+        self.consumed.update(bodies)
+        self.broker.on_written(conn, len(bodies), final)
+
+    def step(self, op) -> None:
+        kind = op[0]
+        b = self.broker
+        if kind == "send":
+            _, i, dest, persistent, receipt, tx = op
+            conn = self.session(i)
+            tx = tx if conn in self.tx_open else None
+            self.counter += 1
+            body = f"m{self.counter}"
+            head = f"SEND\ndestination:{dest}\nn:{self.counter % 7}"
+            if persistent is not None:
+                head += f"\npersistent:{persistent}"
+            if tx:
+                head += f"\ntransaction:{tx}"
+            if receipt:
+                head += f"\nreceipt:r{self.counter}"
+                if dest.startswith("/queue/") and persistent != "false" and not tx:
+                    self.receipts[f"r{self.counter}"] = body
+            self.frame(conn, head.encode(), body.encode())
+        elif kind == "subscribe":
+            _, i, dest, ack, prefetch, durable, selector = op
+            conn = self.session(i)
+            self.counter += 1
+            head = f"SUBSCRIBE\nid:s{self.counter % 4}\ndestination:{dest}\nack:{ack}"
+            if prefetch is not None:
+                head += f"\nprefetch-count:{prefetch}"
+            if durable and dest.startswith("/topic/"):
+                head += "\ndurable:true"
+            if selector:
+                head += f"\nselector:{selector}"
+            self.frame(conn, head.encode())
+        elif kind == "unsubscribe":
+            self.frame(self.session(op[1]), f"UNSUBSCRIBE\nid:s{op[2]}".encode())
+        elif kind == "ack":
+            _, i, pick, command, receipt = op
+            conn = self.session(i)
+            ids = self.acks.get(conn) or ["none"]
+            head = f"{command}\nid:{ids[pick % len(ids)]}" + ("\nreceipt:ack" if receipt else "")
+            self.frame(conn, head.encode())
+        elif kind == "tx":  # BEGIN when none is open, else COMMIT or ABORT
+            conn = self.session(op[1])
+            command = "BEGIN" if conn not in self.tx_open else ("ABORT" if op[2] == "ABORT" else "COMMIT")
+            (self.tx_open.add if command == "BEGIN" else self.tx_open.discard)(conn)
+            self.frame(conn, f"{command}\ntransaction:tx".encode())
+        elif kind == "written":
+            if self.conn_ids[op[1]]:
+                self.written_report(op[1], op[2])
+        elif kind == "close":
+            conn = self.conn_ids[op[1]]
+            if conn:
+                b.on_closed(conn)
+        elif kind == "disconnect":
+            self.frame(self.session(op[1]), b"DISCONNECT\nreceipt:bye")
+        elif kind == "garbage":
+            self.frame(self.session(op[1]), op[2])
+        elif kind == "tick":
+            self.now += op[1]
+            b.on_tick(self.now)
+        elif kind == "outage":
+            if op[1]:
+                open(self.fault, "w").close()
+            elif self.failing():
+                os.unlink(self.fault)
+        elif kind == "restart":
+            self.restart()
+        self.round()
+
+    def held_seqs(self) -> list[int]:
+        """Every stored message the broker holds: queued, unacknowledged, unwritten."""
+        b = self.broker
+        seqs = [m.seq for q in b.queues.values() for m in q.messages if m.seq]
+        sessions = list(b.sessions.values()) + [s for s, _ in b.unconfirmed.values()]
+        for s in sessions:
+            seqs += [m.seq for m, _ in s.inflight if m.seq]
+            for sub in s.subs.values():
+                seqs += [d.message.seq for d in sub.unacked.values() if d.message.seq and d.queue is not None]
+        return sorted(seqs)
+
+    def restart(self) -> None:
+        """Everything on disk, then a crash: the store must hold exactly what the broker held."""
+        if self.failing():
+            os.unlink(self.fault)
+        self.round()
+        held = self.held_seqs()
+        self.store.close(5)
+        self.disk.close()
+        on_disk = [row[0] for row in sqlite3.connect(self.path).execute("SELECT seq FROM messages ORDER BY seq")]
+        assert on_disk == held, f"store {on_disk} != broker {held}"
+        self.start()
+        recovered = {m.body.decode() for q in self.broker.queues.values() for m in q.messages}
+        missing = {b for b in self.receipted if b not in self.consumed and b not in recovered}
+        assert not missing, f"receipted, never consumed, not recovered: {sorted(missing)}"
+        self.marked.clear()
+        self.acks.clear()
+
+
+def run_store_program(ops) -> None:
+    with tempfile.TemporaryDirectory(dir=STORE_DIR) as directory:
+        rig = StoreRig(directory)
+        try:
+            for op in ops:
+                started = _time.monotonic()
+                rig.step(op)
+                assert _time.monotonic() - started < HANG_SECONDS, f"{op} took {_time.monotonic() - started:.1f} s"
+            rig.restart()
+        finally:
+            rig.stop()
+
+
+STORE_FUZZ = {"inputs": 0}
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(store_ops, min_size=20, max_size=60))
+def _store_program(ops):
+    STORE_FUZZ["inputs"] += 1
+    run_store_program(ops)
+
+
+def test_broker_on_the_durable_store(fuzz_seconds):
+    """Bounded in CI (a few seconds); ``pytest --seconds N`` fuzzes for N seconds."""
+    budget = fuzz_seconds if fuzz_seconds else 6.0 * SCALE
+    deadline = _time.monotonic() + budget
+    runs = 0
+    while _time.monotonic() < deadline:
+        _store_program()
+        runs += 1
+    print(f"\nstore fuzzing: {STORE_FUZZ['inputs']} inputs in {budget:.0f} s, 0 crashes, 0 hangs")
+    assert STORE_FUZZ["inputs"] > 0
