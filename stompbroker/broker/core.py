@@ -39,6 +39,24 @@ MONITOR = "/queue/monitor"   # stompserver's status destination: every subscribe
 DIAG_PREFIX = "DIAG"         # stompica's DIAG topics: a SEND here gets the named statistics as headers
 WORKER_PREFIX = "#"
 REDELIVERED = b"redelivered:true\n"
+MAX_MILLIS = 10 ** 15          # ms: expires, expiration and replay-from beyond year 33000 are refused
+MAX_HEART_BEAT = 2 ** 31 - 1   # ms: a heart-beat interval must fit the records' 32-bit field
+LOGGED = 200                   # characters of a client's value kept in logs and ERROR bodies
+
+
+def _millis(text: str) -> int:
+    """A header of milliseconds: an integer from 0 to MAX_MILLIS, else ValueError."""
+    text = text.strip()
+    if len(text) > 16 or not text.isdigit():  # isdigit refuses signs; the length, 400-digit numbers
+        raise ValueError(text)
+    value = int(text)
+    if value > MAX_MILLIS:
+        raise ValueError(text)
+    return value
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= LOGGED else f"{text[:LOGGED]}... ({len(text)} characters)"
 
 
 class Broker:
@@ -264,11 +282,11 @@ class Broker:
     def _heart_beat(value: str, receipt) -> tuple[int, int]:
         try:
             cx, cy = (int(part) for part in value.split(","))
-            if cx < 0 or cy < 0:
+            if not (0 <= cx <= MAX_HEART_BEAT and 0 <= cy <= MAX_HEART_BEAT):
                 raise ValueError
         except ValueError:
-            raise ProtocolError("invalid heart-beat", f"heart-beat must be two non-negative integers: {value!r}",
-                                receipt) from None
+            raise ProtocolError("invalid heart-beat", f"heart-beat must be two integers from 0 to {MAX_HEART_BEAT}: "
+                                f"{_short(value)!r}", receipt) from None
         return cx, cy
 
     # -- publishing ----------------------------------------------------------------------------
@@ -306,12 +324,12 @@ class Broker:
             return 0.0
         try:
             if absolute is not None and absolute.strip() not in ("", "0"):
-                return self.now + (int(absolute) / 1000 - self.clock()) or 1e-9
+                return self.now + (_millis(absolute) / 1000 - self.clock()) or 1e-9
             if relative is not None:
-                return self.now + max(int(relative), 0) / 1000 or 1e-9
+                return self.now + _millis(relative) / 1000 or 1e-9
         except ValueError:
-            raise ProtocolError("invalid expiry", "expires and expiration must be integers (milliseconds)",
-                                receipt) from None
+            raise ProtocolError("invalid expiry", "expires and expiration must be integers from 0 to "
+                                f"{MAX_MILLIS} (milliseconds)", receipt) from None
         return 0.0
 
     def publish(self, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
@@ -591,9 +609,9 @@ class Broker:
         if self.store is None:
             raise ProtocolError("replay unavailable", "replay-from needs the durable store (store=sqlite)", receipt)
         try:
-            return float(int(value))
+            return float(_millis(value))
         except ValueError:
-            raise ProtocolError("invalid replay-from", f"replay-from must be epoch milliseconds: {value!r}",
+            raise ProtocolError("invalid replay-from", f"replay-from must be epoch milliseconds: {_short(value)!r}",
                                 receipt) from None
 
     def _replay(self, sub: Subscription, since_ms: float) -> None:
@@ -633,7 +651,7 @@ class Broker:
             try:
                 tests.append(compile_selector(text))
             except SelectorError as exc:
-                raise ProtocolError("invalid selector", f"{exc} in selector {text!r}", receipt) from None
+                raise ProtocolError("invalid selector", f"{exc} in selector {_short(text)!r}", receipt) from None
         if not tests:
             return None
         if len(tests) == 1:
@@ -766,7 +784,7 @@ class Broker:
                                 f"at most {self.config.max_transaction_frames} frames per transaction", receipt)
         expires = 0.0
         if command == "SEND":
-            self._check_send(headers, receipt)
+            self._allowed(session, self._check_send(headers, receipt), write=True, receipt=receipt)
             expires = self._expiry(headers, receipt)
         frames.append((command, headers, body, expires))
         self._receipt(session, receipt)  # accepted now, applied at COMMIT
@@ -789,9 +807,12 @@ class Broker:
     def _commit(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         frames = session.transactions[self._transaction_id(session, command, headers, must_exist=True)]
-        # All or nothing: refuse the whole commit if a queue could not take its messages.
+        # All or nothing: refuse the whole commit if a queue could not take its messages, or if a
+        # permission was withdrawn (passwd re-read) since a SEND was accepted.
         adding: dict[str, int] = {}
         for cmd, h, _, _ in frames:
+            if cmd == "SEND":
+                self._allowed(session, h["destination"], write=True, receipt=receipt)
             if cmd == "SEND" and h["destination"].startswith(QUEUE_PREFIX):
                 adding[h["destination"]] = adding.get(h["destination"], 0) + 1
         for name, n in adding.items():
@@ -871,7 +892,7 @@ class Broker:
         headers["content-type"] = "text/plain"
         body = (detail or message).encode()
         self._emit(session, R.DATA, render_frame("ERROR", headers, body, escape_headers=session.escape))
-        log.info("connection %s (%s): ERROR %s: %s", session.conn, session.peer, message, detail)
+        log.info("connection %s (%s): ERROR %s: %s", session.conn, session.peer, _short(message), _short(detail))
         self._close(session)
 
     def _close(self, session: Session, websocket_close: bool = True) -> None:

@@ -417,7 +417,9 @@ class Reader:
     def bad_frame(self, conn: Conn, message: str, detail: str, receipt: str | None) -> None:
         self.stats["bad_frames"] += 1
         conn.mode = DEAD
-        payload = "\0".join((message, detail, receipt if receipt is not None else "\x01")).encode()
+        # NUL separates the fields, and a NUL in an ERROR's receipt-id would end that frame early.
+        fields = (message, detail, receipt if receipt is not None else "\x01")
+        payload = "\0".join(f.replace("\0", "") for f in fields).encode()
         self.emit(R.BAD_FRAME, conn.id, payload)
 
     # -- HTTP and WebSocket --------------------------------------------------------------------
