@@ -81,6 +81,8 @@ class Broker:
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.durables: dict[str, Durable] = {}
+        self.rescan: set[Queue] = set()      # queues whose pump stopped at the scan budget: the tick goes on
+        self.examined = 0                    # messages looked at by _pump (a cost measure for tests)
         self.durable_index = SubscriptionIndex()
         self.next_monitor = 0.0
         self._message_ids = itertools.count(1)
@@ -187,6 +189,10 @@ class Broker:
                             f"(heart-beat every {session.hb_in} ms)")
         if self.stale is not None:
             self.stale.sweep(now)
+        if self.rescan:
+            queues, self.rescan = self.rescan, set()
+            for queue in queues:
+                self._pump(queue)
         if self.delayed:
             due = [conn for when, conn in self.delayed if when <= now]
             self.delayed = [(when, conn) for when, conn in self.delayed if when > now]
@@ -202,7 +208,7 @@ class Broker:
                 self._deliver(sub, status, None)
 
     def needs_tick(self) -> bool:
-        return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR))
+        return bool(self.timed or self.stale or self.delayed or self.rescan or self.index.exact.get(MONITOR))
 
     # -- connecting ----------------------------------------------------------------------------
     def _connect(self, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -299,8 +305,8 @@ class Broker:
             if query in QUERIES:
                 headers = {**headers, **self.diag.headers(query)}
         queue = self.queues.get(destination)
-        if queue is not None and len(queue.messages) >= self.config.max_queue_messages:
-            raise ProtocolError("queue full", f"{destination} holds {len(queue.messages)} messages, "
+        if queue is not None and queue.depth() >= self.config.max_queue_messages:
+            raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                                 f"the most allowed (max_queue_messages)", receipt)
         self.publish(destination, headers, body, self._expiry(headers, receipt))
         self._receipt(session, receipt)
@@ -352,8 +358,8 @@ class Broker:
                 self._persist(durable.queue, copy)
                 durable.queue.messages.append(copy)
                 durable.queue.enqueued += 1
-                if len(durable.queue.messages) > self.config.max_queue_messages:
-                    self._discard(durable.queue, durable.queue.messages.popleft())  # oldest goes
+                if durable.queue.depth() > self.config.max_queue_messages:
+                    self._discard(durable.queue, durable.queue.pop_oldest())  # oldest goes
                 self._pump(durable.queue)
                 kept += 1
         subs = self.index.match(destination)
@@ -454,15 +460,27 @@ class Broker:
         return self.index.match(queue.name)
 
     def _pump(self, queue: Queue) -> int:
-        """Hand waiting messages to subscribers with room, round-robin; returns deliveries made."""
+        """Hand waiting messages to subscribers with room, round-robin; returns deliveries made.
+
+        The work is bounded whatever the selectors: a message no consumer's selector accepts is
+        parked (looked at again only when a consumer subscribes), and one call examines at most
+        ``queue_scan_budget`` messages it cannot deliver (those waiting for a full consumer stay at
+        the head, in order). A call that stopped at the budget after parking some is continued by
+        the next tick, so a backlog is sorted out a budget at a time, never in one round.
+        """
         subs = self._consumers(queue)
         if not subs or not queue.messages:
             return 0
         n = len(subs)
         messages = queue.messages
         skipped = []
-        delivered = 0
+        delivered = parked = 0
+        budget = self.config.queue_scan_budget
         while messages:
+            if len(skipped) + parked >= budget:
+                if parked:
+                    self.rescan.add(queue)
+                break
             if not any(sub.has_room() for sub in subs):
                 break
             message = messages.popleft()
@@ -471,8 +489,10 @@ class Broker:
                 self.stats["messages_expired"] += 1
                 self._discard(queue, message)
                 continue
+            self.examined += 1
             chosen = None
-            for allow_avoided in (False, True):  # a NACKed message goes to another subscriber if any
+            # A NACKed message goes to another subscriber if any (one pass when nothing is avoided).
+            for allow_avoided in (False, True) if message.avoid is not None else (True,):
                 for i in range(n):
                     sub = subs[(queue.rr + i) % n]
                     if (sub.has_room() and (allow_avoided or sub is not message.avoid)
@@ -483,7 +503,17 @@ class Broker:
                 if chosen is not None:
                     break
             if chosen is None:
-                skipped.append(message)  # no selector takes it now: later messages may still go
+                if any(not sub.has_room() and (sub.accepts is None or sub.accepts(message.headers))
+                       for sub in subs):
+                    skipped.append(message)  # waits for a full consumer; later messages may still go
+                elif queue.owner is not None:
+                    # A durable subscription's selector is fixed while it is attached: what it rejects
+                    # is not for it, as if it had been filtered out when published.
+                    self.stats["messages_dropped"] += 1
+                    self._discard(queue, message)
+                else:
+                    queue.parked.append(message)
+                    parked += 1
                 continue
             message.avoid = None
             self._deliver(chosen, message, queue)
@@ -492,6 +522,12 @@ class Broker:
             messages.extendleft(reversed(skipped))
         self.stats["messages_delivered"] += delivered
         return delivered
+
+    def _unpark(self, queue: Queue) -> None:
+        """A consumer came: parked messages are candidates again, ahead of the rest (they are older)."""
+        if queue.parked:
+            queue.messages.extendleft(reversed(queue.parked))
+            queue.parked.clear()
 
     def _queues_for(self, pattern: str) -> list[Queue]:
         prefix = SubscriptionIndex.wildcard_prefix(pattern)
@@ -535,9 +571,10 @@ class Broker:
         if replay_from is not None:
             self._replay(sub, replay_from)
         if sub.durable is not None:
-            self._pump(sub.durable.queue)
+            self._pump(sub.durable.queue)  # (its queue parks nothing: see _pump)
             return
         for queue in self._queues_for(destination):
+            self._unpark(queue)
             self._pump(queue)
         if self.stale is not None and not destination.startswith(QUEUE_PREFIX):
             prefix = SubscriptionIndex.wildcard_prefix(destination)
@@ -596,6 +633,7 @@ class Broker:
         for message in durable.queue.messages:
             self._discard(durable.queue, message)
         durable.queue.messages.clear()
+        durable.queue.parked.clear()  # (always empty: a durable's rejected messages are dropped)
         self.durable_index.remove(durable.pattern, durable)
         self.queues.pop(durable.queue.name, None)
         del self.durables[durable.name]
@@ -764,8 +802,8 @@ class Broker:
         headers["original-destination"] = message.destination
         headers["dead-letter-reason"] = reason
         queue = self._queue(dlq)
-        if len(queue.messages) >= self.config.max_queue_messages:
-            self._discard(queue, queue.messages.popleft())
+        if queue.depth() >= self.config.max_queue_messages:
+            self._discard(queue, queue.pop_oldest())
             self.stats["messages_dropped"] += 1
         dead = Message(message.id, dlq, headers, message.body, message.expires)
         self._persist(queue, dead)
@@ -817,7 +855,7 @@ class Broker:
                 adding[h["destination"]] = adding.get(h["destination"], 0) + 1
         for name, n in adding.items():
             queue = self.queues.get(name)
-            if queue is not None and len(queue.messages) + n > self.config.max_queue_messages:
+            if queue is not None and queue.depth() + n > self.config.max_queue_messages:
                 raise ProtocolError("queue full", f"committing would put more than max_queue_messages in {name}",
                                     receipt)
         del session.transactions[headers["transaction"]]
@@ -945,6 +983,6 @@ class Broker:
         }
 
     def queue_stats(self) -> list[dict]:
-        return [{"destination": q.name, "depth": len(q.messages), "enqueued": q.enqueued,
+        return [{"destination": q.name, "depth": q.depth(), "enqueued": q.enqueued,
                  "dequeued": q.dequeued, "unacked": q.unacked, "consumers": len(self.index.match(q.name))}
                 for q in self.queues.values()]

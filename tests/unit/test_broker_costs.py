@@ -1,0 +1,114 @@
+"""The dispatcher's work per event stays bounded whatever clients do: counted, not timed."""
+
+from __future__ import annotations
+
+from stompbroker.broker.core import Broker
+from stompbroker.broker.model import Outbox
+from stompbroker.ipc import records as R
+from stompbroker.settings import make_config
+
+
+class Harness:
+    """A Broker fed frames directly; ``frames(conn)`` returns the commands it sent to a connection."""
+
+    def __init__(self, **settings):
+        self.outbox = Outbox()
+        self.broker = Broker(make_config(**settings), [self.outbox])
+        self.now = 1.0
+        self.sent: dict[int, list] = {}
+
+    def open(self, conn: int, peer: str = "127.0.0.1:1000", **connect) -> None:
+        self.broker.on_open(conn, 0, peer, self.now)
+        self.frame(conn, "CONNECT", {"accept-version": "1.2", **connect})
+
+    def frame(self, conn: int, command: str, headers: dict | None = None, body: bytes = b"") -> None:
+        head = "\n".join([command] + [f"{k}:{v}" for k, v in (headers or {}).items()]).encode()
+        self.broker.on_frame(conn, head, body, self.now)
+
+    def tick(self, seconds: float = 0.1) -> None:
+        self.now += seconds
+        self.broker.on_tick(self.now)
+
+    def frames(self, conn: int) -> list[tuple[str, bytes]]:
+        buf, _ = self.outbox.take()
+        for kind, c, _aux, payload in _records(bytes(buf)):
+            if kind == R.DATA:
+                self.sent.setdefault(c, []).append(payload)
+        got, self.sent[conn] = self.sent.get(conn, []), []
+        return [(p.split(b"\n", 1)[0].decode(), p) for p in got]
+
+
+def _records(blob: bytes):
+    pos = 0
+    while pos < len(blob):
+        total, kind, conn, aux, _stamp = R.HEADER.unpack_from(blob, pos)
+        yield kind, conn, aux, blob[pos + R.HEADER_SIZE:pos + total]
+        pos += total
+
+
+def counting(sub) -> list[int]:
+    """Wrap a subscription's selector so that its evaluations are counted."""
+    count = [0]
+    accepts = sub.accepts
+
+    def counted(headers):
+        count[0] += 1
+        return accepts(headers)
+
+    sub.accepts = counted
+    return count
+
+
+def test_a_send_costs_the_same_whatever_the_rejected_backlog():
+    h = Harness()
+    h.open(1)
+    h.frame(1, "SUBSCRIBE", {"id": "s", "destination": "/queue/work", "selector": "kind = 'wanted'"})
+    evaluations = counting(h.broker.sessions[1].subs["s"])
+    h.open(2)
+    for i in range(2000):  # nobody's selector takes these
+        h.frame(2, "SEND", {"destination": "/queue/work", "kind": "unwanted"}, b"x")
+    before = evaluations[0]
+    for i in range(200):
+        h.frame(2, "SEND", {"destination": "/queue/work", "kind": "unwanted"}, b"x")
+    per_send = (evaluations[0] - before) / 200
+    assert per_send <= 2, f"{per_send} selector evaluations per SEND with 2,000 rejected messages waiting"
+    h.frame(2, "SEND", {"destination": "/queue/work", "kind": "wanted"}, b"yes")
+    assert [c for c, _ in h.frames(1)] == ["CONNECTED", "MESSAGE"]  # the wanted one goes at once
+    assert h.broker.queue_stats()[0]["depth"] == 2200  # the rejected ones are kept (bounded by max_queue_messages)
+
+
+def test_a_new_consumer_sorts_a_backlog_a_budget_at_a_time():
+    h = Harness(queue_scan_budget=50)
+    h.open(2)
+    for i in range(1000):
+        h.frame(2, "SEND", {"destination": "/queue/work", "kind": "unwanted" if i < 999 else "wanted"}, b"x")
+    h.open(1)
+    examined = h.broker.examined
+    h.frame(1, "SUBSCRIBE", {"id": "s", "destination": "/queue/work", "selector": "kind = 'wanted'"})
+    assert h.broker.examined - examined <= 50  # one event does at most the budget
+    rounds = 0
+    while h.broker.needs_tick() and rounds < 100:
+        examined = h.broker.examined
+        h.tick()
+        assert h.broker.examined - examined <= 50
+        rounds += 1
+    assert [c for c, _ in h.frames(1)][-1] == "MESSAGE"
+    assert h.broker.examined <= 1000 + 50  # each rejected message was examined once, then parked
+    # A second consumer re-examines the parked ones (the new selector might take them), again in steps.
+    h.open(3)
+    h.frame(3, "SUBSCRIBE", {"id": "t", "destination": "/queue/work", "selector": "kind = 'unwanted'",
+                             "ack": "client-individual", "prefetch-count": "1000"})
+    for _ in range(100):
+        h.tick()
+    assert sum(1 for c, _ in h.frames(3) if c == "MESSAGE") == 999
+
+
+def test_a_durable_subscription_drops_what_its_selector_rejects():
+    h = Harness()
+    h.open(1, **{"client-id": "c"})
+    h.frame(1, "SUBSCRIBE", {"id": "s", "destination": "/topic/t", "activemq.subscriptionName": "d",
+                             "selector": "kind = 'wanted'"})
+    h.open(2)
+    for i in range(500):
+        h.frame(2, "SEND", {"destination": "/topic/t", "kind": "unwanted"}, b"x")
+    assert h.broker.durables["c/d"].queue.depth() == 0
