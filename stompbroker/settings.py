@@ -54,6 +54,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ssl_ca", str, "", "CA bundle to verify client certificates (default: the system's)"),
     Setting("ssl_verify_client", str, "none", "client certificates: none, optional or required"),
     Setting("max_queue_messages", int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
+    Setting("max_selector_length", int, 4096, "longest SUBSCRIBE selector, in characters (evaluation costs at most about header length x selector length / 64 word operations)"),
     Setting("queue_scan_budget", int, 100, "messages a queue examines per event without delivering them (rejected by every selector, or waiting for a full consumer); more wait for the next event or tick"),
     Setting("client_prefetch", int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
     Setting("max_redeliveries", int, 5, "NACKs of one message before it goes to the dead-letter queue"),
@@ -138,7 +139,7 @@ def validate(values: dict) -> None:
     for name in ("max_input_queue_size", "max_frame_size", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
-                 "max_queue_messages", "queue_scan_budget", "max_transaction_frames", "diag_interval", "monitor_interval",
+                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")

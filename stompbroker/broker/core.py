@@ -674,8 +674,7 @@ class Broker:
                                 receipt) from None
         return 0 if ack == "auto" else prefetch
 
-    @staticmethod
-    def _filter(headers: dict, receipt):
+    def _filter(self, headers: dict, receipt):
         """xtomp's `filter:<name>=<value>` and ActiveMQ's `selector`, combined with AND."""
         tests = []
         spec = headers.get("filter")
@@ -686,6 +685,9 @@ class Broker:
             tests.append(lambda h, name=name, value=value: h.get(name) == value)
         text = headers.get("selector")
         if text is not None:
+            if len(text) > self.config.max_selector_length:
+                raise ProtocolError("selector too long", f"a selector may have at most "
+                                    f"{self.config.max_selector_length} characters, not {len(text)}", receipt)
             try:
                 tests.append(compile_selector(text))
             except SelectorError as exc:
