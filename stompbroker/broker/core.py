@@ -521,7 +521,20 @@ class Broker:
         if skipped:
             messages.extendleft(reversed(skipped))
         self.stats["messages_delivered"] += delivered
+        self._drop_if_idle(queue)
         return delivered
+
+    def _drop_if_idle(self, queue: Queue) -> None:
+        """Forget a queue that holds nothing and that no subscription names exactly.
+
+        Destination names are chosen by clients: an idle queue must cost nothing, or a client that
+        walks through names grows the broker for good. Wildcard subscribers do not keep a queue
+        alive (the next message makes it again); its counters go with it.
+        """
+        if (queue.owner is None and not queue.messages and not queue.parked and not queue.unacked
+                and not self.index.exact.get(queue.name) and self.queues.get(queue.name) is queue):
+            del self.queues[queue.name]
+            self.rescan.discard(queue)
 
     def _unpark(self, queue: Queue) -> None:
         """A consumer came: parked messages are candidates again, ahead of the rest (they are older)."""
@@ -733,6 +746,10 @@ class Broker:
         for queue, messages in returned.items():
             queue.messages.extendleft(reversed(messages))
             self._pump(queue)
+        if sub.durable is None and sub.destination.startswith(QUEUE_PREFIX):
+            queue = self.queues.get(sub.destination)
+            if queue is not None:
+                self._drop_if_idle(queue)
 
     # -- acknowledgement -----------------------------------------------------------------------
     def _ack(self, session: Session, command: str, headers: dict, body: bytes) -> None:

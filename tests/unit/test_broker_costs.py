@@ -136,3 +136,26 @@ def test_like_costs_linear_time_on_hostile_patterns():
             match(value)
         per_call = (time.perf_counter() - start) / 3
         assert per_call < 0.2, f"{per_call * 1000:.0f} ms for {pattern[:12]!r}... ({len(pattern)} characters)"
+
+
+def test_idle_queues_are_forgotten():
+    h = Harness()
+    h.open(1)
+    h.frame(1, "SUBSCRIBE", {"id": "all", "destination": "/queue/*"})
+    h.open(2)
+    for i in range(10_000):  # client-chosen names, each consumed at once
+        h.frame(2, "SEND", {"destination": f"/queue/walk-{i}"}, b"x")
+    assert sum(1 for c, _ in h.frames(1) if c == "MESSAGE") == 10_000
+    assert h.broker.queues == {}
+    h.frame(1, "UNSUBSCRIBE", {"id": "all"})
+    h.frame(2, "SEND", {"destination": "/queue/kept"}, b"waits")  # nobody there: the message keeps it
+    assert list(h.broker.queues) == ["/queue/kept"]
+    h.frame(1, "SUBSCRIBE", {"id": "k", "destination": "/queue/kept", "ack": "client"})
+    (_, message), = [f for f in h.frames(1) if f[0] == "MESSAGE"]
+    assert list(h.broker.queues) == ["/queue/kept"]  # unacknowledged, and named by a subscription
+    ack = message.split(b"\nack:", 1)[1].split(b"\n", 1)[0].decode()
+    h.frame(1, "ACK", {"id": ack})
+    assert list(h.broker.queues) == ["/queue/kept"]  # still named by the subscription
+    h.frame(1, "UNSUBSCRIBE", {"id": "k"})
+    assert h.broker.queues == {}
+    assert h.broker.queue_stats() == [] and h.broker.queues == {}  # statistics do not make queues
