@@ -41,6 +41,7 @@ WORKER_PREFIX = "#"
 REDELIVERED = b"redelivered:true\n"
 MAX_MILLIS = 10 ** 15          # ms: expires, expiration and replay-from beyond year 33000 are refused
 MAX_HEART_BEAT = 2 ** 31 - 1   # ms: a heart-beat interval must fit the records' 32-bit field
+OWNER_SEP = "\x1f"              # between the login and the name in a durable subscription's key
 LOGGED = 200                   # characters of a client's value kept in logs and ERROR bodies
 
 
@@ -611,8 +612,15 @@ class Broker:
                                 f"{destination}", receipt)
 
     def _durable_name(self, session: Session, headers: dict, sub_id: str, destination: str, receipt) -> str | None:
-        """RabbitMQ's `durable:true` (named by the subscription id) or ActiveMQ's
-        `activemq.subscriptionName` (named with the CONNECT's client-id); None for a plain subscription."""
+        """The key of the durable subscription a SUBSCRIBE asks for, or None for a plain subscription.
+
+        Named by RabbitMQ's `durable:true` (the subscription id) or ActiveMQ's
+        `activemq.subscriptionName` (with the CONNECT's client-id), and keyed by the login too, so
+        another user's subscription of the same name is another subscription. An existing name
+        keeps its destination unless the SUBSCRIBE says `replace-durable:true` (its backlog is
+        dropped then). Keys stored before logins were part of them have no OWNER_SEP and are found
+        by their bare name.
+        """
         name = headers.get("activemq.subscriptionName")
         if name is not None:
             name = f"{session.client_id}/{name}"
@@ -623,16 +631,24 @@ class Broker:
         if destination.startswith(QUEUE_PREFIX):
             raise ProtocolError("durable queue subscription", "queues keep their messages already; "
                                 "durable subscriptions are for topics", receipt)
-        durable = self.durables.get(name)
-        if durable is not None and durable.sub is not None:
-            raise ProtocolError("durable subscription in use", f"durable subscription {name!r} is attached to "
-                                "another connection", receipt)
-        return name
+        key = f"{session.login}{OWNER_SEP}{name}"
+        durable = self.durables.get(key)
+        if durable is None and name in self.durables:
+            key, durable = name, self.durables[name]
+        if durable is not None:
+            if durable.sub is not None:
+                raise ProtocolError("durable subscription in use", f"durable subscription {_short(name)!r} is "
+                                    "attached to another connection", receipt)
+            if durable.pattern != destination and headers.get("replace-durable") != "true":
+                raise ProtocolError("durable subscription exists", f"durable subscription {_short(name)!r} is for "
+                                    f"{_short(durable.pattern)}; subscribe with replace-durable:true to drop it "
+                                    f"and its waiting messages and subscribe to {_short(destination)}", receipt)
+        return key
 
     def _attach_durable(self, sub: Subscription, name: str) -> None:
         durable = self.durables.get(name)
         if durable is None or durable.pattern != sub.destination:
-            if durable is not None:  # same name, new topic: start afresh, as RabbitMQ re-declares
+            if durable is not None:  # replace-durable:true: start afresh on the new topic
                 self._drop_durable(durable)
             durable = self.durables[name] = Durable(name, sub.destination)
             self.queues[durable.queue.name] = durable.queue

@@ -49,3 +49,60 @@ def test_allowed_sends_in_a_transaction_commit(secured):
     bob.frame("COMMIT", {"transaction": "t", "receipt": "c"})
     frames = [bob.read(), bob.read()]
     assert sorted(f[0] for f in frames) == ["MESSAGE", "RECEIPT"]
+
+
+def drain(w: Wire, timeout: float = 0.5) -> list:
+    frames = []
+    while True:
+        try:
+            frames.append(w.read(timeout))
+        except TimeoutError:
+            return frames
+
+
+def durable_subscribe(broker, user: str, destination: str, sub_id: str = "sub-0", **extra) -> Wire:
+    w = login(broker, user)
+    w.frame("SUBSCRIBE", {"id": sub_id, "destination": destination, "durable": "true", "receipt": "s", **extra})
+    return w
+
+
+def publish(broker, destination: str, *bodies: bytes) -> None:
+    w = login(broker, "alice")
+    for i, body in enumerate(bodies):
+        w.frame("SEND", {"destination": destination, "receipt": str(i)}, body)
+        assert w.read()[0] == "RECEIPT"
+    w.close()
+
+
+def test_durable_subscriptions_of_the_same_name_belong_to_their_users(secured):
+    alice = durable_subscribe(secured, "alice", "/topic/owned")
+    assert alice.read()[0] == "RECEIPT"
+    alice.close()
+    publish(secured, "/topic/owned", b"for alice 1", b"for alice 2")
+    bob = durable_subscribe(secured, "bob", "/topic/owned")  # same id, another user
+    frames = drain(bob)
+    assert [f[0] for f in frames] == ["RECEIPT"], frames  # none of alice's backlog
+    bob.close()
+    alice = durable_subscribe(secured, "alice", "/topic/owned")
+    assert [f[2] for f in drain(alice) if f[0] == "MESSAGE"] == [b"for alice 1", b"for alice 2"]
+    alice.frame("UNSUBSCRIBE", {"id": "sub-0", "receipt": "u"})
+    alice.read()
+
+
+def test_reusing_a_durable_name_for_another_destination_is_refused_unless_replaced(secured):
+    alice = durable_subscribe(secured, "alice", "/topic/first", "feed")
+    assert alice.read()[0] == "RECEIPT"
+    alice.close()
+    publish(secured, "/topic/first", b"kept")
+    other = durable_subscribe(secured, "alice", "/topic/second", "feed")
+    cmd, headers, body = other.read()
+    assert (cmd, headers["message"], headers["receipt-id"]) == ("ERROR", "durable subscription exists", "s")
+    assert b"replace-durable:true" in body
+    back = durable_subscribe(secured, "alice", "/topic/first", "feed")
+    assert [f[2] for f in drain(back) if f[0] == "MESSAGE"] == [b"kept"]  # the backlog is intact
+    back.close()
+    publish(secured, "/topic/first", b"dropped on replace")
+    replaced = durable_subscribe(secured, "alice", "/topic/second", "feed", **{"replace-durable": "true"})
+    assert [f[0] for f in drain(replaced)] == ["RECEIPT"]
+    publish(secured, "/topic/second", b"new")
+    assert [f[2] for f in drain(replaced)] == [b"new"]
