@@ -112,6 +112,8 @@ class Broker:
         session.held.clear()
         self.holding.discard(session)
         self.timed.discard(session)
+        if session.pending is not None and self.auth is not None:
+            self.auth.cancel(conn)
         self._end_session(session)
         self.stats["connections_closed"] += 1
         # The writer still holds its copy of the socket: let it go.
@@ -235,7 +237,7 @@ class Broker:
                                 f"{self.config.heartbeat_max_ms} ms", receipt)
         if self.auth is not None and self.auth.required:
             session.pending = (version, cx, cy, headers)
-            self.auth.submit(session.conn, headers.get("login"), headers.get("passcode"))
+            self.auth.submit(session.conn, headers.get("login"), headers.get("passcode"), session.peer.rsplit(":", 1)[0])
             return
         self._connected(session, version, cx, cy, headers, headers.get("login", ""))
 
