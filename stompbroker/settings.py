@@ -65,6 +65,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("checkpoint", float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
     Setting("replay_retention", float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
     Setting("max_frame_size", int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
+    Setting("max_first_frame", int, 64 * KB, "largest frame before a connection's first complete frame (its CONNECT), in bytes: what a client that has not logged in may make the broker hold"),
+    Setting("max_partial_bytes", int, 128 * MB, "bytes of unfinished frames the reader holds for all connections together; the connection that would go past it gets a 'broker busy' ERROR and is closed"),
     Setting("max_headers", int, 256, "most header lines in one frame"),
     Setting("max_header_line", int, 64 * KB, "longest header line, in bytes"),
     Setting("max_connections", int, 10_000, "most open client connections; more are refused with an ERROR"),
@@ -136,7 +138,7 @@ def make_config(**overrides: Any) -> Config:
 
 
 def validate(values: dict) -> None:
-    for name in ("max_input_queue_size", "max_frame_size", "max_headers", "max_header_line",
+    for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "diag_interval", "monitor_interval",
