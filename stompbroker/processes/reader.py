@@ -555,4 +555,5 @@ def tls_context(config) -> ssl.SSLContext:
 
 def run(config, resources) -> None:
     common.become_child("reader", config)
+    common.tune_malloc_for_reader()
     Reader(config, resources).run()

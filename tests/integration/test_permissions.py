@@ -106,3 +106,25 @@ def test_reusing_a_durable_name_for_another_destination_is_refused_unless_replac
     assert [f[0] for f in drain(replaced)] == ["RECEIPT"]
     publish(secured, "/topic/second", b"new")
     assert [f[2] for f in drain(replaced)] == [b"new"]
+
+
+def test_commit_checks_permissions_again(start_broker, tmp_path):
+    import signal
+    import time
+    path = tmp_path / "passwd"
+    entry = f"bob:{hash_secret('b')}:read=/queue/bob;write="
+    path.write_text(entry + "/queue/bob\n")
+    path.chmod(0o600)
+    b = start_broker("auth=passwd", f"passwd_file={path}")
+    bob = login(b, "bob")
+    bob.frame("BEGIN", {"transaction": "t"})
+    bob.frame("SEND", {"destination": "/queue/bob", "transaction": "t", "receipt": "s"}, b"x")
+    assert bob.read()[0] == "RECEIPT"  # allowed when sent
+    path.write_text(entry + "/topic/*\n")  # ... and no longer when committed
+    b.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "passwd reloaded" not in b.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    bob.frame("COMMIT", {"transaction": "t", "receipt": "c"})
+    cmd, headers, _ = bob.read()
+    assert (cmd, headers["message"], headers["receipt-id"]) == ("ERROR", "permission denied for /queue/bob", "c")
