@@ -473,6 +473,7 @@ class Broker:
         """
         subs = self._consumers(queue)
         if not subs or not queue.messages:
+            self._drop_if_idle(queue)  # (an ACK may have taken its last message)
             return 0
         n = len(subs)
         messages = queue.messages

@@ -3,7 +3,8 @@ client's round trip (SEND with a receipt -> its MESSAGE) stays under 50 ms at p9
 memory (the RSS of all its processes) stays under a bound.
 
 The well-behaved client runs in its own process, so the hostile clients' Python work in this
-process does not show up in its timings. Every hostile pattern is bounded in count and in time.
+process does not show up in its timings, and the attack runs at a lower CPU priority, standing for
+an attacker on another machine. Every hostile pattern is bounded in count and in time.
 The figures printed (``pytest -s``) are the ones docs/reliability.md reports.
 
 The bound is 50 ms plus the p99 the same client sees with no attack at all, measured first: on
@@ -109,6 +110,9 @@ def under_attack(b, attack, seconds: float = 4.0) -> tuple[list[float], int]:
     failure = []
 
     def run():
+        # The attacker would be on another machine: here it shares the CPUs with the broker and the
+        # probe, so it runs at a lower priority (this thread only) to stand for that.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         try:
             attack(stop)
         except Exception as exc:  # reported below, after the probe is collected

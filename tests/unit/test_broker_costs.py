@@ -132,10 +132,12 @@ def test_like_costs_linear_time_on_hostile_patterns():
     for pattern in ["%" + "_" * 20_000 + "%", "%" + "_" * 20_000 + "b%", "%" + "a_" * 2_000 + "b%",
                     "%" + "a%" * 2_000 + "b"]:
         match = compile_selector(f"x LIKE '{pattern}'")
-        start = time.perf_counter()
-        for _ in range(3):
+        per_call = 1e9
+        for _ in range(3):  # the fastest of three: a busy machine slows some calls, not all
+            start = time.perf_counter()
             match(value)
-        per_call = (time.perf_counter() - start) / 3
+            per_call = min(per_call, time.perf_counter() - start)
+        # ~17 ms here for the slowest shape (a_a_...), microseconds for the others
         assert per_call < 0.2, f"{per_call * 1000:.0f} ms for {pattern[:12]!r}... ({len(pattern)} characters)"
 
 
@@ -149,6 +151,13 @@ def test_idle_queues_are_forgotten():
     assert sum(1 for c, _ in h.frames(1) if c == "MESSAGE") == 10_000
     assert h.broker.queues == {}
     h.frame(1, "UNSUBSCRIBE", {"id": "all"})
+    h.frame(1, "SUBSCRIBE", {"id": "acked", "destination": "/queue/acked.*", "ack": "client-individual"})
+    for i in range(100):  # acknowledged one by one: each queue goes with its last ACK
+        h.frame(2, "SEND", {"destination": f"/queue/acked.{i}"}, b"x")
+        (_, message), = [f for f in h.frames(1) if f[0] == "MESSAGE"]
+        h.frame(1, "ACK", {"id": message.split(b"\nack:", 1)[1].split(b"\n", 1)[0].decode()})
+    assert h.broker.queues == {}
+    h.frame(1, "UNSUBSCRIBE", {"id": "acked"})
     h.frame(2, "SEND", {"destination": "/queue/kept"}, b"waits")  # nobody there: the message keeps it
     assert list(h.broker.queues) == ["/queue/kept"]
     h.frame(1, "SUBSCRIBE", {"id": "k", "destination": "/queue/kept", "ack": "client"})
