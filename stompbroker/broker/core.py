@@ -237,7 +237,8 @@ class Broker:
                                 f"{self.config.heartbeat_max_ms} ms", receipt)
         if self.auth is not None and self.auth.required:
             session.pending = (version, cx, cy, headers)
-            self.auth.submit(session.conn, headers.get("login"), headers.get("passcode"), session.peer.rsplit(":", 1)[0])
+            self.auth.submit(session.conn, headers.get("login"), headers.get("passcode"),
+                             session.peer.rsplit(":", 1)[0])
             return
         self._connected(session, version, cx, cy, headers, headers.get("login", ""))
 
