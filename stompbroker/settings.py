@@ -55,7 +55,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ssl_verify_client", str, "none", "client certificates: none, optional or required"),
     Setting("max_queue_messages", int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
     Setting("max_selector_length", int, 4096, "longest SUBSCRIBE selector, in characters (evaluation costs at most about header length x selector length / 64 word operations)"),
-    Setting("queue_scan_budget", int, 100, "messages a queue examines per event without delivering them (rejected by every selector, or waiting for a full consumer); more wait for the next event or tick"),
+    Setting("queue_scan_budget", int, 100, "messages a queue examines per event without delivering them (no selector takes them, or only full consumers do); the rest wait for the next event or tick"),
     Setting("client_prefetch", int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
     Setting("max_redeliveries", int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),

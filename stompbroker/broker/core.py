@@ -463,32 +463,42 @@ class Broker:
             return (queue.owner.sub,) if queue.owner.sub is not None else ()
         return self.index.match(queue.name)
 
-    def _pump(self, queue: Queue) -> int:
+    def _pump(self, queue: Queue, room: bool = False) -> int:
         """Hand waiting messages to subscribers with room, round-robin; returns deliveries made.
 
-        The work is bounded whatever the selectors: a message no consumer's selector accepts is
-        parked (looked at again only when a consumer subscribes), and one call examines at most
-        ``queue_scan_budget`` messages it cannot deliver (those waiting for a full consumer stay at
-        the head, in order). A call that stopped at the budget after parking some is continued by
-        the next tick, so a backlog is sorted out a budget at a time, never in one round.
+        The work is bounded whatever the selectors. A message is examined when it arrives: no
+        consumer's selector accepts it, it is *parked* (looked at again only when a consumer
+        subscribes); only full consumers accept it, it is *blocked* (looked at again, oldest first,
+        only when ``room`` says a consumer may have room: an ACK, a NACK, a new subscription). One
+        call examines at most ``queue_scan_budget`` messages it cannot deliver; a call that stopped
+        there while parking is continued by the next tick.
         """
         subs = self._consumers(queue)
-        if not subs or not queue.messages:
+        if not subs or not (queue.messages or (room and queue.blocked)):
             self._drop_if_idle(queue)  # (an ACK may have taken its last message)
             return 0
+        budget = [self.config.queue_scan_budget]
+        delivered = 0
+        if room and queue.blocked:
+            delivered = self._scan(queue, subs, queue.blocked, budget)
+        if budget[0] > 0:
+            delivered += self._scan(queue, subs, queue.messages, budget)
+        self.stats["messages_delivered"] += delivered
+        self._drop_if_idle(queue)
+        return delivered
+
+    def _scan(self, queue: Queue, subs: tuple, source, budget: list) -> int:
         n = len(subs)
-        messages = queue.messages
-        skipped = []
+        still_blocked = []
         delivered = parked = 0
-        budget = self.config.queue_scan_budget
-        while messages:
-            if len(skipped) + parked >= budget:
+        while source:
+            if budget[0] <= 0:
                 if parked:
                     self.rescan.add(queue)
                 break
             if not any(sub.has_room() for sub in subs):
                 break
-            message = messages.popleft()
+            message = source.popleft()
             if message.expired(self.now):
                 queue.expired += 1
                 self.stats["messages_expired"] += 1
@@ -507,26 +517,27 @@ class Broker:
                         break
                 if chosen is not None:
                     break
-            if chosen is None:
-                if any(not sub.has_room() and (sub.accepts is None or sub.accepts(message.headers))
-                       for sub in subs):
-                    skipped.append(message)  # waits for a full consumer; later messages may still go
-                elif queue.owner is not None:
-                    # A durable subscription's selector is fixed while it is attached: what it rejects
-                    # is not for it, as if it had been filtered out when published.
-                    self.stats["messages_dropped"] += 1
-                    self._discard(queue, message)
-                else:
-                    queue.parked.append(message)
-                    parked += 1
+            if chosen is not None:
+                message.avoid = None
+                self._deliver(chosen, message, queue)
+                delivered += 1
                 continue
-            message.avoid = None
-            self._deliver(chosen, message, queue)
-            delivered += 1
-        if skipped:
-            messages.extendleft(reversed(skipped))
-        self.stats["messages_delivered"] += delivered
-        self._drop_if_idle(queue)
+            budget[0] -= 1
+            if any(not sub.has_room() and (sub.accepts is None or sub.accepts(message.headers)) for sub in subs):
+                still_blocked.append(message)  # waits for a full consumer; later messages may still go
+            elif queue.owner is not None:
+                # A durable subscription's selector is fixed while it is attached: what it rejects
+                # is not for it, as if it had been filtered out when published.
+                self.stats["messages_dropped"] += 1
+                self._discard(queue, message)
+            else:
+                queue.parked.append(message)
+                parked += 1
+        if still_blocked:
+            if source is queue.blocked:
+                source.extendleft(reversed(still_blocked))  # in order, ahead of the younger ones
+            else:
+                queue.blocked.extend(still_blocked)
         return delivered
 
     def _drop_if_idle(self, queue: Queue) -> None:
@@ -536,7 +547,8 @@ class Broker:
         walks through names grows the broker for good. Wildcard subscribers do not keep a queue
         alive (the next message makes it again); its counters go with it.
         """
-        if (queue.owner is None and not queue.messages and not queue.parked and not queue.unacked
+        if (queue.owner is None and not queue.messages and not queue.parked and not queue.blocked
+                and not queue.unacked
                 and not self.index.exact.get(queue.name) and self.queues.get(queue.name) is queue):
             del self.queues[queue.name]
             self.rescan.discard(queue)
@@ -589,11 +601,11 @@ class Broker:
         if replay_from is not None:
             self._replay(sub, replay_from)
         if sub.durable is not None:
-            self._pump(sub.durable.queue)  # (its queue parks nothing: see _pump)
+            self._pump(sub.durable.queue, room=True)  # (its queue parks nothing: see _pump)
             return
         for queue in self._queues_for(destination):
             self._unpark(queue)
-            self._pump(queue)
+            self._pump(queue, room=True)
         if self.stale is not None and not destination.startswith(QUEUE_PREFIX):
             prefix = SubscriptionIndex.wildcard_prefix(destination)
             late = self.stale.take(destination if prefix is None else None, prefix, self.now,
@@ -663,10 +675,10 @@ class Broker:
         sub.durable = durable
 
     def _drop_durable(self, durable: Durable) -> None:
-        for message in durable.queue.messages:
-            self._discard(durable.queue, message)
-        durable.queue.messages.clear()
-        durable.queue.parked.clear()  # (always empty: a durable's rejected messages are dropped)
+        for source in (durable.queue.messages, durable.queue.blocked):
+            for message in source:
+                self._discard(durable.queue, message)
+            source.clear()
         self.durable_index.remove(durable.pattern, durable)
         self.queues.pop(durable.queue.name, None)
         del self.durables[durable.name]
@@ -796,7 +808,7 @@ class Broker:
                 else:
                     self._nacked(sub, delivery)
             for queue in self._queues_for(sub.destination) if sub.durable is None else [sub.durable.queue]:
-                self._pump(queue)
+                self._pump(queue, room=True)
         self._receipt(session, receipt)
 
     def _find_delivery(self, session: Session, command: str, headers: dict, receipt):

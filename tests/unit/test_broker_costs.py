@@ -169,3 +169,27 @@ def test_idle_queues_are_forgotten():
     h.frame(1, "UNSUBSCRIBE", {"id": "k"})
     assert h.broker.queues == {}
     assert h.broker.queue_stats() == [] and h.broker.queues == {}  # statistics do not make queues
+
+
+def test_messages_for_a_full_consumer_hold_up_neither_others_nor_sends():
+    h = Harness()
+    h.open(1)
+    h.frame(1, "SUBSCRIBE", {"id": "a", "destination": "/queue/mixed", "selector": "kind = 'a'",
+                             "ack": "client-individual", "prefetch-count": "1"})
+    h.open(3)
+    h.frame(3, "SUBSCRIBE", {"id": "b", "destination": "/queue/mixed", "selector": "kind = 'b'"})
+    evaluations = counting(h.broker.sessions[3].subs["b"])
+    h.open(2)
+    for i in range(300):  # one goes to the full consumer, 299 wait for its room
+        h.frame(2, "SEND", {"destination": "/queue/mixed", "kind": "a", "n": str(i)}, b"a")
+    before = evaluations[0]
+    for i in range(100):
+        h.frame(2, "SEND", {"destination": "/queue/mixed", "kind": "b"}, b"b")
+    assert (evaluations[0] - before) / 100 <= 2  # the waiting 'a' messages are not looked at again
+    assert sum(1 for c, _ in h.frames(3) if c == "MESSAGE") == 100  # and do not hold up 'b'
+    (first,) = [f for c, f in h.frames(1) if c == "MESSAGE"]
+    assert b"\nn:0\n" in first
+    for i in range(1, 5):  # each ACK makes room for the next, in order
+        h.frame(1, "ACK", {"id": first.split(b"\nack:", 1)[1].split(b"\n", 1)[0].decode()})
+        (first,) = [f for c, f in h.frames(1) if c == "MESSAGE"]
+        assert f"\nn:{i}\n".encode() in first
