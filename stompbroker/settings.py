@@ -69,6 +69,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ssl_ca", str, "", "CA bundle to verify client certificates (default: the system's)"),
     Setting("ssl_verify_client", str, "none", "client certificates: none, optional or required"),
     Setting("max_queue_messages", _int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
+    Setting("max_selector_length", _int, 4096, "longest SUBSCRIBE selector, in characters (evaluation costs at most about header length x selector length / 64 word operations)"),
+    Setting("queue_scan_budget", _int, 100, "messages a queue examines per event without delivering them (no selector takes them, or only full consumers do); the rest wait for the next event or tick"),
     Setting("client_prefetch", _int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
     Setting("max_redeliveries", _int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
@@ -79,6 +81,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store_error_timeout_ms", _int, 5_000, "while the store cannot write (disk full), a persistent SEND waits this long for its receipt before its sender gets an ERROR; past it new persistent SENDs are refused at once"),
     Setting("replay_retention", _float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
     Setting("max_frame_size", _int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
+    Setting("max_first_frame", _int, 64 * KB, "largest frame before a connection's first complete frame (its CONNECT), in bytes: what a client that has not logged in may make the broker hold"),
+    Setting("max_partial_bytes", _int, 128 * MB, "bytes of unfinished frames the reader holds for all connections together; the connection that would go past it gets a 'broker busy' ERROR and is closed"),
     Setting("max_headers", _int, 256, "most header lines in one frame"),
     Setting("max_header_line", _int, 64 * KB, "longest header line, in bytes"),
     Setting("max_connections", _int, 10_000, "most open client connections; more are refused with an ERROR"),
@@ -181,10 +185,10 @@ def convert(setting: Setting, text: str) -> Any:
 
 
 def validate(values: dict) -> None:
-    for name in ("max_input_queue_size", "max_frame_size", "max_headers", "max_header_line",
+    for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
-                 "max_queue_messages", "max_transaction_frames", "diag_interval", "monitor_interval",
+                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")

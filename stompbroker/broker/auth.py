@@ -1,26 +1,30 @@
 """Who may connect, read and write: logins checked off the dispatcher's thread.
 
 A scrypt verification takes about 20 ms; done inline it would stall every client of the broker, so
-CONNECTs that need one go to a worker thread (hashlib's scrypt releases the GIL) and the verdict
-comes back through an eventfd, like the store's commits. Successful logins are cached by
-:class:`~stompbroker.security.passwd.Users`, so reconnecting clients cost little.
+CONNECTs that need one go to worker threads (hashlib's scrypt releases the GIL) and the verdict
+comes back through an eventfd, like the store's commits. The checks wait in a
+:class:`~stompbroker.security.logins.LoginQueue`: round-robin over client addresses, one in flight
+per address, and a back-off after a refusal, so a flood of guesses from one address neither goes
+faster than guessing one by one nor holds up logins from elsewhere. Successful logins are cached
+by :class:`~stompbroker.security.passwd.Users`, so reconnecting clients cost little.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import secrets
 import threading
 import time
 
 from ..security import passwd, tokens
+from ..security.logins import LoginQueue
 
 log = logging.getLogger("stompbroker.auth")
 
 CONSOLE_TOKEN_TTL = 12 * 3600   # seconds a console page's STOMP passcode stays valid
 CONSOLE_TOKENS = 1000           # most console passcodes kept; the oldest goes first
+AUTH_THREADS = 2  # scrypt releases the GIL: two checks (of two addresses) run at once
 
 
 class Authenticator:
@@ -31,11 +35,15 @@ class Authenticator:
         self.users = self._load()
         self.console_tokens: dict[str, tuple[str, float]] = {}  # passcode -> (login, monotonic expiry)
         self.done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs = LoginQueue(config.auth_fail_delay_ms / 1000)
+        self._cancelled: set[int] = set()
+        self._ready = threading.Condition()
         self._results: list = []
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="auth", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"auth-{i}", daemon=True)
+                         for i in range(AUTH_THREADS)]
+        for thread in self._threads:
+            thread.start()
 
     def _load(self) -> passwd.Users:
         if self.config.auth != "passwd" and not self.config.acl_file:
@@ -57,8 +65,16 @@ class Authenticator:
         log.info("passwd reloaded: %d users", len(self.users))
 
     # -- verification (worker thread) ------------------------------------------------------------
-    def submit(self, conn: int, login: str | None, passcode: str | None) -> None:
-        self._jobs.put((conn, login, passcode))
+    def submit(self, conn: int, login: str | None, passcode: str | None, address: str = "") -> None:
+        with self._ready:
+            self._jobs.add(address, (conn, login, passcode))
+            self._ready.notify()
+
+    def cancel(self, conn: int) -> None:
+        """The connection went: its check, if not started, is skipped."""
+        with self._ready:
+            if self._jobs.waiting:
+                self._cancelled.add(conn)
 
     def results(self) -> list[tuple[int, str | None]]:
         """(connection, user name or None for refused) for the verifications finished so far."""
@@ -93,14 +109,35 @@ class Authenticator:
             return login
         return None
 
+    def _next(self) -> tuple[str, tuple]:
+        with self._ready:
+            while True:
+                now = time.monotonic()
+                taken = self._jobs.take(now)
+                if taken is None:
+                    due = self._jobs.next_due()
+                    self._ready.wait(None if due is None else max(due - now, 0.001))
+                    continue
+                address, job = taken
+                if job[0] in self._cancelled:
+                    self._cancelled.discard(job[0])
+                    self._jobs.release(address)
+                    continue
+                if not self._jobs.waiting:
+                    self._cancelled.clear()
+                return address, job
+
     def _run(self) -> None:
         while True:
-            conn, login, passcode = self._jobs.get()
+            address, (conn, login, passcode) = self._next()
             try:
                 user = self.check(login, passcode)
             except Exception:  # a broken check must refuse, never crash the dispatcher
                 log.exception("login check failed")
                 user = None
+            with self._ready:
+                self._jobs.done(address, user is not None, time.monotonic())
+                self._ready.notify()
             with self._lock:
                 self._results.append((conn, user))
             os.eventfd_write(self.done_fd, 1)

@@ -46,6 +46,25 @@ TEMP_QUEUE = "/temp-queue/"  # RabbitMQ's and ActiveMQ's temporary destinations,
 TEMP_PREFIXES = (TEMP_QUEUE, "/temp-topic/")
 REPLY_PREFIXES = ("/reply-queue/", "/reply-topic/")  # their broker-wide names, for others to send to
 REDELIVERED = b"redelivered:true\n"
+MAX_MILLIS = 10 ** 15          # ms: expires, expiration and replay-from beyond year 33000 are refused
+MAX_HEART_BEAT = 2 ** 31 - 1   # ms: a heart-beat interval must fit the records' 32-bit field
+OWNER_SEP = "\x1f"              # between the login and the name in a durable subscription's key
+LOGGED = 200                   # characters of a client's value kept in logs and ERROR bodies
+
+
+def _millis(text: str) -> int:
+    """A header of milliseconds: an integer from 0 to MAX_MILLIS, else ValueError."""
+    text = text.strip()
+    if len(text) > 16 or not text.isdigit():  # isdigit refuses signs; the length, 400-digit numbers
+        raise ValueError(text)
+    value = int(text)
+    if value > MAX_MILLIS:
+        raise ValueError(text)
+    return value
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= LOGGED else f"{text[:LOGGED]}... ({len(text)} characters)"
 
 
 class Broker:
@@ -72,6 +91,8 @@ class Broker:
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables: dict[str, Durable] = {}
+        self.rescan: set[Queue] = set()      # queues whose pump stopped at the scan budget: the tick goes on
+        self.examined = 0                    # messages looked at by _pump (a cost measure for tests)
         self.durable_index = SubscriptionIndex()
         self.temps: dict[str, Temp] = {}     # temporary destinations by reply name
         self._temp_ids = itertools.count(1)
@@ -102,6 +123,8 @@ class Broker:
         session.held.clear()
         self.holding.discard(session)
         self.timed.discard(session)
+        if session.pending is not None and self.auth is not None:
+            self.auth.cancel(conn)
         self._end_session(session)
         if session.inflight and not session.written_final:
             # The writer may still be sending them: wait for its last count for this connection.
@@ -266,6 +289,10 @@ class Broker:
             self.store_outage(now)
         if self.unconfirmed:
             self._expire_unconfirmed(now)
+        if self.rescan:
+            queues, self.rescan = self.rescan, set()
+            for queue in queues:
+                self._pump(queue)
         if self.delayed:
             due = [conn for when, conn in self.delayed if when <= now]
             self.delayed = [(when, conn) for when, conn in self.delayed if when > now]
@@ -281,7 +308,7 @@ class Broker:
                 self._deliver(sub, status, None)
 
     def needs_tick(self) -> bool:
-        return bool(self.timed or self.stale or self.delayed or self.index.exact.get(MONITOR)
+        return bool(self.timed or self.stale or self.delayed or self.rescan or self.index.exact.get(MONITOR)
                     or (self.holding and self.store is not None and self.store.failing_since)
                     or self.unconfirmed)
 
@@ -309,7 +336,8 @@ class Broker:
                                 f"{self.config.heartbeat_max_ms} ms", receipt)
         if self.auth is not None and self.auth.required:
             session.pending = (version, cx, cy, headers)
-            self.auth.submit(session.conn, headers.get("login"), headers.get("passcode"))
+            self.auth.submit(session.conn, headers.get("login"), headers.get("passcode"),
+                             session.peer.rsplit(":", 1)[0])
             return
         self._connected(session, version, cx, cy, headers, headers.get("login", ""))
 
@@ -363,11 +391,11 @@ class Broker:
     def _heart_beat(value: str, receipt) -> tuple[int, int]:
         try:
             cx, cy = (int(part) for part in value.split(","))
-            if cx < 0 or cy < 0:
+            if not (0 <= cx <= MAX_HEART_BEAT and 0 <= cy <= MAX_HEART_BEAT):
                 raise ValueError
         except ValueError:
-            raise ProtocolError("invalid heart-beat", f"heart-beat must be two non-negative integers: {value!r}",
-                                receipt) from None
+            raise ProtocolError("invalid heart-beat", f"heart-beat must be two integers from 0 to {MAX_HEART_BEAT}: "
+                                f"{_short(value)!r}", receipt) from None
         return cx, cy
 
     # -- publishing ----------------------------------------------------------------------------
@@ -387,8 +415,8 @@ class Broker:
         queue = self.queues.get(destination)
         if queue is None and destination in self.temps:
             queue = self.temps[destination].queue
-        if queue is not None and len(queue.messages) >= self.config.max_queue_messages:
-            raise ProtocolError("queue full", f"{destination} holds {len(queue.messages)} messages, "
+        if queue is not None and queue.depth() >= self.config.max_queue_messages:
+            raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                                 f"the most allowed (max_queue_messages)", receipt)
         self.publish(destination, headers, body, self._expiry(headers, receipt))
         self._receipt(session, receipt)
@@ -412,12 +440,12 @@ class Broker:
             return 0.0
         try:
             if absolute is not None and absolute.strip() not in ("", "0"):
-                return self.now + (int(absolute) / 1000 - self.clock()) or 1e-9
+                return self.now + (_millis(absolute) / 1000 - self.clock()) or 1e-9
             if relative is not None:
-                return self.now + max(int(relative), 0) / 1000 or 1e-9
+                return self.now + _millis(relative) / 1000 or 1e-9
         except ValueError:
-            raise ProtocolError("invalid expiry", "expires and expiration must be integers (milliseconds)",
-                                receipt) from None
+            raise ProtocolError("invalid expiry", "expires and expiration must be integers from 0 to "
+                                f"{MAX_MILLIS} (milliseconds)", receipt) from None
         return 0.0
 
     def publish(self, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
@@ -442,8 +470,8 @@ class Broker:
                 self._persist(durable.queue, copy)
                 durable.queue.messages.append(copy)
                 durable.queue.enqueued += 1
-                if len(durable.queue.messages) > self.config.max_queue_messages:
-                    self._discard(durable.queue, durable.queue.messages.popleft())  # oldest goes
+                if durable.queue.depth() > self.config.max_queue_messages:
+                    self._discard(durable.queue, durable.queue.pop_oldest())  # oldest goes
                 self._pump(durable.queue)
                 kept += 1
         subs = self.index.match(destination)
@@ -544,26 +572,51 @@ class Broker:
             return (queue.owner.sub,) if queue.owner.sub is not None else ()
         return self.index.match(queue.name)
 
-    def _pump(self, queue: Queue) -> int:
-        """Hand waiting messages to subscribers with room, round-robin; returns deliveries made."""
+    def _pump(self, queue: Queue, room: bool = False) -> int:
+        """Hand waiting messages to subscribers with room, round-robin; returns deliveries made.
+
+        The work is bounded whatever the selectors. A message is examined when it arrives: no
+        consumer's selector accepts it, it is *parked* (looked at again only when a consumer
+        subscribes); only full consumers accept it, it is *blocked* (looked at again, oldest first,
+        only when ``room`` says a consumer may have room: an ACK, a NACK, a new subscription). One
+        call examines at most ``queue_scan_budget`` messages it cannot deliver; a call that stopped
+        there while parking is continued by the next tick.
+        """
         subs = self._consumers(queue)
-        if not subs or not queue.messages:
+        if not subs or not (queue.messages or (room and queue.blocked)):
+            self._drop_if_idle(queue)  # (an ACK may have taken its last message)
             return 0
-        n = len(subs)
-        messages = queue.messages
-        skipped = []
+        budget = [self.config.queue_scan_budget]
         delivered = 0
-        while messages:
+        if room and queue.blocked:
+            delivered = self._scan(queue, subs, queue.blocked, budget)
+        if budget[0] > 0:
+            delivered += self._scan(queue, subs, queue.messages, budget)
+        self.stats["messages_delivered"] += delivered
+        self._drop_if_idle(queue)
+        return delivered
+
+    def _scan(self, queue: Queue, subs: tuple, source, budget: list) -> int:
+        n = len(subs)
+        still_blocked = []
+        delivered = parked = 0
+        while source:
+            if budget[0] <= 0:
+                if parked:
+                    self.rescan.add(queue)
+                break
             if not any(sub.has_room() for sub in subs):
                 break
-            message = messages.popleft()
+            message = source.popleft()
             if message.expired(self.now):
                 queue.expired += 1
                 self.stats["messages_expired"] += 1
                 self._discard(queue, message)
                 continue
+            self.examined += 1
             chosen = None
-            for allow_avoided in (False, True):  # a NACKed message goes to another subscriber if any
+            # A NACKed message goes to another subscriber if any (one pass when nothing is avoided).
+            for allow_avoided in (False, True) if message.avoid is not None else (True,):
                 for i in range(n):
                     sub = subs[(queue.rr + i) % n]
                     if (sub.has_room() and (allow_avoided or sub is not message.avoid)
@@ -573,16 +626,47 @@ class Broker:
                         break
                 if chosen is not None:
                     break
-            if chosen is None:
-                skipped.append(message)  # no selector takes it now: later messages may still go
+            if chosen is not None:
+                message.avoid = None
+                self._deliver(chosen, message, queue)
+                delivered += 1
                 continue
-            message.avoid = None
-            self._deliver(chosen, message, queue)
-            delivered += 1
-        if skipped:
-            messages.extendleft(reversed(skipped))
-        self.stats["messages_delivered"] += delivered
+            budget[0] -= 1
+            if any(not sub.has_room() and (sub.accepts is None or sub.accepts(message.headers)) for sub in subs):
+                still_blocked.append(message)  # waits for a full consumer; later messages may still go
+            elif queue.owner is not None:
+                # A durable subscription's selector is fixed while it is attached: what it rejects
+                # is not for it, as if it had been filtered out when published.
+                self.stats["messages_dropped"] += 1
+                self._discard(queue, message)
+            else:
+                queue.parked.append(message)
+                parked += 1
+        if still_blocked:
+            if source is queue.blocked:
+                source.extendleft(reversed(still_blocked))  # in order, ahead of the younger ones
+            else:
+                queue.blocked.extend(still_blocked)
         return delivered
+
+    def _drop_if_idle(self, queue: Queue) -> None:
+        """Forget a queue that holds nothing and that no subscription names exactly.
+
+        Destination names are chosen by clients: an idle queue must cost nothing, or a client that
+        walks through names grows the broker for good. Wildcard subscribers do not keep a queue
+        alive (the next message makes it again); its counters go with it.
+        """
+        if (queue.owner is None and not queue.messages and not queue.parked and not queue.blocked
+                and not queue.unacked
+                and not self.index.exact.get(queue.name) and self.queues.get(queue.name) is queue):
+            del self.queues[queue.name]
+            self.rescan.discard(queue)
+
+    def _unpark(self, queue: Queue) -> None:
+        """A consumer came: parked messages are candidates again, ahead of the rest (they are older)."""
+        if queue.parked:
+            queue.messages.extendleft(reversed(queue.parked))
+            queue.parked.clear()
 
     def _queues_for(self, pattern: str) -> list[Queue]:
         prefix = SubscriptionIndex.wildcard_prefix(pattern)
@@ -636,11 +720,13 @@ class Broker:
         if replay_from is not None:
             self._replay(sub, replay_from)
         if sub.durable is not None or sub.temp is not None:
-            for queue in self._sub_queues(sub):
-                self._pump(queue)
+            for queue in self._sub_queues(sub):  # (a durable subscription's queue parks nothing: see _pump)
+                self._unpark(queue)
+                self._pump(queue, room=True)
             return
         for queue in self._queues_for(destination):
-            self._pump(queue)
+            self._unpark(queue)
+            self._pump(queue, room=True)
         if self.stale is not None and not destination.startswith(QUEUE_PREFIX):
             prefix = SubscriptionIndex.wildcard_prefix(destination)
             late = self.stale.take(destination if prefix is None else None, prefix, self.now,
@@ -663,8 +749,15 @@ class Broker:
                                 f"{destination}", receipt)
 
     def _durable_name(self, session: Session, headers: dict, sub_id: str, destination: str, receipt) -> str | None:
-        """RabbitMQ's `durable:true` (named by the subscription id) or ActiveMQ's
-        `activemq.subscriptionName` (named with the CONNECT's client-id); None for a plain subscription."""
+        """The key of the durable subscription a SUBSCRIBE asks for, or None for a plain subscription.
+
+        Named by RabbitMQ's `durable:true` (the subscription id) or ActiveMQ's
+        `activemq.subscriptionName` (with the CONNECT's client-id), and keyed by the login too, so
+        another user's subscription of the same name is another subscription. An existing name
+        keeps its destination unless the SUBSCRIBE says `replace-durable:true` (its backlog is
+        dropped then). Keys stored before logins were part of them have no OWNER_SEP and are found
+        by their bare name.
+        """
         name = headers.get("activemq.subscriptionName")
         if name is not None:
             name = f"{session.client_id}/{name}"
@@ -675,16 +768,24 @@ class Broker:
         if destination.startswith(QUEUE_PREFIX):
             raise ProtocolError("durable queue subscription", "queues keep their messages already; "
                                 "durable subscriptions are for topics", receipt)
-        durable = self.durables.get(name)
-        if durable is not None and durable.sub is not None:
-            raise ProtocolError("durable subscription in use", f"durable subscription {name!r} is attached to "
-                                "another connection", receipt)
-        return name
+        key = f"{session.login}{OWNER_SEP}{name}"
+        durable = self.durables.get(key)
+        if durable is None and name in self.durables:
+            key, durable = name, self.durables[name]
+        if durable is not None:
+            if durable.sub is not None:
+                raise ProtocolError("durable subscription in use", f"durable subscription {_short(name)!r} is "
+                                    "attached to another connection", receipt)
+            if durable.pattern != destination and headers.get("replace-durable") != "true":
+                raise ProtocolError("durable subscription exists", f"durable subscription {_short(name)!r} is for "
+                                    f"{_short(durable.pattern)}; subscribe with replace-durable:true to drop it "
+                                    f"and its waiting messages and subscribe to {_short(destination)}", receipt)
+        return key
 
     def _attach_durable(self, sub: Subscription, name: str) -> None:
         durable = self.durables.get(name)
         if durable is None or durable.pattern != sub.destination:
-            if durable is not None:  # same name, new topic: start afresh, as RabbitMQ re-declares
+            if durable is not None:  # replace-durable:true: start afresh on the new topic
                 self._drop_durable(durable)
             durable = self.durables[name] = Durable(name, sub.destination)
             self.queues[durable.queue.name] = durable.queue
@@ -695,9 +796,10 @@ class Broker:
         sub.durable = durable
 
     def _drop_durable(self, durable: Durable) -> None:
-        for message in durable.queue.messages:
-            self._discard(durable.queue, message)
-        durable.queue.messages.clear()
+        for source in (durable.queue.messages, durable.queue.blocked):
+            for message in source:
+                self._discard(durable.queue, message)
+            source.clear()
         self.durable_index.remove(durable.pattern, durable)
         self.queues.pop(durable.queue.name, None)
         del self.durables[durable.name]
@@ -711,9 +813,9 @@ class Broker:
         if self.store is None:
             raise ProtocolError("replay unavailable", "replay-from needs the durable store (store=sqlite)", receipt)
         try:
-            return float(int(value))
+            return float(_millis(value))
         except ValueError:
-            raise ProtocolError("invalid replay-from", f"replay-from must be epoch milliseconds: {value!r}",
+            raise ProtocolError("invalid replay-from", f"replay-from must be epoch milliseconds: {_short(value)!r}",
                                 receipt) from None
 
     def _replay(self, sub: Subscription, since_ms: float) -> None:
@@ -738,8 +840,7 @@ class Broker:
                                 receipt) from None
         return 0 if ack == "auto" else prefetch
 
-    @staticmethod
-    def _filter(headers: dict, receipt):
+    def _filter(self, headers: dict, receipt):
         """xtomp's `filter:<name>=<value>` and ActiveMQ's `selector`, combined with AND."""
         tests = []
         spec = headers.get("filter")
@@ -750,10 +851,13 @@ class Broker:
             tests.append(lambda h, name=name, value=value: h.get(name) == value)
         text = headers.get("selector")
         if text is not None:
+            if len(text) > self.config.max_selector_length:
+                raise ProtocolError("selector too long", f"a selector may have at most "
+                                    f"{self.config.max_selector_length} characters, not {len(text)}", receipt)
             try:
                 tests.append(compile_selector(text))
             except SelectorError as exc:
-                raise ProtocolError("invalid selector", f"{exc} in selector {text!r}", receipt) from None
+                raise ProtocolError("invalid selector", f"{exc} in selector {_short(text)!r}", receipt) from None
         if not tests:
             return None
         if len(tests) == 1:
@@ -797,6 +901,10 @@ class Broker:
         for queue, messages in returned.items():
             queue.messages.extendleft(reversed(messages))
             self._pump(queue)
+        if sub.durable is None and sub.destination.startswith(QUEUE_PREFIX):
+            queue = self.queues.get(sub.destination)
+            if queue is not None:
+                self._drop_if_idle(queue)
 
     # -- temporary destinations ----------------------------------------------------------------
     def _temp(self, session: Session, name: str, receipt) -> Temp:
@@ -860,8 +968,8 @@ class Broker:
         message.destination = temp.private  # its one reader knows it by that name
         queue = temp.queue
         if queue is not None:
-            if len(queue.messages) >= self.config.max_queue_messages:  # (a SEND is refused before this)
-                queue.messages.popleft()
+            if queue.depth() >= self.config.max_queue_messages:  # (a SEND is refused before this)
+                queue.pop_oldest()
                 self.stats["messages_dropped"] += 1
             queue.messages.append(message)
             queue.enqueued += 1
@@ -908,7 +1016,7 @@ class Broker:
                 else:
                     self._nacked(sub, delivery)
             for queue in self._sub_queues(sub):
-                self._pump(queue)
+                self._pump(queue, room=True)
         self._receipt(session, receipt)
 
     def _find_delivery(self, session: Session, command: str, headers: dict, receipt, strict: bool = True):
@@ -958,8 +1066,8 @@ class Broker:
         headers["original-destination"] = message.destination
         headers["dead-letter-reason"] = reason
         queue = self._queue(dlq)
-        if len(queue.messages) >= self.config.max_queue_messages:
-            self._discard(queue, queue.messages.popleft())
+        if queue.depth() >= self.config.max_queue_messages:
+            self._discard(queue, queue.pop_oldest())
             self.stats["messages_dropped"] += 1
         dead = Message(message.id, dlq, headers, message.body, message.expires)
         self._persist(queue, dead)
@@ -978,7 +1086,10 @@ class Broker:
                                 f"at most {self.config.max_transaction_frames} frames per transaction", receipt)
         expires = 0.0
         if command == "SEND":
-            self._temporaries(session, headers, self._check_send(headers, receipt), receipt)
+            destination = self._check_send(headers, receipt)
+            if not destination.startswith(TEMP_PREFIXES):  # a connection's own temporary ones are always its own
+                self._allowed(session, destination, write=True, receipt=receipt)
+            self._temporaries(session, headers, destination, receipt)
             expires = self._expiry(headers, receipt)
         else:
             self._find_delivery(session, command, headers, receipt)  # an id not held is refused now
@@ -1003,14 +1114,17 @@ class Broker:
     def _commit(self, session: Session, command: str, headers: dict, body: bytes) -> None:
         receipt = headers.get("receipt")
         frames = session.transactions[self._transaction_id(session, command, headers, must_exist=True)]
-        # All or nothing: refuse the whole commit if a queue could not take its messages.
+        # All or nothing: refuse the whole commit if a queue could not take its messages, or if a
+        # permission was withdrawn (passwd re-read) since a SEND was accepted.
         adding: dict[str, int] = {}
         for cmd, h, _, _ in frames:
+            if cmd == "SEND":
+                self._allowed(session, h["destination"], write=True, receipt=receipt)
             if cmd == "SEND" and h["destination"].startswith(QUEUE_PREFIX):
                 adding[h["destination"]] = adding.get(h["destination"], 0) + 1
         for name, n in adding.items():
             queue = self.queues.get(name)
-            if queue is not None and len(queue.messages) + n > self.config.max_queue_messages:
+            if queue is not None and queue.depth() + n > self.config.max_queue_messages:
                 raise ProtocolError("queue full", f"committing would put more than max_queue_messages in {name}",
                                     receipt)
         del session.transactions[headers["transaction"]]
@@ -1124,7 +1238,7 @@ class Broker:
         headers["content-type"] = "text/plain"
         body = (detail or message).encode()
         self._emit(session, R.DATA, render_frame("ERROR", headers, body, escape_headers=session.escape))
-        log.info("connection %s (%s): ERROR %s: %s", session.conn, session.peer, message, detail)
+        log.info("connection %s (%s): ERROR %s: %s", session.conn, session.peer, _short(message), _short(detail))
         self._close(session)
 
     def _close(self, session: Session, websocket_close: bool = True) -> None:
@@ -1147,7 +1261,7 @@ class Broker:
         for temp in session.temps.values():  # temporary destinations vanish with their connection
             del self.temps[temp.public]
             if temp.queue is not None:
-                self.stats["messages_dropped"] += len(temp.queue.messages)
+                self.stats["messages_dropped"] += temp.queue.depth()
         session.temps.clear()
 
     # -- recovery --------------------------------------------------------------------------------
@@ -1182,6 +1296,6 @@ class Broker:
         }
 
     def queue_stats(self) -> list[dict]:
-        return [{"destination": q.name, "depth": len(q.messages), "enqueued": q.enqueued,
+        return [{"destination": q.name, "depth": q.depth(), "enqueued": q.enqueued,
                  "dequeued": q.dequeued, "unacked": q.unacked, "consumers": len(self.index.match(q.name))}
                 for q in self.queues.values()]

@@ -161,17 +161,31 @@ def _no_newlines(value: str) -> str:
 class Queue:
     """A /queue/ destination: messages wait here until one subscriber with room takes each."""
 
-    __slots__ = ("name", "messages", "rr", "enqueued", "dequeued", "unacked", "expired", "owner")
+    __slots__ = ("name", "messages", "parked", "blocked", "rr", "enqueued", "dequeued", "unacked", "expired",
+                 "owner")
 
     def __init__(self, name: str, owner=None):
         self.name = name
         self.messages: deque[Message] = deque()
+        # Messages no current consumer's selector accepts: looked at again only when a consumer comes.
+        self.parked: deque[Message] = deque()
+        # Messages only full consumers accept: looked at again when a consumer gets room.
+        self.blocked: deque[Message] = deque()
         self.rr = 0            # round-robin position among the matching subscriptions
         self.enqueued = 0
         self.dequeued = 0      # acknowledged (or delivered, for auto-ack subscriptions)
         self.unacked = 0
         self.expired = 0
         self.owner = owner     # a Durable: its one consumer is the durable's attached subscription
+
+    def depth(self) -> int:
+        return len(self.messages) + len(self.parked) + len(self.blocked)
+
+    def pop_oldest(self) -> Message:
+        for source in (self.parked, self.blocked, self.messages):
+            if source:
+                return source.popleft()
+        raise IndexError("empty queue")
 
 
 class Durable:

@@ -226,7 +226,9 @@ class Dispatcher:
                 response = http.unauthorized()
             else:  # checked off this thread, like a CONNECT; the answer comes in http_checked
                 self.http_pending[conn] = (method, target, accept)
-                self.auth.submit(conn, *credentials)
+                session = self.broker.sessions.get(conn)
+                address = session.peer.rsplit(":", 1)[0] if session is not None else ""
+                self.auth.submit(conn, *credentials, address)  # one check in flight per address, as for CONNECT
                 return
         if response is None:
             response = self.respond(method, target, accept)

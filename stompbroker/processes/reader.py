@@ -39,7 +39,7 @@ NEW, STOMP, HTTP, WEBSOCKET, DEAD = range(5)
 
 
 class Conn:
-    __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls")
+    __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held")
 
     def __init__(self, conn_id: int, sock: socket.socket, writer: int, parser: FrameParser):
         self.id = conn_id
@@ -51,6 +51,8 @@ class Conn:
         self.ws = None          # WsDecoder once upgraded
         self.last_alive = 0.0
         self.tls = None         # TlsLink for connections on ssl_port
+        self.greeted = False    # a whole STOMP frame (its CONNECT) came: the full frame size applies
+        self.held = 0           # bytes of unfinished frames counted in Reader.partial
 
 
 class TlsLink:
@@ -68,6 +70,7 @@ class TlsLink:
         self.inner_paused = False
 
 
+TRIM_AFTER = 1 << 20     # freeing a buffer this big asks the allocator to give memory back (once a second)
 TLS_OUT_LIMIT = 1 << 20  # past this, stop taking the writer's output: its socket fills, backpressure
 
 
@@ -100,6 +103,9 @@ class Reader:
         # dispatcher's connect timeout would send them a STOMP ERROR
         self.http_waiting: dict[Conn, float] = {}
         self.http_head_timeout = config.connect_timeout_ms / 2000
+        self.partial = 0         # bytes of unfinished frames held for all connections
+        self.trim_due = False    # big buffers were freed: give the memory back to the system
+        self.next_trim = 0.0
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -118,7 +124,10 @@ class Reader:
         self.ring.notify()
         os.write(self.ready_fd, b"R")  # the supervisor announces the broker after this
         while self.running:
-            events = self.sel.select(0.25 if closing_tls or self.http_waiting else None)
+            timeout = 0.25 if closing_tls or self.http_waiting else None
+            if self.trim_due:
+                timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
+            events = self.sel.select(timeout)
             now = time.monotonic()
             for key, mask in events:
                 what = key.data
@@ -143,6 +152,10 @@ class Reader:
                 self.pushed = False
             self.stats["connections"] = len(self.conns)
             self.shared.update(self.stats)
+            if self.trim_due and now >= self.next_trim:
+                self.trim_due = False
+                self.next_trim = now + 1.0
+                common.trim_memory()
         self.emit(R.SHUTDOWN, 0)
         self.push()
         self.ring.notify()
@@ -252,6 +265,7 @@ class Reader:
         self.sel.unregister(conn.sock)
         del self.conns[conn.sock.fileno()]
         conn.sock.close()
+        self.release(conn)
         self.emit(R.CLOSED, conn.id)
 
     def on_control(self) -> None:
@@ -397,6 +411,33 @@ class Reader:
         elif mode == HTTP:
             self.http(conn, data, now)
         # DEAD: an ERROR is on its way; read and ignore until the writer hangs up
+        if conn.mode == DEAD:
+            if conn.held:
+                self.release(conn)
+            return
+        held = conn.parser.buffered + (conn.ws.allocated if conn.ws is not None else 0)
+        self.partial += held - conn.held
+        conn.held = held
+        if not held:
+            return
+        config = self.config
+        if not conn.greeted and held > config.max_first_frame:
+            self.bad_frame(conn, "frame too large", f"a frame before CONNECTED may have at most "
+                           f"{config.max_first_frame} bytes (max_first_frame)", conn.parser.receipt())
+            self.release(conn)
+        elif self.partial > config.max_partial_bytes:
+            self.bad_frame(conn, "broker busy", f"the broker holds at most {config.max_partial_bytes} bytes "
+                           "of unfinished frames for all connections (max_partial_bytes); send it again later",
+                           conn.parser.receipt())
+            self.release(conn)
+
+    def release(self, conn: Conn) -> None:
+        """Forget a connection's unfinished frame (it is closing): the budget and the memory come back."""
+        self.partial -= conn.held
+        if conn.held >= TRIM_AFTER:
+            self.trim_due = True
+        conn.held = 0
+        conn.parser.discard()
 
     @staticmethod
     def sniff(conn: Conn, data: bytes) -> int:
@@ -426,6 +467,7 @@ class Reader:
                 conn.last_alive = now
                 self.emit(R.ALIVE, conn.id)
             return
+        conn.greeted = True
         out, pack, conn_id, stamp = self.out, R.pack_header, conn.id, R.stamp(now)
         for head, body in frames:
             out += pack(R.HEADER_SIZE + len(head) + len(body), R.FRAME, conn_id, len(head), stamp)
@@ -438,7 +480,9 @@ class Reader:
     def bad_frame(self, conn: Conn, message: str, detail: str, receipt: str | None) -> None:
         self.stats["bad_frames"] += 1
         conn.mode = DEAD
-        payload = "\0".join((message, detail, receipt if receipt is not None else "\x01")).encode()
+        # NUL separates the fields, and a NUL in an ERROR's receipt-id would end that frame early.
+        fields = (message, detail, receipt if receipt is not None else "\x01")
+        payload = "\0".join(f.replace("\0", "") for f in fields).encode()
         self.emit(R.BAD_FRAME, conn.id, payload)
 
     # -- HTTP and WebSocket --------------------------------------------------------------------
@@ -545,4 +589,5 @@ def tls_context(config) -> ssl.SSLContext:
 
 def run(config, resources) -> None:
     common.become_child("reader", config)
+    common.tune_malloc_for_reader()
     Reader(config, resources).run()

@@ -72,6 +72,21 @@ class FrameParser:
         """Bytes held waiting for the rest of a frame."""
         return len(self._buf)
 
+    def receipt(self) -> str | None:
+        """The receipt header of the unfinished frame, if its line is complete (for a refusal)."""
+        buf = self._buf
+        end = buf.find(b"\n\n")
+        head = bytes(buf if end < 0 else buf[:end])
+        value = _receipt(head)
+        if value is None or (end < 0 and head.find(b"\n", head.find(b"\nreceipt:") + 1) < 0):
+            return None  # the value may be cut
+        return value
+
+    def discard(self) -> None:
+        """Drop the unfinished frame (the connection is being closed): its memory goes now."""
+        self._buf = bytearray()
+        self._pending = None
+
     def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
         """Return every frame completed by ``data``; raise ProtocolError (forever after) on bad input."""
         if self._error is not None:

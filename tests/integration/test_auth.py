@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import time
 
 import pytest
@@ -70,11 +71,14 @@ def test_repeated_failures_are_slowed_without_blocking_others(secured):
         assert frame[1]["message"] == "access refused"
         durations.append(time.monotonic() - start)
     assert durations[0] >= 0.25 and durations[2] >= 1.1  # 300 ms, 600 ms, 1200 ms
-    # A slow refusal does not hold anyone else up.
+    # A slow refusal does not hold up anyone from another address (the guesser's own address waits
+    # for its back-off before its next check).
     bad = Wire(secured.connect())
     bad.frame("CONNECT", {"accept-version": "1.2", "login": "alice", "passcode": "guess"})
     start = time.monotonic()
-    good, frame = connect(secured, "root", "toor")
+    good = Wire(socket.create_connection(secured.address, timeout=5, source_address=("127.0.0.2", 0)))
+    good.frame("CONNECT", {"accept-version": "1.2", "login": "root", "passcode": "toor"})
+    frame = good.read(timeout=15)
     assert frame[0] == "CONNECTED" and time.monotonic() - start < 1.0
     assert bad.read(timeout=15)[1]["message"] == "access refused"
 
@@ -133,3 +137,23 @@ def test_token_logins(start_broker, mode):
     forged_login, forged = make_token("dave", "another secret", time.time(), mode)
     w, frame = connect(b, forged_login, forged)
     assert frame[1]["message"] == "access refused"
+
+
+def test_a_flood_of_guesses_from_one_address_does_not_delay_logins_from_another(secured):
+    flood = []
+    for _ in range(150):  # all in parallel, from 127.0.0.3
+        sock = socket.create_connection(secured.address, timeout=5, source_address=("127.0.0.3", 0))
+        sock.sendall(b"CONNECT\naccept-version:1.2\nlogin:root\npasscode:guess\n\n\0")
+        flood.append(sock)
+    time.sleep(0.3)  # the flood is queued before the honest login arrives
+    start = time.monotonic()
+    w, frame = connect(secured, "root", "toor")
+    waited = time.monotonic() - start
+    assert frame[0] == "CONNECTED" and waited < 1.0, f"{waited:.2f} s"
+    # One check at a time for the flooding address, each after its back-off: in 2 s at most the
+    # refusals a sequential guesser gets (300, 600, 1200 ms back-offs: 3 or 4 checks).
+    time.sleep(1.7)
+    refused = secured.log().count("from 127.0.0.3")
+    assert refused <= 4, f"{refused} guesses checked in 2 s"
+    for sock in flood:
+        sock.close()
