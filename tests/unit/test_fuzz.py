@@ -588,7 +588,7 @@ class StoreRig:
     def held_seqs(self) -> list[int]:
         """Every stored message the broker holds: queued, unacknowledged, unwritten."""
         b = self.broker
-        seqs = [m.seq for q in b.queues.values() for m in q.messages if m.seq]
+        seqs = [m.seq for q in b.queues.values() for m in (*q.messages, *q.parked, *q.blocked) if m.seq]
         sessions = list(b.sessions.values()) + [s for s, _ in b.unconfirmed.values()]
         for s in sessions:
             seqs += [m.seq for m, _ in s.inflight if m.seq]
@@ -607,7 +607,7 @@ class StoreRig:
         on_disk = [row[0] for row in sqlite3.connect(self.path).execute("SELECT seq FROM messages ORDER BY seq")]
         assert on_disk == held, f"store {on_disk} != broker {held}"
         self.start()
-        recovered = {m.body.decode() for q in self.broker.queues.values() for m in q.messages}
+        recovered = {m.body.decode() for q in self.broker.queues.values() for m in (*q.messages, *q.parked, *q.blocked)}
         missing = {b for b in self.receipted if b not in self.consumed and b not in recovered}
         assert not missing, f"receipted, never consumed, not recovered: {sorted(missing)}"
         self.marked.clear()
