@@ -41,8 +41,11 @@ class Dispatcher:
         for box in self.outboxes:
             box.limit = limit
             box.on_full = self.flush_one
-        self.broker = Broker(config, self.outboxes, clock=time.time)
-        self.broker.diag = self.statistics = Statistics(self.broker, resources, config)
+        self.auth = None
+        if config.auth != "off" or config.secret or config.acl_file:
+            self.auth = Authenticator(config)
+        self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth)
+        self.broker.diag = self.statistics = Statistics(self.broker, resources, config)  # (it reads the broker)
         self.site = http.Site(config, self.statistics)
         self.http_pending: dict[int, tuple] = {}              # HTTP requests whose login is being checked
         self.http_delayed: list[tuple[float, int, bytes]] = []  # refused HTTP logins, answered after a delay
@@ -52,9 +55,7 @@ class Dispatcher:
         self.written.setblocking(False)
         self.wait_fds = [self.ring.data_fd, self.written]
         self.writers_done: set[int] = set()
-        self.auth = None
-        if config.auth != "off" or config.secret or config.acl_file:
-            self.broker.auth = self.auth = Authenticator(config)
+        if self.auth is not None:
             self.wait_fds.append(self.auth.done_fd)
         # SIGHUP (relayed by the supervisor) re-reads the passwd file
         self.signal_r, signal_w = os.pipe()

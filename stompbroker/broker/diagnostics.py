@@ -1,0 +1,33 @@
+"""stompica's DIAG frame and stompserver's /queue/monitor status messages."""
+
+from __future__ import annotations
+
+from ..diag.stats import QUERIES
+from ..ipc import records as R
+from ..protocol.stomp import ProtocolError
+from . import queues, receipts
+from .model import Message, Session
+from .names import MONITOR
+
+
+def diag(b, session: Session, command: str, headers: dict, body: bytes) -> None:
+    """stompica's DIAG frame: the body names a query, the reply is a DIAG frame `<query>:<value>`."""
+    receipt = headers.get("receipt")
+    query = body.decode(errors="replace").strip()
+    if b.diag is None or query not in QUERIES:
+        raise ProtocolError("unknown DIAG query", f"DIAG queries: {', '.join(QUERIES)}", receipt)
+    if b.config.diag_admin_only and not (session.connected and b.auth is not None
+                                         and b.auth.is_admin(session.login)):
+        raise ProtocolError("permission denied for DIAG", "diagnostics are for admin users", receipt)
+    reply = b"DIAG\ncontent-type:text/plain\n" + f"{query}:{b.diag.text(query)}".encode() + b"\n\n\0"
+    session.outbox.add(R.DATA, session.conn, reply)
+    receipts.send_receipt(b, session, receipt)
+
+
+def monitor(b, now: float) -> None:
+    """Every subscriber of /queue/monitor gets a status message each monitor_interval."""
+    b.next_monitor = now + b.config.monitor_interval / 1000
+    status = Message(f"{b.token}-{next(b.message_ids)}", MONITOR, {"content-type": "text/plain"},
+                     b.diag.monitor_body())
+    for sub in b.index.exact[MONITOR]:
+        queues.deliver(b, sub, status, None)

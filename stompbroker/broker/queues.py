@@ -1,0 +1,187 @@
+"""Queues: delivery (auto and tracked), pumping waiting messages to consumers with room,
+parking and blocking, the scan budget, persistence of queued messages, idle-queue dropping."""
+
+from __future__ import annotations
+
+from ..ipc import records as R
+from .model import Delivery, Message, Queue, Subscription
+from .names import REDELIVERED
+from .subscriptions import SubscriptionIndex
+
+
+def deliver(b, sub: Subscription, message: Message, queue: Queue | None) -> None:
+    if sub.tracked:
+        deliver_tracked(b, sub, message, queue)
+        return
+    session = sub.session
+    shared = message.shared(session.escape)
+    mark = 0
+    if queue is not None:  # it leaves the store (or goes back to the queue) once the writer says
+        queue.dequeued += 1
+        session.inflight.append((message, queue))
+        mark = R.WRITTEN_MARK
+    if message.redelivered:
+        session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared, mark)
+    else:
+        session.outbox.add2(session.conn, sub.prefix, shared, mark)
+
+
+def deliver_tracked(b, sub: Subscription, message: Message, queue: Queue | None) -> None:
+    session = sub.session
+    ack_id = f"{b.token}-a{next(b.ack_ids)}"
+    sub.unacked[ack_id] = Delivery(ack_id, message, queue, message.nacks)
+    session.acks[ack_id] = sub
+    extra = b"ack:" + ack_id.encode() + b"\n"
+    if message.redelivered or message.nacks:
+        extra += REDELIVERED
+    session.outbox.add3(session.conn, sub.prefix, extra, message.shared(session.escape))
+    if queue is not None:
+        queue.unacked += 1
+        if message.seq:
+            b.store.mark_delivered(message.seq)
+
+
+def get_queue(b, name: str) -> Queue:
+    queue = b.queues.get(name)
+    if queue is None:
+        queue = b.queues[name] = Queue(name)
+    return queue
+
+
+def persist(b, queue: Queue, message: Message) -> None:
+    """Write a queued message to the durable store, unless sent with persistent:false."""
+    if b.store is None or message.headers.get("persistent") == "false":
+        return
+    expires_ms = (message.expires - b.now + b.clock()) * 1000 if message.expires else 0.0
+    message.seq = b.store.insert(queue.name, message.id, message.headers, message.body, expires_ms)
+    b.store.log(message.destination, message.id, message.headers, message.body)
+
+
+def discard(b, queue: Queue, message: Message) -> None:
+    """A queued message leaves without delivery (expired, or pushed out of a full queue)."""
+    if message.seq:
+        b.store.delete(message.seq)
+        message.seq = 0
+
+
+def consumers(b, queue: Queue) -> tuple:
+    if queue.owner is not None:
+        return (queue.owner.sub,) if queue.owner.sub is not None else ()
+    return b.index.match(queue.name)
+
+
+def pump(b, queue: Queue, room: bool = False) -> int:
+    """Hand waiting messages to subscribers with room, round-robin; returns deliveries made.
+
+    The work is bounded whatever the selectors. A message is examined when it arrives: no
+    consumer's selector accepts it, it is *parked* (looked at again only when a consumer
+    subscribes); only full consumers accept it, it is *blocked* (looked at again, oldest first,
+    only when ``room`` says a consumer may have room: an ACK, a NACK, a new subscription). One
+    call examines at most ``queue_scan_budget`` messages it cannot deliver; a call that stopped
+    there while parking is continued by the next tick.
+    """
+    subs = consumers(b, queue)
+    if not subs or not (queue.messages or (room and queue.blocked)):
+        drop_if_idle(b, queue)  # (an ACK may have taken its last message)
+        return 0
+    budget = [b.config.queue_scan_budget]
+    delivered = 0
+    if room and queue.blocked:
+        delivered = scan(b, queue, subs, queue.blocked, budget)
+    if budget[0] > 0:
+        delivered += scan(b, queue, subs, queue.messages, budget)
+    b.stats["messages_delivered"] += delivered
+    drop_if_idle(b, queue)
+    return delivered
+
+
+def scan(b, queue: Queue, subs: tuple, source, budget: list) -> int:
+    n = len(subs)
+    still_blocked = []
+    delivered = parked = 0
+    while source:
+        if budget[0] <= 0:
+            if parked:
+                b.rescan.add(queue)
+            break
+        if not any(sub.has_room() for sub in subs):
+            break
+        message = source.popleft()
+        if message.expired(b.now):
+            queue.expired += 1
+            b.stats["messages_expired"] += 1
+            discard(b, queue, message)
+            continue
+        b.examined += 1
+        chosen = None
+        # A NACKed message goes to another subscriber if any (one pass when nothing is avoided).
+        for allow_avoided in (False, True) if message.avoid is not None else (True,):
+            for i in range(n):
+                sub = subs[(queue.rr + i) % n]
+                if (sub.has_room() and (allow_avoided or sub is not message.avoid)
+                        and (sub.accepts is None or sub.accepts(message.headers))):
+                    chosen = sub
+                    queue.rr = (queue.rr + i + 1) % n
+                    break
+            if chosen is not None:
+                break
+        if chosen is not None:
+            message.avoid = None
+            deliver(b, chosen, message, queue)
+            delivered += 1
+            continue
+        budget[0] -= 1
+        if any(not sub.has_room() and (sub.accepts is None or sub.accepts(message.headers)) for sub in subs):
+            still_blocked.append(message)  # waits for a full consumer; later messages may still go
+        elif queue.owner is not None:
+            # A durable subscription's selector is fixed while it is attached: what it rejects
+            # is not for it, as if it had been filtered out when published.
+            b.stats["messages_dropped"] += 1
+            discard(b, queue, message)
+        else:
+            queue.parked.append(message)
+            parked += 1
+    if still_blocked:
+        if source is queue.blocked:
+            source.extendleft(reversed(still_blocked))  # in order, ahead of the younger ones
+        else:
+            queue.blocked.extend(still_blocked)
+    return delivered
+
+
+def drop_if_idle(b, queue: Queue) -> None:
+    """Forget a queue that holds nothing and that no subscription names exactly.
+
+    Destination names are chosen by clients: an idle queue must cost nothing, or a client that
+    walks through names grows the broker for good. Wildcard subscribers do not keep a queue
+    alive (the next message makes it again); its counters go with it.
+    """
+    if (queue.owner is None and not queue.messages and not queue.parked and not queue.blocked
+            and not queue.unacked
+            and not b.index.exact.get(queue.name) and b.queues.get(queue.name) is queue):
+        del b.queues[queue.name]
+        b.rescan.discard(queue)
+
+
+def unpark(b, queue: Queue) -> None:
+    """A consumer came: parked messages are candidates again, ahead of the rest (they are older)."""
+    if queue.parked:
+        queue.messages.extendleft(reversed(queue.parked))
+        queue.parked.clear()
+
+
+def queues_for(b, pattern: str) -> list[Queue]:
+    prefix = SubscriptionIndex.wildcard_prefix(pattern)
+    if prefix is None:
+        queue = b.queues.get(pattern)
+        return [queue] if queue is not None else []
+    return [q for name, q in b.queues.items() if name.startswith(prefix)]
+
+
+def sub_queues(b, sub: Subscription) -> list[Queue]:
+    """The queues a subscription takes from."""
+    if sub.durable is not None:
+        return [sub.durable.queue]
+    if sub.temp is not None:
+        return [sub.temp.queue] if sub.temp.queue is not None else []
+    return queues_for(b, sub.destination)

@@ -1,0 +1,111 @@
+"""Replies that wait for the durable store: receipt holding by store generation, release after a
+commit, the store-outage ERROR, and ERROR-and-close (which must not overtake a held receipt)."""
+
+from __future__ import annotations
+
+import logging
+
+from ..ipc import records as R
+from ..protocol.stomp import render_frame
+from ..protocol.websocket import encode_close
+from . import sessions
+from .model import Session
+from .names import QUEUE_PREFIX, short
+
+log = logging.getLogger("stompbroker.broker")
+
+
+def send_receipt(b, session: Session, receipt: str | None) -> None:
+    if receipt is not None:
+        emit(b, session, R.DATA, render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape),
+             receipt)
+
+
+def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | None = None) -> None:
+    """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk)."""
+    store = b.store
+    if store is not None and store.sync_receipts and (session.held or store.ops != b.ops_mark):
+        session.held.append((store.generation, kind, payload, receipt))
+        b.holding.add(session)
+        b.need_commit = True
+    else:
+        session.outbox.add(kind, session.conn, payload)
+
+
+def release(b, generation: int) -> None:
+    """The store has committed up to ``generation``: send the replies that waited for it."""
+    for session in list(b.holding):
+        held = session.held
+        done = 0
+        for due, kind, payload, _ in held:
+            if due > generation:
+                break
+            session.outbox.add(kind, session.conn, payload)
+            done += 1
+        del held[:done]
+        if not held:
+            b.holding.discard(session)
+
+
+def store_outage(b, now: float) -> None:
+    """The store has failed to commit for longer than store_error_timeout_ms: every sender still
+    waiting for a receipt gets an ERROR naming it (the message may still be written if the store
+    recovers, so it may arrive once; it is never receipted unwritten)."""
+    since = b.store.failing_since if b.store is not None else 0.0
+    if not since or now - since < b.config.store_error_timeout_ms / 1000:
+        return
+    for session in list(b.holding):
+        receipt = next((r for _, kind, _, r in session.held if r is not None), None)
+        session.held.clear()
+        b.holding.discard(session)
+        if session.closing:
+            session.outbox.add(R.CLOSE, session.conn)
+            continue
+        b.stats["errors"] += 1
+        session.closing = True
+        sessions.end_session(b, session)
+        headers = {"message": "store unavailable"}
+        if receipt is not None:
+            headers["receipt-id"] = receipt
+        headers["content-type"] = "text/plain"
+        body = (f"the durable store has not been able to write for {now - since:.1f} s (see the broker's "
+                "log); this message and the ones after it are not confirmed").encode()
+        log.warning("connection %s (%s): ERROR store unavailable (receipt %s)", session.conn, session.peer, receipt)
+        session.outbox.add(R.DATA, session.conn, render_frame("ERROR", headers, body, escape_headers=session.escape))
+        if session.websocket:
+            session.outbox.add(R.RAW, session.conn, encode_close(1011))
+        session.outbox.add(R.CLOSE, session.conn)
+
+
+def store_refuses(b, destination: str, headers: dict) -> bool:
+    """A persistent SEND while the store has been failing past store_error_timeout_ms."""
+    store = b.store
+    if store is None or not store.failing_since or headers.get("persistent") == "false":
+        return False
+    if b.now - store.failing_since < b.config.store_error_timeout_ms / 1000:
+        return False
+    return destination.startswith(QUEUE_PREFIX) or bool(b.durables and b.durable_index.match(destination))
+
+
+def error(b, session: Session, message: str, detail: str = "", receipt: str | None = None,
+          extra: dict | None = None) -> None:
+    """Send an ERROR and close the connection, as STOMP 1.2 asks."""
+    b.stats["errors"] += 1
+    headers = {"message": message}
+    if receipt is not None:
+        headers["receipt-id"] = receipt
+    if extra:
+        headers.update(extra)
+    headers["content-type"] = "text/plain"
+    body = (detail or message).encode()
+    emit(b, session, R.DATA, render_frame("ERROR", headers, body, escape_headers=session.escape))
+    log.info("connection %s (%s): ERROR %s: %s", session.conn, session.peer, short(message), short(detail))
+    close(b, session)
+
+
+def close(b, session: Session, websocket_close: bool = True) -> None:
+    session.closing = True
+    sessions.end_session(b, session)
+    if session.websocket and websocket_close:
+        emit(b, session, R.RAW, encode_close(1000))
+    emit(b, session, R.CLOSE)

@@ -1,0 +1,148 @@
+"""SEND and publishing: destination checks, permissions, expiry, and routing a message to a
+queue, temporary destination, durable subscriptions, `#` worker queue or topic subscribers (or the
+TTL stale queue when nobody takes it)."""
+
+from __future__ import annotations
+
+from ..diag.stats import QUERIES
+from ..protocol.stomp import ProtocolError
+from . import receipts, temporary
+from .model import Message, Session
+from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
+                    millis)
+from .queues import deliver, deliver_tracked, discard, get_queue, persist, pump
+
+
+def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
+    receipt = headers.get("receipt")
+    destination = check_send(headers, receipt)
+    if not destination.startswith(TEMP_PREFIXES):  # a connection's own temporary ones are always its own
+        allowed(b, session, destination, write=True, receipt=receipt)
+    destination = temporary.temporaries(b, session, headers, destination, receipt)
+    if destination.startswith(DIAG_PREFIX) and b.diag is not None:
+        query = body.decode(errors="replace").strip()
+        if query in QUERIES:
+            headers = {**headers, **b.diag.headers(query)}
+    if receipts.store_refuses(b, destination, headers):
+        raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
+                            "the message was not accepted", receipt)
+    queue = b.queues.get(destination)
+    if queue is None and destination in b.temps:
+        queue = b.temps[destination].queue
+    if queue is not None and queue.depth() >= b.config.max_queue_messages:
+        raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
+                            f"the most allowed (max_queue_messages)", receipt)
+    publish(b, destination, headers, body, expiry(b, headers, receipt))
+    receipts.send_receipt(b, session, receipt)
+
+
+def check_send(headers: dict, receipt) -> str:
+    destination = headers.get("destination")
+    if not destination:
+        raise ProtocolError("missing destination", "SEND needs a destination header", receipt)
+    if "*" in destination:
+        raise ProtocolError("wildcard destination", f"cannot SEND to a wildcard destination: {destination}",
+                            receipt)
+    if destination == MONITOR:
+        raise ProtocolError("reserved destination", f"{MONITOR} is written by the broker only", receipt)
+    return destination
+
+
+def expiry(b, headers: dict, receipt) -> float:
+    """Monotonic deadline from ActiveMQ's `expires` (epoch ms) or RabbitMQ's `expiration` (ms)."""
+    absolute, relative = headers.get("expires"), headers.get("expiration")
+    if absolute is None and relative is None:
+        return 0.0
+    try:
+        if absolute is not None and absolute.strip() not in ("", "0"):
+            return b.now + (millis(absolute) / 1000 - b.clock()) or 1e-9
+        if relative is not None:
+            return b.now + millis(relative) / 1000 or 1e-9
+    except ValueError:
+        raise ProtocolError("invalid expiry", "expires and expiration must be integers from 0 to "
+                            f"{MAX_MILLIS} (milliseconds)", receipt) from None
+    return 0.0
+
+
+def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
+    """Route one message; returns the number of deliveries made now."""
+    b.stats["messages_published"] += 1
+    message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
+    if expires and message.expired(b.now):
+        b.stats["messages_expired"] += 1
+        return 0
+    if destination.startswith(REPLY_PREFIXES):
+        return temporary.publish(b, destination, message)
+    if destination.startswith(QUEUE_PREFIX):
+        queue = get_queue(b, destination)
+        persist(b, queue, message)
+        queue.messages.append(message)
+        queue.enqueued += 1
+        return pump(b, queue)
+    kept = 0
+    if b.durables:
+        for durable in b.durable_index.match(destination):
+            copy = Message(message.id, destination, headers, body, expires)
+            persist(b, durable.queue, copy)
+            durable.queue.messages.append(copy)
+            durable.queue.enqueued += 1
+            if durable.queue.depth() > b.config.max_queue_messages:
+                discard(b, durable.queue, durable.queue.pop_oldest())  # oldest goes
+            pump(b, durable.queue)
+            kept += 1
+    subs = b.index.match(destination)
+    if destination.startswith(WORKER_PREFIX):
+        delivered = deliver_round_robin(b, destination, subs, message)
+    else:
+        delivered = 0
+        escaped_part = plain_part = None
+        for sub in subs:
+            if sub.accepts is not None and not sub.accepts(headers):
+                continue
+            session = sub.session
+            if sub.tracked:
+                deliver_tracked(b, sub, message, None)
+            elif session.escape:
+                if escaped_part is None:
+                    escaped_part = message.shared(True)
+                session.outbox.add2(session.conn, sub.prefix, escaped_part)
+            else:
+                if plain_part is None:
+                    plain_part = message.shared(False)
+                session.outbox.add2(session.conn, sub.prefix, plain_part)
+            delivered += 1
+    if delivered:
+        b.stats["messages_delivered"] += delivered
+    elif kept:
+        pass
+    elif b.stale is not None:
+        b.stale.add(message, b.now)
+    else:
+        b.stats["messages_dropped"] += 1
+    return delivered
+
+
+def deliver_round_robin(b, destination: str, subs: tuple, message: Message) -> int:
+    n = len(subs)
+    start = b.worker_rr.get(destination, 0)
+    for i in range(n):
+        sub = subs[(start + i) % n]
+        if sub.has_room() and (sub.accepts is None or sub.accepts(message.headers)):
+            b.worker_rr[destination] = (start + i + 1) % n
+            deliver(b, sub, message, None)
+            return 1
+    return 0
+
+
+def allowed(b, session: Session, destination: str, write: bool, receipt) -> None:
+    """Refuse, with an ERROR naming the destination, what the user's permissions do not allow."""
+    if b.config.diag_admin_only and (destination.startswith(DIAG_PREFIX) or destination == MONITOR) \
+            and not (b.auth is not None and b.auth.is_admin(session.login)):
+        raise ProtocolError(f"permission denied for {destination}", "diagnostics are for admin users", receipt)
+    if b.auth is None or not b.auth.required:
+        return
+    may = b.auth.can_write if write else b.auth.can_read
+    if not may(session.login, destination):
+        verb = "write to" if write else "read from"
+        raise ProtocolError(f"permission denied for {destination}", f"{session.login!r} may not {verb} "
+                            f"{destination}", receipt)

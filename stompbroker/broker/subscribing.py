@@ -1,0 +1,160 @@
+"""SUBSCRIBE and UNSUBSCRIBE: ids, ack modes, prefetch, filters and selectors, permissions, and
+what a new subscription takes (parked queue messages, the stale queue, replay)."""
+
+from __future__ import annotations
+
+from ..protocol.stomp import ProtocolError
+from . import durables, queues, receipts, routing, temporary
+from .model import Queue, Session, Subscription
+from .names import ACK_MODES, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, short
+from .selector import SelectorError, compile_selector
+from .subscriptions import SubscriptionIndex
+
+
+def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> None:
+    receipt = headers.get("receipt")
+    destination = headers.get("destination")
+    if not destination:
+        raise ProtocolError("missing destination", "SUBSCRIBE needs a destination header", receipt)
+    sub_id = headers.get("id")
+    if sub_id is None:
+        if session.version != "1.0":
+            raise ProtocolError("missing id", "SUBSCRIBE needs an id header", receipt)
+        sub_id = destination  # STOMP 1.0 made the id optional
+    if sub_id in session.subs:
+        raise ProtocolError("duplicate subscription", f"subscription id {sub_id!r} is already in use", receipt)
+    ack = headers.get("ack", "auto")
+    if ack not in ACK_MODES:
+        raise ProtocolError("invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}",
+                            receipt)
+    temp = None
+    if destination.startswith(TEMP_PREFIXES):
+        temp = temporary.for_subscribe(b, session, destination, receipt)
+    elif destination.startswith(REPLY_PREFIXES):
+        raise ProtocolError(f"permission denied for {destination}", "a reply destination is read only by the "
+                            "connection that made it, by its /temp-queue/ or /temp-topic/ name", receipt)
+    else:
+        routing.allowed(b, session, destination, write=False, receipt=receipt)
+    if len(session.subs) >= b.config.max_subscriptions:
+        raise ProtocolError("too many subscriptions",
+                            f"at most {b.config.max_subscriptions} subscriptions per connection", receipt)
+    prefetch = parse_prefetch(b, headers, ack, receipt)
+    accepts = make_filter(b, headers, receipt)
+    replay_from = durables.replay_from(b, headers, receipt)
+    sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
+    durable_name = None if temp is not None else durables.durable_key(b, session, headers, sub_id, destination,
+                                                                      receipt)
+    session.subs[sub_id] = sub
+    if temp is not None:
+        temp.sub, sub.temp = sub, temp
+    elif durable_name is not None:
+        durables.attach(b, sub, durable_name)
+    else:
+        b.index.add(destination, sub)
+    receipts.send_receipt(b, session, receipt)
+    if replay_from is not None:
+        durables.replay(b, sub, replay_from)
+    take_waiting(b, sub)
+
+
+def take_waiting(b, sub: Subscription) -> None:
+    """A new subscription takes what waits for it: parked and blocked queue messages, and topic
+    messages in the TTL stale queue."""
+    if sub.durable is not None or sub.temp is not None:
+        for queue in queues.sub_queues(b, sub):  # (a durable subscription's queue parks nothing: see queues.scan)
+            queues.unpark(b, queue)
+            queues.pump(b, queue, room=True)
+        return
+    destination = sub.destination
+    for queue in queues.queues_for(b, destination):
+        queues.unpark(b, queue)
+        queues.pump(b, queue, room=True)
+    if b.stale is not None and not destination.startswith(QUEUE_PREFIX):
+        prefix = SubscriptionIndex.wildcard_prefix(destination)
+        late = b.stale.take(destination if prefix is None else None, prefix, b.now,
+                            sub.accepts or (lambda headers: True))
+        for message in late:
+            queues.deliver(b, sub, message, None)
+        b.stats["messages_delivered"] += len(late)
+
+def parse_prefetch(b, headers: dict, ack: str, receipt) -> int:
+    value = headers.get("prefetch-count", headers.get("activemq.prefetchSize"))
+    if value is None:
+        return 0 if ack == "auto" else b.config.client_prefetch
+    try:
+        prefetch = int(value)
+        if prefetch < 0:
+            raise ValueError
+    except ValueError:
+        raise ProtocolError("invalid prefetch", f"prefetch-count must be a non-negative integer: {value!r}",
+                            receipt) from None
+    return 0 if ack == "auto" else prefetch
+
+
+def make_filter(b, headers: dict, receipt):
+    """xtomp's `filter:<name>=<value>` and ActiveMQ's `selector`, combined with AND."""
+    tests = []
+    spec = headers.get("filter")
+    if spec is not None:
+        name, eq, value = spec.partition("=")
+        if not eq or not name:
+            raise ProtocolError("invalid filter", f"filter must be <header>=<value>: {spec!r}", receipt)
+        tests.append(lambda h, name=name, value=value: h.get(name) == value)
+    text = headers.get("selector")
+    if text is not None:
+        if len(text) > b.config.max_selector_length:
+            raise ProtocolError("selector too long", f"a selector may have at most "
+                                f"{b.config.max_selector_length} characters, not {len(text)}", receipt)
+        try:
+            tests.append(compile_selector(text))
+        except SelectorError as exc:
+            raise ProtocolError("invalid selector", f"{exc} in selector {short(text)!r}", receipt) from None
+    if not tests:
+        return None
+    if len(tests) == 1:
+        return tests[0]
+    first, second = tests
+    return lambda h: first(h) and second(h)
+
+
+def unsubscribe(b, session: Session, command: str, headers: dict, body: bytes) -> None:
+    receipt = headers.get("receipt")
+    sub_id = headers.get("id")
+    if sub_id is None:
+        destination = headers.get("destination")
+        if session.version != "1.0" or destination is None:
+            raise ProtocolError("missing id", "UNSUBSCRIBE needs an id header", receipt)
+        doomed = [s for s in session.subs.values() if s.destination == destination]
+    else:
+        doomed = [session.subs[sub_id]] if sub_id in session.subs else []
+    for sub in doomed:
+        durable = sub.durable
+        remove_subscription(b, session, sub)
+        if durable is not None:  # an explicit UNSUBSCRIBE ends a durable subscription
+            durables.drop(b, durable)
+    receipts.send_receipt(b, session, receipt)
+
+
+def remove_subscription(b, session: Session, sub: Subscription) -> None:
+    """Forget a subscription; its unacknowledged queue messages go back to the head of their queue."""
+    session.subs.pop(sub.id, None)
+    b.index.remove(sub.destination, sub)
+    if sub.durable is not None:  # detach: its messages wait for the client to come back
+        sub.durable.sub = None
+    if sub.temp is not None and sub.temp.sub is sub:  # a temporary queue's messages wait too
+        sub.temp.sub = None
+    returned: dict[Queue, list] = {}
+    for delivery in sub.unacked.values():
+        session.acks.pop(delivery.ack_id, None)
+        if delivery.queue is not None:
+            delivery.queue.unacked -= 1
+            delivery.message.redelivered = True
+            returned.setdefault(delivery.queue, []).append(delivery.message)
+    sub.unacked.clear()
+    for queue, messages in returned.items():
+        queue.messages.extendleft(reversed(messages))
+        queues.pump(b, queue)
+    if sub.durable is None and sub.destination.startswith(QUEUE_PREFIX):
+        queue = b.queues.get(sub.destination)
+        if queue is not None:
+            queues.drop_if_idle(b, queue)
