@@ -15,8 +15,6 @@ from stompbroker.ipc import records as R
 from stompbroker.protocol.stomp import parse_head
 from stompbroker.settings import make_config
 
-KIND_NAMES = {getattr(R, name): name for name in ("DATA", "RAW", "WS_ON", "CLOSE", "HEARTBEAT", "STOP", "RESET")}
-
 
 class Out(NamedTuple):
     """One record the broker wrote for a writer, decoded."""
@@ -34,7 +32,7 @@ class Out(NamedTuple):
 def decode(blob: bytes) -> list[Out]:
     out = []
     for kind, conn, aux, _stamp, payload in R.iter_records(bytes(blob)):
-        name = KIND_NAMES.get(kind, str(kind))
+        name = R.Kind(kind).name
         if kind == R.DATA:
             head, _, rest = bytes(payload).partition(b"\n\n")
             command, headers = parse_head(head, False)
