@@ -201,8 +201,9 @@ def test_closing_returns_unacked_messages():
     rig.take(2)
     rig.broker.on_closed(2)
     rig.connect(3)
-    rig.subscribe(3, "/queue/q")
-    assert rig.bodies(3) == [b"0", b"1"]
+    rig.subscribe(3, "/queue/q", ack="client")
+    got = rig.messages(3)
+    assert [m.body for m in got] == [b"0", b"1"] and all(m["redelivered"] == "true" for m in got)
 
 
 def test_auto_ack_deliveries_the_writer_never_sent_go_back():
@@ -270,11 +271,13 @@ def test_ack_in_a_transaction_applies_at_commit():
     rig = rig_with(2, "client-individual")
     first, second = rig.messages(2)
     rig.frame(2, "BEGIN", transaction="tx")
-    rig.frame(2, "ACK", id=first["ack"], transaction="tx")
+    rig.frame(2, "ACK", id=first["ack"], transaction="tx", receipt="a")
+    assert [o["receipt-id"] for o in rig.frames(2)] == ["a"]   # accepted now...
     (sub,) = rig.broker.sessions[2].subs.values()
     assert len(sub.unacked) == 2
-    rig.frame(2, "COMMIT", transaction="tx")
-    assert [d.message.body for d in sub.unacked.values()] == [b"1"]
+    rig.frame(2, "COMMIT", transaction="tx", receipt="c")
+    assert [d.message.body for d in sub.unacked.values()] == [b"1"]   # ...applied at COMMIT
+    assert [o["receipt-id"] for o in rig.frames(2)] == ["c"]   # and not answered twice
 
 
 def test_ack_in_an_aborted_transaction_leaves_the_message_unacked():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker_harness import Rig
+from stompbroker.ipc.records import alive_every
 
 
 # -- CONNECT and versions ---------------------------------------------------------------------------
@@ -89,8 +90,13 @@ def test_heart_beat_negotiation(client, broker_says, out_every, in_every):
     beats = [o.aux for o in got if o.kind == "HEARTBEAT"]
     assert beats == ([out_every] if out_every else [])
     # the incoming interval shows in when a silent connection is cut
-    if in_every:
-        rig.tick(in_every / 1000 + rig.config.heartbeat_grace_ms / 1000 - 0.01)
+    if in_every:  # cut once silent for the interval + grace + the ALIVE reports' lag, not before
+        rig.tick(in_every / 1000 + rig.config.heartbeat_grace_ms / 1000 + alive_every(rig.config) - 0.01)
+        assert rig.take(1) == []
+        rig.tick(0.02)
+        assert rig.error(1)["message"] == "heart-beat timeout"
+    else:
+        rig.tick(3600)
         assert rig.take(1) == []
 
 
@@ -121,9 +127,10 @@ def test_a_silent_heart_beating_client_is_cut_on_tick():
     rig.connect(1, heart_beat="1000,0")
     rig.tick(0.5)
     rig.broker.on_alive(1, rig.now)   # the reader saw bytes (a heart-beat)
-    rig.tick(1.9)                     # within interval + grace of the last byte
+    # The reader's ALIVE reports lag the bytes by up to alive_every (here 0.25 s): allowed for.
+    rig.tick(2.2)                     # past interval + grace, within the lag
     assert rig.take(1) == []
-    rig.tick(0.5)                     # past interval + grace + the ALIVE lag
+    rig.tick(0.1)                     # past interval + grace + the lag
     error = rig.error(1)
     assert error["message"] == "heart-beat timeout"
 
