@@ -393,3 +393,19 @@ def test_replay_needs_the_store():
     rig = two()
     rig.subscribe(2, "/topic/t", durable="true", replay_from="0")
     assert rig.error(2)["message"] == "replay unavailable"
+
+
+def test_the_tick_sweeps_expired_stale_messages():
+    rig = two(TTL=1000)
+    rig.send(1, "/topic/a")
+    assert len(rig.broker.stale) == 1 and rig.broker.needs_tick()
+    rig.tick(1.5)
+    assert len(rig.broker.stale) == 0
+
+
+def test_an_idle_queue_is_forgotten():
+    rig = two()
+    rig.subscribe(2, "/queue/q")
+    rig.send(1, "/queue/q")
+    rig.frame(2, "UNSUBSCRIBE", id="s")
+    assert rig.broker.queue_stats() == []

@@ -391,3 +391,22 @@ def test_the_monitor_queue_gets_status_on_tick_and_refuses_sends():
     assert rig.take(1) == []
     rig.send(1, "/queue/monitor")
     assert rig.error(1)["message"] == "reserved destination"
+
+
+def test_frames_waiting_for_a_login_are_bounded():
+    rig = Rig(auth=FakeAuth())
+    rig.open(1)
+    rig.frame(1, "CONNECT", accept_version="1.2", login="u", passcode="p")
+    for _ in range(1001):
+        rig.send(1, "/topic/t")
+    assert rig.error(1)["message"] == "too many frames before CONNECTED"
+
+
+def test_stomp_1_0_header_values_are_not_escaped():
+    rig = Rig()
+    rig.connect(1, version="1.0")
+    rig.connect(2)
+    rig.frame(1, "SUBSCRIBE", destination="/topic/t")
+    rig.frame(2, "SEND", {"destination": "/topic/t", "note": "a\\nb"})   # 1.2: an escaped line break
+    (message,) = rig.messages(1)
+    assert message["note"] == "a b"   # 1.0 cannot carry it: the break becomes a space
