@@ -208,7 +208,8 @@ def test_on_closed_forgets_the_session_and_tells_the_writer():
     rig.subscribe(1, "/topic/t")
     rig.broker.on_closed(1)
     assert [o.kind for o in rig.take(1)] == ["CLOSE"]
-    assert 1 not in rig.broker.sessions
+    rig.send(1, "/topic/t", receipt="gone")
+    assert rig.take(1) == []   # the session is forgotten
     rig.connect(2)
     rig.send(2, "/topic/t")
     assert rig.take(1) == []
@@ -248,7 +249,8 @@ def test_reader_restart_ends_every_session_and_resets_writers():
     rig.broker.on_reader_start(1000)
     resets = [o for o in (rig.take(0)) if o.kind == "RESET"]
     assert len(resets) == 2 and resets[0].body == (1000).to_bytes(8, "little")
-    assert rig.broker.sessions == {}
+    rig.send(2, "/topic/t", receipt="gone")
+    assert rig.take(2) == []   # the old sessions are forgotten
     rig.connect(1001)
     rig.subscribe(1001, "/queue/q")
     (message,) = rig.messages(1001)
