@@ -7,6 +7,7 @@ moves (``tick``); nothing sleeps.
 
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 from stompbroker.broker.core import Broker
@@ -50,11 +51,14 @@ class Rig:
         self.outboxes = [Outbox(i) for i in range(writers)]
         self.wall = 1_800_000_000.0   # the wall clock (for `expires`), seconds
         self.now = 100.0              # the monotonic clock, seconds
-        self.broker = Broker(self.config, self.outboxes, clock=lambda: self.wall)
-        if diag is not None:
-            self.broker.diag = diag
-        if auth is not None:
-            self.broker.auth = auth
+        # Collaborators go to the constructor where it takes them, else are set as attributes.
+        given = {name: value for name, value in (("diag", diag), ("auth", auth)) if value is not None}
+        accepted = inspect.signature(Broker).parameters
+        self.broker = Broker(self.config, self.outboxes, clock=lambda: self.wall,
+                             **{k: v for k, v in given.items() if k in accepted})
+        for name, value in given.items():
+            if name not in accepted:
+                setattr(self.broker, name, value)
         self.seen: list[Out] = []     # every record, in order
         self._unread: dict[int, list[Out]] = {}
 
