@@ -26,6 +26,7 @@ from ..console.http import encode_request
 from ..ipc import control, records as R
 from ..ipc.control import Control
 from ..protocol import websocket as ws
+from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
 from . import common
 
@@ -48,6 +49,7 @@ class Mode(enum.IntEnum):
 
 
 NEW, STOMP, HTTP, WEBSOCKET, DEAD = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode.WEBSOCKET, Mode.DEAD
+WS_MESSAGE = WsEvent.MESSAGE  # tested per WebSocket message: a global, not an enum attribute lookup
 
 
 class Conn:
@@ -558,11 +560,11 @@ class Reader:
         for event in events:
             kind = event[0]
             try:
-                if kind == "message":
+                if kind is WS_MESSAGE:
                     frames += conn.parser.feed(event[1])
-                elif kind == "ping":
+                elif kind is WsEvent.PING:
                     self.emit(R.WS_REPLY, conn.id, ws.encode_frame(event[1], ws.OP_PONG))
-                elif kind == "close":
+                elif kind is WsEvent.CLOSE:
                     self.frames(conn, frames, now)
                     frames = []
                     conn.mode = DEAD

@@ -29,7 +29,7 @@ import struct
 __all__ = [
     "HandshakeError", "parse_http_request", "handshake_response", "http_response", "wants_upgrade",
     "WsProtocolError", "WsDecoder", "encode_frame", "encode_message", "encode_close",
-    "mask_bytes", "Opcode", "CloseCode", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
+    "mask_bytes", "Opcode", "CloseCode", "WsEvent", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
     "STOMP_SUBPROTOCOLS", "WS_GUID",
 ]
 
@@ -63,6 +63,15 @@ class CloseCode(enum.IntEnum):
     # 1015 (TLS handshake failure) is never sent; 3000-3999 registered, 4000-4999 private (7.4.2)
 
 
+class WsEvent(enum.StrEnum):
+    """What WsDecoder.feed returns, as the first item of each event tuple. A StrEnum: each is equal to
+    its plain text ("message"...), so events compare equal to tuples written with strings."""
+    MESSAGE = "message"  # (MESSAGE, payload: bytes, is_text: bool): a whole message, reassembled
+    PING = "ping"        # (PING, payload)
+    PONG = "pong"        # (PONG, payload)
+    CLOSE = "close"      # (CLOSE, code | None, reason)
+
+
 # The decoder compares opcodes read from the wire (plain ints) with these for every frame: plain
 # ints, since comparing an int with an IntEnum member is slower (see ipc/records.py).
 OP_CONT = Opcode.CONTINUATION.value
@@ -71,6 +80,7 @@ OP_BIN = Opcode.BINARY.value
 OP_CLOSE = Opcode.CLOSE.value
 OP_PING = Opcode.PING.value
 OP_PONG = Opcode.PONG.value
+_MESSAGE = WsEvent.MESSAGE  # one global lookup per message, not an enum attribute lookup
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -295,9 +305,9 @@ class WsDecoder:
     """Incremental decoder for client-to-server frames.
 
     ``feed(data)`` returns a list of events:
-      ("message", payload: bytes, is_text: bool)  whole message, reassembled
-      ("ping", payload) / ("pong", payload)
-      ("close", code | None, reason)
+      (WsEvent.MESSAGE, payload: bytes, is_text: bool)  whole message, reassembled
+      (WsEvent.PING, payload) / (WsEvent.PONG, payload)
+      (WsEvent.CLOSE, code | None, reason)
     and raises WsProtocolError (code 1002, 1007 or 1009) on a protocol
     violation; the decoder then stays failed (every later feed raises the same
     error). After a close frame, further bytes are ignored (RFC 6455 5.5.1).
@@ -403,7 +413,7 @@ class WsDecoder:
                 if fin:
                     if opcode == OP_TEXT and not _is_utf8(payload):
                         raise self._fail(CloseCode.INVALID_DATA, "invalid UTF-8 in text message", events)
-                    events.append(("message", payload, opcode == OP_TEXT))
+                    events.append((_MESSAGE, payload, opcode == OP_TEXT))
                 else:
                     self._frag_op = opcode
                     self._parts.append(payload)
@@ -419,11 +429,11 @@ class WsDecoder:
                     self._frag_size = 0
                     if is_text and not _is_utf8(message):
                         raise self._fail(CloseCode.INVALID_DATA, "invalid UTF-8 in text message", events)
-                    events.append(("message", message, is_text))
+                    events.append((_MESSAGE, message, is_text))
             elif opcode == OP_PING:
-                events.append(("ping", payload))
+                events.append((WsEvent.PING, payload))
             elif opcode == OP_PONG:
-                events.append(("pong", payload))
+                events.append((WsEvent.PONG, payload))
             else:  # OP_CLOSE
                 events.append(self._close_event(payload, events))
                 self.closed = True
@@ -445,7 +455,7 @@ class WsDecoder:
 
     def _close_event(self, payload: bytes, events: list) -> tuple:
         if not payload:
-            return ("close", None, "")
+            return (WsEvent.CLOSE, None, "")
         if len(payload) == 1:
             raise self._fail(CloseCode.PROTOCOL_ERROR, "close payload of 1 byte", events)
         code = (payload[0] << 8) | payload[1]
@@ -455,7 +465,7 @@ class WsDecoder:
             reason = payload[2:].decode("utf-8")
         except UnicodeDecodeError:
             raise self._fail(CloseCode.PROTOCOL_ERROR, "invalid UTF-8 in close reason", events) from None
-        return ("close", code, reason)
+        return (WsEvent.CLOSE, code, reason)
 
 
 def _is_utf8(data: bytes) -> bool:

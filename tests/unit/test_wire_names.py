@@ -58,3 +58,13 @@ def test_websocket_opcodes_and_close_codes():
         decoder.feed(frame)
     assert caught.value.code == ws.CloseCode.MESSAGE_TOO_BIG == 1009
     assert str(caught.value).startswith("1009 ")
+
+
+def test_websocket_events_are_named_and_equal_to_their_text():
+    decoder = ws.WsDecoder()
+    masked = ws.mask_bytes(b"hi", b"\1\2\3\4")
+    events = decoder.feed(bytes((0x81, 0x82)) + b"\1\2\3\4" + masked + bytes((0x89, 0x80)) + b"\0\0\0\0"
+                          + bytes((0x88, 0x80)) + b"\0\0\0\0")
+    assert events == [("message", b"hi", True), ("ping", b""), ("close", None, "")]
+    assert [e[0] for e in events] == [ws.WsEvent.MESSAGE, ws.WsEvent.PING, ws.WsEvent.CLOSE]
+    assert all(type(e[0]) is ws.WsEvent for e in events)
