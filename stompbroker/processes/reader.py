@@ -5,12 +5,14 @@ check, or a request for the console, API or metrics, which the dispatcher answer
 raw STOMP), splits the byte stream into STOMP frames with the sans-IO
 parsers, and appends them as records to the shared-memory input queue, one batch and one wake-up
 per loop. When the queue is full it stops reading, so TCP pushes back on the clients: no frame is
-ever dropped. Every socket is passed to its writer right after accept; the reader never writes to
-a client except to refuse a connection over the limit.
+ever dropped. Every socket is passed to its writer right after accept; the reader writes to a
+client only to refuse a connection over the limit and, on TLS connections, to encrypt what their
+writer wrote into the connection's socket pair.
 """
 
 from __future__ import annotations
 
+import enum
 import errno
 import itertools
 import logging
@@ -18,12 +20,13 @@ import os
 import selectors
 import socket
 import ssl
-import struct
 import time
 
 from ..console.http import encode_request
-from ..ipc import records as R
+from ..ipc import control, records as R
+from ..ipc.control import Control
 from ..protocol import websocket as ws
+from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
 from . import common
 
@@ -31,11 +34,22 @@ log = logging.getLogger("stompbroker.reader")
 
 READ_SIZE = 65536
 FLUSH_AT = 256 * 1024       # bytes of records gathered before they are pushed mid-loop
-_CONN_ID = struct.Struct("<Q")
 _GET = b"GET "
 _OTHER_METHODS = frozenset((b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"))
 
-NEW, STOMP, HTTP, WEBSOCKET, DEAD = range(5)
+
+
+class Mode(enum.IntEnum):
+    """What a connection speaks, decided by its first bytes (a few comparisons per read, not per byte)."""
+    NEW = 0        # nothing read yet
+    STOMP = 1      # raw STOMP frames
+    HTTP = 2       # an HTTP request head is being read (upgrade, health check, console)
+    WEBSOCKET = 3  # STOMP inside WebSocket messages
+    DEAD = 4       # an ERROR or close is on its way: read and ignore until the writer hangs up
+
+
+NEW, STOMP, HTTP, WEBSOCKET, DEAD = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode.WEBSOCKET, Mode.DEAD
+WS_MESSAGE = WsEvent.MESSAGE  # tested per WebSocket message: a global, not an enum attribute lookup
 
 
 class Conn:
@@ -59,9 +73,10 @@ class TlsLink:
     """TLS for one connection, terminated here: the writer writes plaintext into ``inner``'s peer,
     and the reader encrypts what comes out of ``inner`` onto the client's socket."""
 
-    __slots__ = ("inner", "out", "handshaking", "closing", "deadline", "inner_paused")
+    __slots__ = ("conn", "inner", "out", "handshaking", "closing", "deadline", "inner_paused")
 
     def __init__(self, inner: socket.socket):
+        self.conn: Conn | None = None  # set once accepted
         self.inner = inner
         self.out = bytearray()      # ciphertext-to-be that the client's socket would not take yet
         self.handshaking = True
@@ -119,7 +134,7 @@ class Reader:
             self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept")
         closing_tls: set = set()
         self.ring.resume_producer()
-        self.emit(R.READER_START, 0, _CONN_ID.pack(self.first_id))  # ends whatever a dead reader left
+        self.emit(R.READER_START, 0, R.CONN_ID.pack(self.first_id))  # ends whatever a dead reader left
         self.push()
         self.ring.notify()
         os.write(self.ready_fd, b"R")  # the supervisor announces the broker after this
@@ -162,13 +177,16 @@ class Reader:
 
     def serve(self, what, mask: int, now: float, closing_tls: set) -> None:
         """One connection's event: bytes from its client, or (TLS) from its writer."""
-        conn = what[1] if type(what) is tuple else what
+        # A selector key's data is the Conn of a client socket, or the TlsLink of a TLS connection's
+        # socket pair, whose readable side carries plaintext from the writer, to encrypt.
+        from_writer = type(what) is TlsLink
+        conn = what.conn if from_writer else what
         if conn.sock.fileno() < 0:
             # Dropped by an earlier event of the same batch (a TLS connection has two sockets,
             # so its client's close and its writer's output can arrive together): nothing to do.
             return
         try:
-            if type(what) is tuple:  # ("inner", conn): plaintext from the writer, to encrypt
+            if from_writer:
                 self.tls_from_writer(conn, now, closing_tls)
             elif conn.tls is not None:
                 self.tls_event(conn, mask, now)
@@ -228,7 +246,7 @@ class Reader:
                 link = TlsLink(inner)
             try:
                 handed = writer_end if link is not None else sock
-                socket.send_fds(self.fd_socks[writer], [_CONN_ID.pack(conn_id)], [handed.fileno()])
+                socket.send_fds(self.fd_socks[writer], [R.CONN_ID.pack(conn_id)], [handed.fileno()])
             except OSError as exc:
                 log.error("cannot hand connection to writer %d: %s", writer, exc)
                 sock.close()
@@ -239,8 +257,8 @@ class Reader:
             self.sel.register(sock, selectors.EVENT_READ, conn)
             if link is not None:
                 writer_end.close()  # the writer has its own copy now
-                conn.tls = link
-                self.sel.register(link.inner, selectors.EVENT_READ, ("inner", conn))
+                conn.tls, link.conn = link, conn
+                self.sel.register(link.inner, selectors.EVENT_READ, link)
             self.stats["accepted"] += 1
             self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer)
 
@@ -269,14 +287,12 @@ class Reader:
         self.emit(R.CLOSED, conn.id)
 
     def on_control(self) -> None:
-        data = os.read(self.control, 4096)
-        for line in data.decode().split():
-            if line == "stop":
+        for kind, argument in control.decode(os.read(self.control, control.READ_SIZE)):
+            if kind is Control.STOP:
                 self.stop()
-            elif line.startswith("writer-restarted:"):
-                index = int(line.split(":")[1])
-                doomed = [c for c in self.conns.values() if c.writer == index]
-                log.warning("writer %d restarted: closing its %d connections", index, len(doomed))
+            elif kind is Control.WRITER_RESTARTED:
+                doomed = [c for c in self.conns.values() if c.writer == argument]
+                log.warning("writer %d restarted: closing its %d connections", argument, len(doomed))
                 for conn in doomed:
                     try:
                         conn.sock.shutdown(socket.SHUT_RDWR)
@@ -377,7 +393,7 @@ class Reader:
             del link.out[:sent]
         self.sel.modify(sock, selectors.EVENT_READ, conn)
         if link.inner_paused and not link.closing:
-            self.sel.register(link.inner, selectors.EVENT_READ, ("inner", conn))
+            self.sel.register(link.inner, selectors.EVENT_READ, link)
             link.inner_paused = False
         if link.closing:
             try:
@@ -544,11 +560,11 @@ class Reader:
         for event in events:
             kind = event[0]
             try:
-                if kind == "message":
+                if kind is WS_MESSAGE:
                     frames += conn.parser.feed(event[1])
-                elif kind == "ping":
+                elif kind is WsEvent.PING:
                     self.emit(R.WS_REPLY, conn.id, ws.encode_frame(event[1], ws.OP_PONG))
-                elif kind == "close":
+                elif kind is WsEvent.CLOSE:
                     self.frames(conn, frames, now)
                     frames = []
                     conn.mode = DEAD

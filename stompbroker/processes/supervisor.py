@@ -31,6 +31,8 @@ from setproctitle import setproctitle
 from .. import __version__
 from . import dispatcher, reader, writer
 from ..diag.dump import DumpWriter
+from ..ipc import control
+from ..ipc.control import Control
 from ..security import passwd
 from ..store import sqlite as store
 from .common import Resources, tune_malloc
@@ -208,20 +210,21 @@ class Supervisor:
             # hold the other ends); records and fds meant for the dead one are for connections the
             # reader now closes, and are dropped as those closes come through.
             self.spawn(role)
-            os.write(self.resources.reader_control[1], f"writer-restarted:{role.split('-')[1]}\n".encode())
+            index = int(role.split("-")[1])
+            os.write(self.resources.reader_control[1], control.encode(Control.WRITER_RESTARTED, index))
         elif role == "reader" and self.children["dispatcher"].is_alive():
             # The input ring stays: its published batches are whole (the tail moves after the bytes),
             # the new reader appends after them and announces itself, so the dispatcher ends the
             # dead reader's sessions in order. Everything the dispatcher holds is kept.
             log.warning("restarting the reader; its connections are closed, queued messages are kept")
             self.resources.reader_stats.reset()
-            control = self.resources.reader_control[0]
-            os.set_blocking(control, False)
+            pipe = self.resources.reader_control[0]
+            os.set_blocking(pipe, False)
             try:  # what the dead reader did not read is about its connections, all closed now
-                os.read(control, 1 << 16)
+                os.read(pipe, control.READ_SIZE * 128)
             except BlockingIOError:
                 pass
-            os.set_blocking(control, True)
+            os.set_blocking(pipe, True)
             self.spawn("reader")
         else:
             log.error("restarting every process (the %s holds shared state); open connections are closed", role)
@@ -354,7 +357,7 @@ class Supervisor:
 
     def graceful(self) -> None:
         log.info("graceful shutdown: no new connections, flushing writers")
-        os.write(self.resources.reader_control[1], b"stop\n")
+        os.write(self.resources.reader_control[1], control.encode(Control.STOP))
         deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000 + 5
         for role in self.roles()[::-1]:  # reader first, then dispatcher, then writers
             proc = self.children[role]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
-import struct
 import time
 
 from ..diag import latency
@@ -35,7 +34,6 @@ log = logging.getLogger("stompbroker.writer")
 
 LINGER = 1.0          # seconds a closed connection may still read before its read side is cut
 STALLED = 1.0         # over max_pending_bytes, a connection that took nothing for this long is slow
-_CONN_ID = struct.Struct("<Q")
 
 
 class Conn:
@@ -194,7 +192,7 @@ class Writer:
             for fd in fds:
                 sock = socket.socket(fileno=fd)
                 sock.setblocking(False)
-                (conn_id,) = _CONN_ID.unpack(data[:8])
+                (conn_id,) = R.CONN_ID.unpack(data[:8])
                 if conn_id < self.floor:  # passed by a reader that has died since: nobody reads it
                     sock.close()
                     continue

@@ -22,22 +22,65 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import enum
 import re
 import struct
 
 __all__ = [
     "HandshakeError", "parse_http_request", "handshake_response", "http_response", "wants_upgrade",
     "WsProtocolError", "WsDecoder", "encode_frame", "encode_message", "encode_close",
-    "mask_bytes", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
+    "mask_bytes", "Opcode", "CloseCode", "WsEvent", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
     "STOMP_SUBPROTOCOLS", "WS_GUID",
 ]
 
-OP_CONT = 0x0
-OP_TEXT = 0x1
-OP_BIN = 0x2
-OP_CLOSE = 0x8
-OP_PING = 0x9
-OP_PONG = 0xA
+
+
+class Opcode(enum.IntEnum):
+    """Frame opcodes, RFC 6455 section 5.2 (data frames 5.6, control frames 5.5)."""
+    CONTINUATION = 0x0  # 5.4: a later fragment of a message
+    TEXT = 0x1          # 5.6: UTF-8 text
+    BINARY = 0x2        # 5.6
+    CLOSE = 0x8         # 5.5.1
+    PING = 0x9          # 5.5.2
+    PONG = 0xA          # 5.5.3
+
+
+class CloseCode(enum.IntEnum):
+    """Close frame status codes, RFC 6455 section 7.4.1 (and the IANA registry, 11.7)."""
+    NORMAL = 1000              # 7.4.1: the purpose is fulfilled
+    GOING_AWAY = 1001          # 7.4.1: server going down, browser leaving the page
+    PROTOCOL_ERROR = 1002      # 7.4.1
+    UNSUPPORTED_DATA = 1003    # 7.4.1: a type of data it cannot accept
+    # 1004 reserved; 1005 (no status) and 1006 (abnormal closure) are never sent (7.4.1)
+    INVALID_DATA = 1007        # 7.4.1: e.g. not UTF-8 in a text message
+    POLICY_VIOLATION = 1008    # 7.4.1
+    MESSAGE_TOO_BIG = 1009     # 7.4.1
+    MANDATORY_EXTENSION = 1010  # 7.4.1: client only
+    INTERNAL_ERROR = 1011      # IANA registry (RFC 6455 errata)
+    SERVICE_RESTART = 1012     # IANA registry
+    TRY_AGAIN_LATER = 1013     # IANA registry
+    BAD_GATEWAY = 1014         # IANA registry
+    # 1015 (TLS handshake failure) is never sent; 3000-3999 registered, 4000-4999 private (7.4.2)
+
+
+class WsEvent(enum.StrEnum):
+    """What WsDecoder.feed returns, as the first item of each event tuple. A StrEnum: each is equal to
+    its plain text ("message"...), so events compare equal to tuples written with strings."""
+    MESSAGE = "message"  # (MESSAGE, payload: bytes, is_text: bool): a whole message, reassembled
+    PING = "ping"        # (PING, payload)
+    PONG = "pong"        # (PONG, payload)
+    CLOSE = "close"      # (CLOSE, code | None, reason)
+
+
+# The decoder compares opcodes read from the wire (plain ints) with these for every frame: plain
+# ints, since comparing an int with an IntEnum member is slower (see ipc/records.py).
+OP_CONT = Opcode.CONTINUATION.value
+OP_TEXT = Opcode.TEXT.value
+OP_BIN = Opcode.BINARY.value
+OP_CLOSE = Opcode.CLOSE.value
+OP_PING = Opcode.PING.value
+OP_PONG = Opcode.PONG.value
+_MESSAGE = WsEvent.MESSAGE  # one global lookup per message, not an enum attribute lookup
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -253,17 +296,18 @@ def mask_bytes(data: bytes, key: bytes) -> bytes:
 
 
 def _valid_close_code(code: int) -> bool:
-    # 1004-1006 and 1015 are reserved / local-only; 1012-1014 are IANA-registered.
-    return 1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999
+    # 7.4.1/7.4.2: 1004-1006 and 1015 are reserved or local-only; 1012-1014 are IANA-registered.
+    return (CloseCode.NORMAL <= code <= CloseCode.UNSUPPORTED_DATA or CloseCode.INVALID_DATA <= code
+            <= CloseCode.BAD_GATEWAY or 3000 <= code <= 4999)
 
 
 class WsDecoder:
     """Incremental decoder for client-to-server frames.
 
     ``feed(data)`` returns a list of events:
-      ("message", payload: bytes, is_text: bool)  whole message, reassembled
-      ("ping", payload) / ("pong", payload)
-      ("close", code | None, reason)
+      (WsEvent.MESSAGE, payload: bytes, is_text: bool)  whole message, reassembled
+      (WsEvent.PING, payload) / (WsEvent.PONG, payload)
+      (WsEvent.CLOSE, code | None, reason)
     and raises WsProtocolError (code 1002, 1007 or 1009) on a protocol
     violation; the decoder then stays failed (every later feed raises the same
     error). After a close frame, further bytes are ignored (RFC 6455 5.5.1).
@@ -317,25 +361,25 @@ class WsDecoder:
             # Checks that need only the first two bytes come first, so a bad
             # frame is rejected before any of it is buffered.
             if b0 & 0x70:
-                raise self._fail(1002, "reserved bits set", events)
+                raise self._fail(CloseCode.PROTOCOL_ERROR, "reserved bits set", events)
             if not b1 & 0x80:
-                raise self._fail(1002, "client frame not masked", events)
+                raise self._fail(CloseCode.PROTOCOL_ERROR, "client frame not masked", events)
             length = b1 & 0x7F
             if opcode >= OP_CLOSE:
                 if opcode > OP_PONG:
-                    raise self._fail(1002, f"unknown opcode {opcode:#x}", events)
+                    raise self._fail(CloseCode.PROTOCOL_ERROR, f"unknown opcode {opcode:#x}", events)
                 if not fin:
-                    raise self._fail(1002, "fragmented control frame", events)
+                    raise self._fail(CloseCode.PROTOCOL_ERROR, "fragmented control frame", events)
                 if length > 125:
-                    raise self._fail(1002, "control frame payload over 125 bytes", events)
+                    raise self._fail(CloseCode.PROTOCOL_ERROR, "control frame payload over 125 bytes", events)
             elif opcode == OP_CONT:
                 if self._frag_op is None:
-                    raise self._fail(1002, "continuation frame without a message", events)
+                    raise self._fail(CloseCode.PROTOCOL_ERROR, "continuation frame without a message", events)
             elif opcode <= OP_BIN:
                 if self._frag_op is not None:
-                    raise self._fail(1002, "new message inside a fragmented message", events)
+                    raise self._fail(CloseCode.PROTOCOL_ERROR, "new message inside a fragmented message", events)
             else:
-                raise self._fail(1002, f"unknown opcode {opcode:#x}", events)
+                raise self._fail(CloseCode.PROTOCOL_ERROR, f"unknown opcode {opcode:#x}", events)
 
             if length < 126:
                 hdr = 6
@@ -349,12 +393,12 @@ class WsDecoder:
                     break
                 length = int.from_bytes(buf[pos + 2:pos + 10], "big")
                 if length >> 63:
-                    raise self._fail(1002, "64-bit length with the high bit set", events)
+                    raise self._fail(CloseCode.PROTOCOL_ERROR, "64-bit length with the high bit set", events)
                 hdr = 14
             # Non-minimal length encodings are accepted (as browsers never
             # send them, rejecting them would only add a failure mode).
             if opcode < OP_CLOSE and self._frag_size + length > max_msg:
-                raise self._fail(1009, f"message larger than {max_msg} bytes", events)
+                raise self._fail(CloseCode.MESSAGE_TOO_BIG, f"message larger than {max_msg} bytes", events)
 
             end = pos + hdr + length
             if end > size:
@@ -368,8 +412,8 @@ class WsDecoder:
             if opcode == OP_TEXT or opcode == OP_BIN:
                 if fin:
                     if opcode == OP_TEXT and not _is_utf8(payload):
-                        raise self._fail(1007, "invalid UTF-8 in text message", events)
-                    events.append(("message", payload, opcode == OP_TEXT))
+                        raise self._fail(CloseCode.INVALID_DATA, "invalid UTF-8 in text message", events)
+                    events.append((_MESSAGE, payload, opcode == OP_TEXT))
                 else:
                     self._frag_op = opcode
                     self._parts.append(payload)
@@ -384,12 +428,12 @@ class WsDecoder:
                     self._frag_op = None
                     self._frag_size = 0
                     if is_text and not _is_utf8(message):
-                        raise self._fail(1007, "invalid UTF-8 in text message", events)
-                    events.append(("message", message, is_text))
+                        raise self._fail(CloseCode.INVALID_DATA, "invalid UTF-8 in text message", events)
+                    events.append((_MESSAGE, message, is_text))
             elif opcode == OP_PING:
-                events.append(("ping", payload))
+                events.append((WsEvent.PING, payload))
             elif opcode == OP_PONG:
-                events.append(("pong", payload))
+                events.append((WsEvent.PONG, payload))
             else:  # OP_CLOSE
                 events.append(self._close_event(payload, events))
                 self.closed = True
@@ -411,17 +455,17 @@ class WsDecoder:
 
     def _close_event(self, payload: bytes, events: list) -> tuple:
         if not payload:
-            return ("close", None, "")
+            return (WsEvent.CLOSE, None, "")
         if len(payload) == 1:
-            raise self._fail(1002, "close payload of 1 byte", events)
+            raise self._fail(CloseCode.PROTOCOL_ERROR, "close payload of 1 byte", events)
         code = (payload[0] << 8) | payload[1]
         if not _valid_close_code(code):
-            raise self._fail(1002, f"invalid close code {code}", events)
+            raise self._fail(CloseCode.PROTOCOL_ERROR, f"invalid close code {code}", events)
         try:
             reason = payload[2:].decode("utf-8")
         except UnicodeDecodeError:
-            raise self._fail(1002, "invalid UTF-8 in close reason", events) from None
-        return ("close", code, reason)
+            raise self._fail(CloseCode.PROTOCOL_ERROR, "invalid UTF-8 in close reason", events) from None
+        return (WsEvent.CLOSE, code, reason)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -463,7 +507,7 @@ def encode_message(stomp_frame: bytes) -> bytes:
     return encode_frame(stomp_frame, OP_TEXT if _is_utf8(stomp_frame) else OP_BIN)
 
 
-def encode_close(code: int | None = 1000, reason: str = "") -> bytes:
+def encode_close(code: int | None = CloseCode.NORMAL, reason: str = "") -> bytes:
     """Close frame; the reason is cut at a character boundary to fit 125 bytes."""
     if code is None:
         return encode_frame(b"", OP_CLOSE)
