@@ -209,10 +209,11 @@ def role_pid(broker, role: str) -> int:
     while time.monotonic() < deadline:
         for child in psutil.Process(broker.proc.pid).children():
             try:
-                if child.cmdline() and child.cmdline()[0].strip() == f"stompbroker: {role}":
-                    return child.pid
+                cmdline = child.cmdline()  # once: a child that exits between two calls has none
             except psutil.Error:
                 continue
+            if cmdline and cmdline[0].strip() == f"stompbroker: {role}":
+                return child.pid
         time.sleep(0.05)
     raise AssertionError(f"no {role} process")
 
