@@ -100,7 +100,7 @@ class Resources:
         self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
         self.written_channel = self._written_pair()  # writers -> dispatcher: deliveries sent
         self.reader_generation = 0  # set by the supervisor before each reader start: unique connection ids
-        self.reader_control = os.pipe()  # supervisor -> reader: "writer N was restarted"
+        self.reader_control = os.pipe()  # supervisor -> reader: ipc/control.py messages (a writer restarted, stop)
         self.dispatcher_ready = os.pipe()  # dispatcher -> supervisor: state loaded, start reading
         self.reader_ready = os.pipe()  # reader -> supervisor: accepting; the broker serves
         self.reader_stats = SharedStats(READER_STATS)
