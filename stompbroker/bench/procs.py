@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 
+from ..processes.titles import process_role
 from ..readiness import NotReady, wait_ready
 from .wire import BenchError
 
@@ -20,12 +21,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # -- the broker's processes --------------------------------------------------------------------
 def _role(proc) -> str:
+    role = process_role(proc)
+    if role is not None:
+        return role
     try:
-        cmd = " ".join(proc.cmdline()).strip()
+        cmd = " ".join(proc.cmdline())
     except Exception:
         cmd = ""
-    if cmd.startswith("stompbroker: "):
-        return cmd[len("stompbroker: "):].split()[0]
     if "resource_tracker" in cmd:
         return "resource_tracker"
     try:

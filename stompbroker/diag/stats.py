@@ -14,6 +14,7 @@ import orjson
 import psutil
 
 from .. import __version__
+from ..processes.titles import process_role
 from . import latency
 
 SCHEMA = 1
@@ -101,9 +102,9 @@ class Statistics:
         pids = [(supervisor, "supervisor")]
         try:
             for child in psutil.Process(supervisor).children():
-                title = " ".join(child.cmdline())
-                if title.startswith("stompbroker: "):
-                    pids.append((child.pid, title.split()[1]))
+                role = process_role(child)
+                if role is not None:
+                    pids.append((child.pid, role))
         except psutil.Error:
             pass
         for pid, role in pids:

@@ -36,6 +36,7 @@ from ..readiness import write_ready
 from ..security import passwd
 from ..store import sqlite as store
 from .common import Resources, tune_malloc
+from .titles import title
 
 log = logging.getLogger("stompbroker.supervisor")
 
@@ -252,7 +253,7 @@ class Supervisor:
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> int:
-        setproctitle(f"stompbroker: supervisor port={self.port}")
+        setproctitle(title("supervisor", f"port={self.port}"))
         self.install_signals()
         log.info("stompbroker %s starting on %s:%d with %d writer(s)", __version__, self.config.host,
                  self.port, self.config.writers)
