@@ -1,7 +1,10 @@
-"""A small blocking STOMP 1.0-1.2 client over TCP or WebSocket, for the command-line tools.
+"""A small blocking STOMP 1.0-1.2 client over TCP or WebSocket: the one client of the command-line
+tools, the tests' raw-socket helper (tests/stompwire.py) and the benchmark.
 
-It is deliberately independent of the broker's own protocol code (a bug shared by both sides
-would go unnoticed by the tools' tests). One connection, one thread:
+Frames are split and heads decoded by the broker's own sans-IO parser (``protocol.stomp``'s
+FrameParser and parse_head, without its limits: a client takes what the broker sends); the
+stomp.py and @stomp/stompjs tests keep an independent parser on the other side of the wire.
+One connection, one thread:
 
     client = StompClient.connect(host="127.0.0.1", port=61613)        # or ws_url="ws://..."
     client.subscribe("/topic/a", "sub-0")                              # waits for the receipt
@@ -23,7 +26,10 @@ import socket
 import time
 from urllib.parse import urlsplit
 
-__all__ = ["Frame", "StompClient", "ClientError", "BrokerError", "ConnectionClosed", "escape", "unescape"]
+from ..protocol.stomp import FrameParser, ProtocolError, parse_head
+
+__all__ = ["Frame", "FrameReader", "StompClient", "ClientError", "BrokerError", "ConnectionClosed", "escape",
+           "unescape", "parse_frames"]
 
 VERSIONS = "1.0,1.1,1.2"
 WS_SUBPROTOCOLS = ["v12.stomp", "v11.stomp", "v10.stomp"]
@@ -84,6 +90,64 @@ def unescape(value: str) -> str:
         return value
     # An undefined escape from the broker is kept as it is: a tool should show, not refuse.
     return _UNESCAPE_RE.sub(lambda m: _UNESCAPES.get(m.group(), m.group()), value)
+
+
+# --- frames in: the broker's own parser, without limits ---------------------------------------------
+
+_NO_LIMIT = 1 << 62
+
+
+class FrameReader:
+    """Splits the bytes a broker sends into raw ``(head, body)`` frames (EOL heart-beats skipped).
+    ``feed`` raises ProtocolError on bytes that are not STOMP frames."""
+
+    def __init__(self, data: bytes = b""):
+        self._parser = FrameParser(max_frame_size=_NO_LIMIT, max_headers=_NO_LIMIT, max_header_line=_NO_LIMIT)
+        self._frames: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        if data:
+            self.feed(data)
+
+    def feed(self, data: bytes) -> None:
+        self._frames.extend(self._parser.feed(data))
+
+    def next(self) -> tuple[bytes, bytes] | None:
+        """The next whole frame, or None until more bytes come."""
+        return self._frames.popleft() if self._frames else None
+
+    @property
+    def partial(self) -> bool:
+        """Part of a frame is held (not only heart-beats)."""
+        return self._parser.buffered > 0
+
+    def unread(self) -> bytes:
+        """The bytes fed and not yet taken by ``next`` (whole frames as the broker writes them)."""
+        return b"".join(head + b"\n\n" + body + b"\0" for head, body in self._frames) + self._parser.unparsed()
+
+
+def decode(head: bytes, body: bytes, unescaped: bool = False) -> Frame:
+    """A raw frame as a Frame; ``unescaped`` undoes STOMP 1.1+ header escaping (leniently)."""
+    command, headers = parse_head(head, False)
+    if unescaped and b"\\" in head:
+        headers = {unescape(name): unescape(value) for name, value in headers.items()}
+    return Frame(command, headers, body)
+
+
+def parse_frames(data: bytes, cut_tail: bool = False) -> list[tuple[str, dict, bytes]]:
+    """Strictly split broker output into (command, headers, body) frames (headers as sent);
+    ValueError if it is not a sequence of whole frames. ``cut_tail``: the last frame may be
+    unfinished (the connection was cut while it was being sent)."""
+    reader = FrameReader()
+    try:
+        reader.feed(data)
+        frames = []
+        while (raw := reader.next()) is not None:
+            frame = decode(*raw)
+            frames.append((frame.command, frame.headers, frame.body))
+    except ProtocolError as exc:
+        raise ValueError(f"not STOMP frames: {exc}") from None
+    if reader.partial and not cut_tail:
+        raise ValueError(f"unfinished frame at the end: {reader.unread()[:80]!r}")
+    return frames
 
 
 # --- transports ---------------------------------------------------------------------------------
@@ -226,9 +290,6 @@ class _WsTransport:
 
 # --- the client ---------------------------------------------------------------------------------
 
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-
-
 class StompClient:
     """One STOMP connection; not thread-safe."""
 
@@ -238,7 +299,7 @@ class StompClient:
         self.version = "1.0"
         self.server = ""
         self.session = ""
-        self._buf = bytearray()
+        self._reader = FrameReader()
         self._out: list[bytes] = []
         self._pending: collections.deque[Frame] = collections.deque()
         self._receipt_ids = itertools.count(1)
@@ -412,9 +473,13 @@ class StompClient:
             if not data:
                 self.close()
                 why = self.transport.close_reason
-                what = "closed in the middle of a frame" if self._buf.strip(b"\r\n") else "closed by the broker"
+                what = "closed in the middle of a frame" if self._reader.partial else "closed by the broker"
                 raise ConnectionClosed(f"connection to {self.name} {what}" + (f" ({why})" if why else ""))
-            self._buf += data
+            try:
+                self._reader.feed(data)
+            except ProtocolError as exc:
+                self.close()
+                raise ClientError(f"malformed frame from {self.name}: {exc}") from None
 
     def poll(self) -> None:
         """Read whatever already arrived without waiting: raises on an ERROR or a closed connection.
@@ -440,38 +505,12 @@ class StompClient:
             self._pending.append(frame)
 
     def _parse(self) -> Frame | None:
-        buf = self._buf
-        skip = 0
-        while skip < len(buf) and buf[skip] in (10, 13):  # heart-beats between frames
-            skip += 1
-        if skip:
-            del buf[:skip]
-        match = _HEAD_END.search(buf)
-        if match is None:
+        raw = self._reader.next()
+        if raw is None:
             return None
-        head = bytes(buf[:match.start()]).decode("utf-8", "replace").replace("\r\n", "\n")
-        lines = head.split("\n")
-        command = lines[0]
-        unescaped = self.version != "1.0" and command != "CONNECTED"
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if unescaped:
-                name, value = unescape(name), unescape(value)
-            headers.setdefault(name, value)  # the first occurrence wins
-        start = match.end()
-        length = headers.get("content-length", "").strip()
-        if length.isdigit():
-            end = start + int(length)
-            if len(buf) <= end:
-                return None
-            if buf[end] != 0:
-                raise ClientError(f"malformed {command} frame from {self.name}: no NUL after "
-                                  f"content-length {length}")
-        else:
-            end = buf.find(b"\0", start)
-            if end < 0:
-                return None
-        body = bytes(buf[start:end])
-        del buf[:end + 1]
-        return Frame(command, headers, body)
+        try:
+            # the version is known once CONNECTED (never escaped) has been read
+            return decode(*raw, unescaped=self.version != "1.0" and not raw[0].startswith(b"CONNECTED"))
+        except (ProtocolError, UnicodeDecodeError) as exc:
+            self.close()
+            raise ClientError(f"malformed frame from {self.name}: {exc}") from None
