@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from stompbroker.readiness import NotReady, wait_ready  # noqa: E402
 from stompbroker.tools.client import StompClient  # noqa: E402
 
 TOPIC = "/topic/load/news"
@@ -145,21 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     log_path = args.out + ".broker.log"
+    ready_path = args.out + ".ready.json"
     with open(log_path, "wb") as log:
         broker = subprocess.Popen([sys.executable, "-m", "stompbroker", "port=0", "processors=4",
-                                   f"diag_dump={args.out}", f"diag_interval={args.interval}", *args.broker_settings],
+                                   f"diag_dump={args.out}", f"diag_interval={args.interval}",
+                                   f"ready_file={ready_path}", *args.broker_settings],
                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     try:
-        port = None
-        deadline = time.monotonic() + 20
-        while port is None and time.monotonic() < deadline:
-            match = re.search(rb"stompbroker listening on [^\s]+:(\d+)", open(log_path, "rb").read())
-            port = int(match.group(1)) if match else None
-            if broker.poll() is not None:
-                raise SystemExit(f"the broker exited: see {log_path}")
-            time.sleep(0.05)
-        if port is None:
-            raise SystemExit(f"the broker did not start: see {log_path}")
+        try:
+            port = wait_ready(ready_path, broker, timeout=20)["port"]
+        except NotReady as exc:
+            raise SystemExit(f"{exc}: see {log_path}") from None
         counts = Load(port, args.rate, args.duration).run(lambda *a: None if args.quiet else progress_bar(*a))
         time.sleep(2.5 * args.interval / 1000)  # the last interval's line, then stop
     finally:

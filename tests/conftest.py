@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -11,6 +10,8 @@ import sys
 import time
 
 import pytest
+
+from stompbroker.readiness import NotReady, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,10 +39,15 @@ class BrokerProcess:
 
     def __init__(self, *settings: str, env: dict | None = None):
         self.settings = settings
-        self.log_path = f"/tmp/stompbroker-test-{os.getpid()}-{time.monotonic_ns()}.log"
+        base = f"/tmp/stompbroker-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.log_path = base + ".log"
+        # the caller's own ready_file, if it sets one, else ours (the later setting wins)
+        self.ready_path = next((s.split("=", 1)[1] for s in reversed(settings) if s.startswith("ready_file=")),
+                               base + ".ready")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stompbroker", "port=0", "log_level=INFO", *settings],
+            [sys.executable, "-m", "stompbroker", "port=0", "log_level=INFO", f"ready_file={base}.ready",
+             *settings],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
             env={**os.environ, **(env or {})},
         )
@@ -49,15 +55,10 @@ class BrokerProcess:
         self.port = self._wait_for_port()
 
     def _wait_for_port(self, timeout: float = 15.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(r"stompbroker listening on [^\s]+:(\d+)", self.log())
-            if match:
-                return int(match.group(1))
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
-            time.sleep(0.02)
-        raise RuntimeError(f"broker did not start:\n{self.log()}")
+        try:
+            return wait_ready(self.ready_path, self.proc, timeout)["port"]
+        except NotReady as exc:
+            raise RuntimeError(f"{exc}:\n{self.log()}") from None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -90,6 +91,8 @@ class BrokerProcess:
         except ProcessLookupError:
             pass
         os.unlink(self.log_path)
+        if self.ready_path.startswith("/tmp/stompbroker-test-") and os.path.exists(self.ready_path):  # killed
+            os.unlink(self.ready_path)
 
 
 @pytest.fixture

@@ -1,15 +1,28 @@
-"""A tiny raw-socket STOMP helper for byte-level tests (no client library in the way)."""
+"""A tiny raw-socket STOMP helper for byte-level tests: frames go out exactly as written (no
+escaping, no content-length added), frames in are split by the project's one client parser
+(``stompbroker.tools.client.FrameReader``) and returned with their headers as sent."""
 
 from __future__ import annotations
 
 import socket
 import time
 
+from stompbroker.tools.client import FrameReader, decode
+
 
 class Wire:
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.buf = bytearray()
+        self._reader = FrameReader()
+
+    @property
+    def buf(self) -> bytearray:
+        """What was received and not yet read as frames (tests may read the rest themselves)."""
+        return bytearray(self._reader.unread())
+
+    @buf.setter
+    def buf(self, data) -> None:
+        self._reader = FrameReader(bytes(data))
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -38,35 +51,15 @@ class Wire:
             chunk = self.sock.recv(1 << 20)
             if not chunk:
                 raise ConnectionError(f"closed by the broker; buffered {self.buf[:200]!r}")
-            self.buf += chunk
+            self._reader.feed(chunk)
 
-    def _parse(self):
-        buf = self.buf
-        pos = 0
-        while pos < len(buf) and buf[pos] in b"\r\n":
-            pos += 1
-        end = buf.find(b"\n\n", pos)
-        if end < 0:
-            del buf[:pos]
+    def _parse(self) -> tuple[str, dict, bytes] | None:
+        """The next frame already received, or None."""
+        raw = self._reader.next()
+        if raw is None:
             return None
-        lines = buf[pos:end].decode().split("\n")
-        headers = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            headers.setdefault(k, v)
-        start = end + 2
-        if "content-length" in headers:
-            stop = start + int(headers["content-length"])
-            if len(buf) <= stop:
-                return None
-            assert buf[stop:stop + 1] == b"\0"
-        else:
-            stop = buf.find(b"\0", start)
-            if stop < 0:
-                return None
-        body = bytes(buf[start:stop])
-        del buf[:stop + 1]  # bytearray: one move per frame, not a copy of the whole rest
-        return lines[0], headers, body
+        frame = decode(*raw)
+        return frame.command, frame.headers, frame.body
 
     def expect_closed(self, timeout: float = 5.0) -> None:
         """The broker closes the connection (after any frames already read)."""
@@ -75,7 +68,7 @@ class Wire:
             chunk = self.sock.recv(65536)
             if not chunk:
                 return
-            self.buf += chunk
+            self._reader.feed(chunk)
 
     def close(self) -> None:
         self.sock.close()

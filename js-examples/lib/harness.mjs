@@ -2,11 +2,13 @@
 // @stomp/stompjs clients over the `ws` package, and wait for things with a time bound.
 //
 // The broker is `python -m stompbroker port=0 ...`, run from the repository root with the
-// interpreter in $STOMPBROKER_PYTHON, or ../.venv/bin/python by default. It prints
-// `stompbroker listening on HOST:PORT` when it is ready.
+// interpreter in $STOMPBROKER_PYTHON, or ../.venv/bin/python by default. Once it serves it writes
+// one JSON line (host, port, pid...) to its `ready_file`, which startBroker waits for.
 
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -49,7 +51,9 @@ process.on('exit', () => {
  * It runs in its own process group; stop() sends SIGTERM, then SIGKILL after `stopTimeoutMs`.
  */
 export async function startBroker(settings = [], { timeoutMs = 20000, stopTimeoutMs = 8000 } = {}) {
-  const args = ['-m', 'stompbroker', 'port=0', 'processors=4', 'log_level=WARNING', ...settings];
+  const readyFile = path.join(os.tmpdir(), `stompbroker-js-${process.pid}-${randomName()}.ready`);
+  const args = ['-m', 'stompbroker', 'port=0', 'processors=4', 'log_level=WARNING', `ready_file=${readyFile}`,
+    ...settings];
   const child = spawn(pythonPath(), args, {
     cwd: REPO_ROOT,
     detached: true, // own process group: stop() reaches the reader, dispatcher and writers too
@@ -61,18 +65,28 @@ export async function startBroker(settings = [], { timeoutMs = 20000, stopTimeou
   const exited = new Promise(resolve => child.on('exit', (code, signal) => {
     broker.exited = true;
     running.delete(broker);
+    rmSync(readyFile, { force: true }); // left behind if the broker was killed
     resolve({ code, signal });
   }));
+  const onData = chunk => { log += chunk; };
+  child.stdout.setEncoding('utf8').on('data', onData);
+  child.stderr.setEncoding('utf8').on('data', onData);
   const ready = new Promise((resolve, reject) => {
-    const onData = chunk => {
-      log += chunk;
-      const match = /stompbroker listening on (\S+):(\d+)/.exec(log);
-      if (match) resolve({ host: match[1], port: Number(match[2]) });
-    };
-    child.stdout.setEncoding('utf8').on('data', onData);
-    child.stderr.setEncoding('utf8').on('data', onData);
-    child.on('error', reject);
-    exited.then(({ code, signal }) => reject(new Error(`broker exited (${code ?? signal}) before it was ready:\n${log}`)));
+    const poll = setInterval(() => {
+      let record;
+      try {
+        record = JSON.parse(readFileSync(readyFile, 'utf8'));
+      } catch {
+        return; // not written yet (it is renamed into place whole)
+      }
+      clearInterval(poll);
+      resolve(record);
+    }, 20);
+    child.on('error', err => { clearInterval(poll); reject(err); });
+    exited.then(({ code, signal }) => {
+      clearInterval(poll);
+      reject(new Error(`broker exited (${code ?? signal}) before it was ready:\n${log}`));
+    });
   });
   try {
     const { host, port } = await withTimeout(ready, timeoutMs, 'the broker to start');

@@ -17,97 +17,26 @@ from pyspark.sql.types import (
     StructType,
 )
 
-SCHEMA_VERSION = 1
+from stompbroker.diag import schema
+
+SCHEMA_VERSION = schema.VERSION
+
+_SPARK_TYPES = {schema.INT: LongType(), schema.NUMBER: DoubleType(), schema.STRING: StringType()}
 
 
-def _struct(*names: str, kind=DoubleType()) -> StructType:
-    return StructType([StructField(n, kind) for n in names])
+def spark_type(kind):
+    """The Spark type of a field of ``stompbroker.diag.schema.LINE`` (an object, array or scalar)."""
+    if isinstance(kind, dict):
+        return StructType([StructField(name, spark_type(sub)) for name, sub in kind.items()])
+    if isinstance(kind, list):
+        return ArrayType(spark_type(kind[0]))
+    return _SPARK_TYPES[kind]
 
 
-# Numbers are read as double: a later broker switching an int field to a float
-# (or writing 1e3) would otherwise turn the whole record into nulls.  Doubles
-# are exact up to 2**53, far beyond any counter we produce.  An explicit schema
-# also means unknown (newer) fields are ignored, as the format requires.
-DUMP_SCHEMA = StructType(
-    [
-        StructField("schema", LongType()),
-        StructField("ts", DoubleType()),
-        StructField("interval_ms", DoubleType()),
-        StructField("settings_id", StringType()),
-        StructField(
-            "broker",
-            StructType(
-                [
-                    StructField("version", StringType()),
-                    StructField("start", DoubleType()),
-                    StructField("pid", LongType()),
-                    StructField("node", StringType()),
-                ]
-            ),
-        ),
-        StructField("session", _struct("clients", "websockets", "stomp_connected", "subscriptions")),
-        StructField("ws_buffer", _struct("allocated", "hits", "misses")),
-        StructField("stale", _struct("input-queue-size", "output-queue-size", "stale-queue-size")),
-        StructField(
-            "totals",
-            _struct(
-                "frames_in",
-                "frames_out",
-                "bytes_in",
-                "bytes_out",
-                "connections_opened",
-                "connections_closed",
-                "messages_published",
-                "messages_delivered",
-            ),
-        ),
-        StructField(
-            "writers",
-            ArrayType(
-                _struct(
-                    "index",
-                    "pid",
-                    "connections",
-                    "frames",
-                    "bytes",
-                    "batches",
-                    "batch_fill",
-                    "pending_bytes",
-                )
-            ),
-        ),
-        StructField(
-            "process",
-            ArrayType(
-                StructType(
-                    [
-                        StructField("role", StringType()),
-                        StructField("pid", DoubleType()),
-                        StructField("rss", DoubleType()),
-                        StructField("private", DoubleType()),
-                        StructField("cpu_seconds", DoubleType()),
-                    ]
-                )
-            ),
-        ),
-        StructField(
-            "queues",
-            ArrayType(
-                StructType(
-                    [
-                        StructField("destination", StringType()),
-                        StructField("depth", DoubleType()),
-                        StructField("enqueued", DoubleType()),
-                        StructField("dequeued", DoubleType()),
-                        StructField("unacked", DoubleType()),
-                        StructField("consumers", DoubleType()),
-                    ]
-                )
-            ),
-        ),
-        StructField("latency", _struct("count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")),
-    ]
-)
+# Numbers are read as double (schema.NUMBER): a later broker switching an int field to a float
+# (or writing 1e3) would otherwise turn the whole record into nulls.  An explicit schema also
+# means unknown (newer) fields are ignored, as the format requires.
+DUMP_SCHEMA = spark_type(schema.LINE)
 
 
 def quiet_glob_warning(spark: SparkSession) -> None:

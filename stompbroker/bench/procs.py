@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 
+from ..processes.titles import process_role
+from ..readiness import NotReady, wait_ready
 from .wire import BenchError
 
 # The checkout (or site-packages) holding this stompbroker: the spawned broker runs the same code.
@@ -21,12 +21,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # -- the broker's processes --------------------------------------------------------------------
 def _role(proc) -> str:
+    role = process_role(proc)
+    if role is not None:
+        return role
     try:
-        cmd = " ".join(proc.cmdline()).strip()
+        cmd = " ".join(proc.cmdline())
     except Exception:
         cmd = ""
-    if cmd.startswith("stompbroker: "):
-        return cmd[len("stompbroker: "):].split()[0]
     if "resource_tracker" in cmd:
         return "resource_tracker"
     try:
@@ -103,22 +104,17 @@ class SpawnedBroker(BrokerProcs):
         self.log_path = os.path.join(self.workdir, "broker.log")
         self._log = open(self.log_path, "wb")
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "stompbroker", "port=0", *args], cwd=self.workdir,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        ready_path = os.path.join(self.workdir, "ready.json")
+        self.proc = subprocess.Popen([sys.executable, "-m", "stompbroker", "port=0", f"ready_file={ready_path}", *args],
+                                     cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=env)
         super().__init__(self.proc.pid, "stompbroker " + " ".join(args))
-        deadline = time.monotonic() + 30
-        self.port = None
-        while time.monotonic() < deadline:
-            m = re.search(r"stompbroker listening on [^\s]+:(\d+)", self.log())
-            if m:
-                self.port = int(m.group(1))
-                break
-            if self.proc.poll() is not None:
-                raise BenchError(f"broker exited with {self.proc.returncode}:\n{self.log()[-2000:]}")
-            time.sleep(0.05)
-        if self.port is None:
-            self.stop()
-            raise BenchError("broker did not start within 30 s")
+        try:
+            self.port = wait_ready(ready_path, self.proc, timeout=30)["port"]
+        except NotReady as exc:
+            log = self.log()[-2000:]
+            self.stop()  # removes the work directory, the log with it
+            raise BenchError(f"{exc}:\n{log}") from None
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:

@@ -4,8 +4,9 @@
   loops only send pre-rendered batches;
 * ``Link``: one connection during set-up (TCP or WebSocket handshake, CONNECT, SUBSCRIBE with a
   receipt), with a small blocking frame reader; after set-up the raw socket is used directly.
-  STOMP frames are split and decoded by the broker's own sans-IO parser (``protocol/stomp.py``),
-  which only the set-up and the mock's control frames use: the measured loops parse nothing;
+  STOMP frames are split and decoded by the tools' client reader (``tools/client.py``, the broker's
+  own sans-IO parser), which only the set-up and the mock's control frames use: the measured loops
+  parse nothing; WebSocket frames are built and split by ``protocol/websocket.py``'s client side;
 * frame counting with bulk byte operations: ``count_nul`` on raw STOMP streams (the bodies the
   generator sends contain no NUL), ``TokenCounter`` on WebSocket streams (every body starts with
   ``TOKEN``, which no STOMP header and no WebSocket frame header of a realistic size can contain),
@@ -25,7 +26,9 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from ..protocol.stomp import FrameParser, ProtocolError, parse_head, render_frame
+from ..protocol.stomp import ProtocolError, parse_head, render_frame
+from ..protocol.websocket import encode_client_frame, encode_frame, mask_bytes, parse_frame
+from ..tools.client import FrameReader
 
 TOKEN = b"#BENCH#"          # first bytes of every counted message body
 TS_HEADER = "bench-ts"      # scheduled send time (time.monotonic_ns) of a latency message
@@ -52,87 +55,46 @@ def stomp_frame(command: str, headers, body: bytes = b"") -> bytes:
 
 def mask(data: bytes, key: bytes = MASK_KEY) -> bytes:
     """XOR data with the 4-byte key repeated (RFC 6455 masking; its own inverse)."""
-    n = len(data)
-    if not n:
-        return b""
-    keys = (key * ((n + 3) >> 2))[:n]
-    return (int.from_bytes(data, "little") ^ int.from_bytes(keys, "little")).to_bytes(n, "little")
+    return mask_bytes(data, key)
 
 
 def ws_frame(payload: bytes, opcode: int = OP_TEXT, masked: bool = True, key: bytes = MASK_KEY) -> bytes:
     """One WebSocket frame, FIN set; client frames are masked, server frames (the mock) are not."""
-    n = len(payload)
-    b0 = 0x80 | opcode
-    m = 0x80 if masked else 0
-    if n < 126:
-        head = bytes((b0, m | n))
-    elif n < 0x10000:
-        head = struct.pack("!BBH", b0, m | 126, n)
-    else:
-        head = struct.pack("!BBQ", b0, m | 127, n)
-    if masked:
-        return head + key + mask(payload, key)
-    return head + payload
+    return encode_client_frame(payload, opcode, key) if masked else encode_frame(payload, opcode)
 
 
 def parse_ws_frame(buf, pos: int = 0):
     """Decode one frame at ``buf[pos:]``: (fin, opcode, payload, next_pos), or None if incomplete."""
-    n = len(buf)
-    if n - pos < 2:
-        return None
-    b0, b1 = buf[pos], buf[pos + 1]
-    length = b1 & 0x7F
-    p = pos + 2
-    if length == 126:
-        if n - p < 2:
-            return None
-        length = struct.unpack_from("!H", buf, p)[0]
-        p += 2
-    elif length == 127:
-        if n - p < 8:
-            return None
-        length = struct.unpack_from("!Q", buf, p)[0]
-        p += 8
-    key = None
-    if b1 & 0x80:
-        if n - p < 4:
-            return None
-        key = bytes(buf[p:p + 4])
-        p += 4
-    if n - p < length:
-        return None
-    payload = bytes(buf[p:p + length])
-    if key is not None:
-        payload = mask(payload, key)
-    return bool(b0 & 0x80), b0 & 0x0F, payload, p + length
+    return parse_frame(buf, pos)
 
 
 class StompReader:
     """Whole STOMP frames, decoded, from a byte stream fed in pieces (heart-beat EOLs skipped).
 
-    Headers are decoded without STOMP 1.1 unescaping (the generator never needs escaped values);
-    the limits are far above anything a broker sends, so the reader never refuses a real frame.
+    The tools' client reader (the broker's own parser, without limits); headers are decoded
+    without STOMP 1.1 unescaping (the generator never needs escaped values).
     """
 
-    __slots__ = ("_parser", "_partial")
+    __slots__ = ("_reader",)
 
     def __init__(self):
-        self._parser = FrameParser(max_frame_size=1 << 30, max_headers=1 << 16, max_header_line=1 << 30)
-        self._partial = bytearray()  # the bytes of the unfinished frame, the same ones the parser holds
+        self._reader = FrameReader()
 
     def feed(self, data) -> list[tuple[str, dict, bytes]]:
         """(command, headers, body) for each frame ``data`` completes."""
+        reader = self._reader
         try:
-            frames = [(*parse_head(head, False), body) for head, body in self._parser.feed(data)]
+            reader.feed(data)
+            frames = []
+            while (raw := reader.next()) is not None:
+                frames.append((*parse_head(raw[0], False), raw[1]))
         except ProtocolError as exc:
             raise BenchError(f"unreadable STOMP from the broker: {exc}") from None
-        self._partial += data
-        del self._partial[:len(self._partial) - self._parser.buffered]
         return frames
 
     def partial(self) -> bytes:
         """Bytes of a frame that has not finished arriving."""
-        return bytes(self._partial)
+        return self._reader.unread()
 
 
 # -- counting ----------------------------------------------------------------------------------

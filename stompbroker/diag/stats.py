@@ -14,9 +14,8 @@ import orjson
 import psutil
 
 from .. import __version__
-from . import latency
-
-SCHEMA = 1
+from ..processes.titles import process_role
+from . import latency, schema
 
 # stompica's queries; the first three answer with JSON objects, the rest with one value.
 STOMPICA_QUERIES = ("session", "ws_buffer", "stale", "session-size", "session-encoded-size",
@@ -101,9 +100,9 @@ class Statistics:
         pids = [(supervisor, "supervisor")]
         try:
             for child in psutil.Process(supervisor).children():
-                title = " ".join(child.cmdline())
-                if title.startswith("stompbroker: "):
-                    pids.append((child.pid, title.split()[1]))
+                role = process_role(child)
+                if role is not None:
+                    pids.append((child.pid, role))
         except psutil.Error:
             pass
         for pid, role in pids:
@@ -178,7 +177,7 @@ class Statistics:
             w["pid"] = pid_of.get(f"writer-{w['index']}", 0)
         self._last_writers = [dict(w, batch_fill=_cumulative_fill(self.resources, w["index"])) for w in writers]
         return {
-            "schema": SCHEMA,
+            "schema": schema.VERSION,
             "ts": round(time.time() * 1000, 1),
             "interval_ms": self.config.diag_interval,
             "settings_id": self.config.settings_id,

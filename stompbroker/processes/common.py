@@ -12,6 +12,7 @@ from setproctitle import setproctitle
 
 from ..diag import latency
 from ..ipc.ring import Ring, anonymous_segment
+from .titles import title
 
 log = logging.getLogger("stompbroker")
 
@@ -199,7 +200,7 @@ def trim_memory() -> None:
 
 def become_child(role: str, config) -> None:
     """Start-up common to every child: name, signals, die with the supervisor, logging."""
-    setproctitle(f"stompbroker: {role}")
+    setproctitle(title(role))
     # The supervisor handles SIGINT and SIGTERM for everyone and tells each child what to do.
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

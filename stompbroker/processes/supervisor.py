@@ -15,7 +15,6 @@ new connections meanwhile.
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
@@ -33,9 +32,11 @@ from . import dispatcher, reader, writer
 from ..diag.dump import DumpWriter
 from ..ipc import control
 from ..ipc.control import Control
+from ..readiness import write_ready
 from ..security import passwd
 from ..store import sqlite as store
 from .common import Resources, tune_malloc
+from .titles import title
 
 log = logging.getLogger("stompbroker.supervisor")
 
@@ -252,7 +253,7 @@ class Supervisor:
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> int:
-        setproctitle(f"stompbroker: supervisor port={self.port}")
+        setproctitle(title("supervisor", f"port={self.port}"))
         self.install_signals()
         log.info("stompbroker %s starting on %s:%d with %d writer(s)", __version__, self.config.host,
                  self.port, self.config.writers)
@@ -285,11 +286,8 @@ class Supervisor:
         if self.config.ready_file:
             record = {"host": host, "port": port, "ssl_port": tls_port, "pid": os.getpid(),
                       "version": __version__, "ts": round(time.time(), 3)}
-            tmp = f"{self.config.ready_file}.{os.getpid()}.tmp"
             try:
-                with open(tmp, "w") as f:
-                    f.write(json.dumps(record) + "\n")
-                os.replace(tmp, self.config.ready_file)
+                write_ready(self.config.ready_file, record)
                 self.ready_written = True
             except OSError as exc:  # the broker serves all the same; say why the file is missing
                 log.error("cannot write ready_file %s: %s", self.config.ready_file, exc)

@@ -72,6 +72,10 @@ class FrameParser:
         """Bytes held waiting for the rest of a frame."""
         return len(self._buf)
 
+    def unparsed(self) -> bytes:
+        """The bytes held waiting for the rest of a frame."""
+        return bytes(self._buf)
+
     def receipt(self) -> str | None:
         """The receipt header of the unfinished frame, if its line is complete (for a refusal)."""
         buf = self._buf

@@ -1,7 +1,10 @@
-"""A small blocking STOMP 1.0-1.2 client over TCP or WebSocket, for the command-line tools.
+"""A small blocking STOMP 1.0-1.2 client over TCP or WebSocket: the one client of the command-line
+tools, the tests' raw-socket helper (tests/stompwire.py) and the benchmark.
 
-It is deliberately independent of the broker's own protocol code (a bug shared by both sides
-would go unnoticed by the tools' tests). One connection, one thread:
+Frames are split and heads decoded by the broker's own sans-IO parser (``protocol.stomp``'s
+FrameParser and parse_head, without its limits: a client takes what the broker sends); the
+stomp.py and @stomp/stompjs tests keep an independent parser on the other side of the wire.
+One connection, one thread:
 
     client = StompClient.connect(host="127.0.0.1", port=61613)        # or ws_url="ws://..."
     client.subscribe("/topic/a", "sub-0")                              # waits for the receipt
@@ -15,15 +18,24 @@ connection that goes away raises :class:`ConnectionClosed`; both are :class:`Cli
 
 from __future__ import annotations
 
+import base64
 import collections
 import itertools
+import os
 import re
 import select
 import socket
+import ssl
+import struct
 import time
 from urllib.parse import urlsplit
 
-__all__ = ["Frame", "StompClient", "ClientError", "BrokerError", "ConnectionClosed", "escape", "unescape"]
+from ..protocol.stomp import FrameParser, ProtocolError, parse_head
+from ..protocol.websocket import (OP_BIN, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT, CloseCode, accept_key,
+                                  encode_client_frame, parse_frame)
+
+__all__ = ["Frame", "FrameReader", "StompClient", "ClientError", "BrokerError", "ConnectionClosed", "escape",
+           "unescape", "parse_frames"]
 
 VERSIONS = "1.0,1.1,1.2"
 WS_SUBPROTOCOLS = ["v12.stomp", "v11.stomp", "v10.stomp"]
@@ -86,6 +98,64 @@ def unescape(value: str) -> str:
     return _UNESCAPE_RE.sub(lambda m: _UNESCAPES.get(m.group(), m.group()), value)
 
 
+# --- frames in: the broker's own parser, without limits ---------------------------------------------
+
+_NO_LIMIT = 1 << 62
+
+
+class FrameReader:
+    """Splits the bytes a broker sends into raw ``(head, body)`` frames (EOL heart-beats skipped).
+    ``feed`` raises ProtocolError on bytes that are not STOMP frames."""
+
+    def __init__(self, data: bytes = b""):
+        self._parser = FrameParser(max_frame_size=_NO_LIMIT, max_headers=_NO_LIMIT, max_header_line=_NO_LIMIT)
+        self._frames: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        if data:
+            self.feed(data)
+
+    def feed(self, data: bytes) -> None:
+        self._frames.extend(self._parser.feed(data))
+
+    def next(self) -> tuple[bytes, bytes] | None:
+        """The next whole frame, or None until more bytes come."""
+        return self._frames.popleft() if self._frames else None
+
+    @property
+    def partial(self) -> bool:
+        """Part of a frame is held (not only heart-beats)."""
+        return self._parser.buffered > 0
+
+    def unread(self) -> bytes:
+        """The bytes fed and not yet taken by ``next`` (whole frames as the broker writes them)."""
+        return b"".join(head + b"\n\n" + body + b"\0" for head, body in self._frames) + self._parser.unparsed()
+
+
+def decode(head: bytes, body: bytes, unescaped: bool = False) -> Frame:
+    """A raw frame as a Frame; ``unescaped`` undoes STOMP 1.1+ header escaping (leniently)."""
+    command, headers = parse_head(head, False)
+    if unescaped and b"\\" in head:
+        headers = {unescape(name): unescape(value) for name, value in headers.items()}
+    return Frame(command, headers, body)
+
+
+def parse_frames(data: bytes, cut_tail: bool = False) -> list[tuple[str, dict, bytes]]:
+    """Strictly split broker output into (command, headers, body) frames (headers as sent);
+    ValueError if it is not a sequence of whole frames. ``cut_tail``: the last frame may be
+    unfinished (the connection was cut while it was being sent)."""
+    reader = FrameReader()
+    try:
+        reader.feed(data)
+        frames = []
+        while (raw := reader.next()) is not None:
+            frame = decode(*raw)
+            frames.append((frame.command, frame.headers, frame.body))
+    except ProtocolError as exc:
+        raise ValueError(f"not STOMP frames: {exc}") from None
+    if reader.partial and not cut_tail:
+        raise ValueError(f"unfinished frame at the end: {reader.unread()[:80]!r}")
+    return frames
+
+
 # --- transports ---------------------------------------------------------------------------------
 
 def _close_reason(payload: bytes) -> str:
@@ -142,92 +212,144 @@ class _TcpTransport:
 
 
 class _WsTransport:
+    """STOMP over WebSocket on a plain (or TLS) socket: the opening handshake here, frames built and
+    split by ``protocol/websocket.py``'s client side. Pings are answered; one STOMP frame per message."""
+
     def __init__(self, url: str, timeout: float):
-        try:
-            import websocket  # websocket-client
-        except ImportError:
-            raise ClientError("--ws needs the websocket-client package (pip install websocket-client)") from None
-        self.websocket = websocket
         self.name = url
         self.close_reason = ""
+        self._buf = bytearray()
+        parts = urlsplit(url)
         try:
-            self.ws = websocket.create_connection(url, timeout=timeout, subprotocols=WS_SUBPROTOCOLS,
-                                                  skip_utf8_validation=True, enable_multithread=False)
-        except websocket.WebSocketBadStatusException as exc:
-            raise ClientError(f"cannot connect to {url}: WebSocket handshake refused "
-                              f"(HTTP {exc.status_code})") from None
-        except websocket.WebSocketTimeoutException:
-            raise ClientError(f"cannot connect to {url}: timed out after {timeout:g} s") from None
-        except websocket.WebSocketException as exc:
-            raise ClientError(f"cannot connect to {url}: {exc}") from None
-        except socket.gaierror as exc:
-            raise ClientError(f"cannot resolve the host of {url}: {exc.strerror or exc}") from None
-        except OSError as exc:
-            raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+            port = parts.port
         except ValueError as exc:  # a malformed URL
             raise ClientError(f"cannot connect to {url!r}: {exc}") from None
+        host = parts.hostname
+        if parts.scheme not in ("ws", "wss") or not host:
+            raise ClientError(f"cannot connect to {url!r}: not a ws:// or wss:// URL")
+        tls = parts.scheme == "wss"
+        port = port or (443 if tls else 80)
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+            if tls:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        except socket.gaierror as exc:
+            raise ClientError(f"cannot resolve the host of {url}: {exc.strerror or exc}") from None
+        except TimeoutError:
+            raise ClientError(f"cannot connect to {url}: timed out after {timeout:g} s") from None
+        except OSError as exc:  # ssl.SSLError included
+            raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        try:
+            self._handshake(host, port, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _handshake(self, host: str, port: int, path: str, timeout: float) -> None:
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                   f"Sec-WebSocket-Protocol: {', '.join(WS_SUBPROTOCOLS)}\r\n\r\n")
+        deadline = time.monotonic() + timeout
+        try:
+            self.sock.sendall(request.encode("latin-1"))
+            while (end := self._buf.find(b"\r\n\r\n")) < 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                self.sock.settimeout(remaining)
+                data = self.sock.recv(RECV_SIZE)
+                if not data:
+                    raise ClientError(f"cannot connect to {self.name}: closed during the WebSocket handshake")
+                self._buf += data
+        except TimeoutError:
+            raise ClientError(f"cannot connect to {self.name}: timed out after {timeout:g} s") from None
+        except OSError as exc:
+            raise ClientError(f"cannot connect to {self.name}: {exc.strerror or exc}") from None
+        lines = bytes(self._buf[:end]).decode("latin-1").split("\r\n")
+        del self._buf[:end + 4]  # what follows is WebSocket frames
+        status = lines[0].split(" ", 2)
+        if len(status) < 2 or status[1] != "101":
+            code = status[1] if len(status) > 1 else lines[0][:40]
+            raise ClientError(f"cannot connect to {self.name}: WebSocket handshake refused (HTTP {code})")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        if headers.get("sec-websocket-accept") != accept_key(key):
+            raise ClientError(f"cannot connect to {self.name}: bad Sec-WebSocket-Accept in the handshake")
 
     def send(self, frames: list[bytes]) -> None:
-        ws = self.websocket
-        self.ws.settimeout(None)
-        for frame in frames:  # one STOMP frame per WebSocket message, as STOMP-over-WebSocket clients do
-            try:
-                frame.decode("utf-8")
-                opcode = ws.ABNF.OPCODE_TEXT
-            except UnicodeDecodeError:
-                opcode = ws.ABNF.OPCODE_BINARY
-            try:
-                self.ws.send(frame, opcode)
-            except ws.WebSocketConnectionClosedException:
-                raise BrokenPipeError("WebSocket closed") from None
+        # one STOMP frame per WebSocket message, text when it is UTF-8, as STOMP-over-WebSocket clients do
+        self.sock.settimeout(None)
+        self.sock.sendall(b"".join(encode_client_frame(f, OP_TEXT if _utf8(f) else OP_BIN) for f in frames))
+
+    def _take(self) -> bytes | None:
+        """The STOMP bytes of every whole message buffered; b"" after a close frame; None if none."""
+        out = []
+        while (parsed := parse_frame(self._buf)) is not None:
+            _fin, opcode, payload, end = parsed
+            del self._buf[:end]
+            if opcode == OP_PING:
+                self.sock.sendall(encode_client_frame(payload, OP_PONG))
+            elif opcode == OP_CLOSE:
+                self.close_reason = _close_reason(payload)
+                return b"".join(out) or b""
+            elif opcode in (OP_TEXT, OP_BIN, OP_CONT):
+                out.append(payload)
+        data = b"".join(out)
+        return data or None
 
     def recv(self, timeout: float | None) -> bytes | None:
-        ws = self.websocket
+        """Bytes of STOMP, b"" at end of stream, None when nothing came within timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            sock = self.ws.sock
-            if sock is None:
+            try:
+                data = self._take()
+            except OSError:
                 return b""
+            if data is not None:
+                return data
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                pending = getattr(sock, "pending", None)  # TLS may hold bytes select cannot see
-                if not (pending and pending()) and not select.select([sock], [], [], 0)[0]:
+                pending = getattr(self.sock, "pending", None)  # TLS may hold bytes select cannot see
+                if not (pending and pending()) and not select.select([self.sock], [], [], 0)[0]:
                     return None
                 remaining = 1.0  # readable: the rest of a WebSocket frame follows at once
-            self.ws.settimeout(remaining)
+            self.sock.settimeout(remaining)
             try:
-                opcode, data = self.ws.recv_data()  # answers pings itself
-            except ws.WebSocketTimeoutException:
-                return None  # websocket-client keeps a partly read frame for the next call
-            except (ws.WebSocketConnectionClosedException, ConnectionError):
+                chunk = self.sock.recv(RECV_SIZE)
+            except TimeoutError:
+                return None  # a partly read frame stays buffered for the next call
+            except OSError:
                 return b""
-            except ws.WebSocketException as exc:
-                raise ClientError(f"WebSocket error from {self.name}: {exc}") from None
-            if opcode == ws.ABNF.OPCODE_CLOSE:
-                self.close_reason = _close_reason(data)
+            if not chunk:
                 return b""
-            if data:
-                return bytes(data)
-            # an empty message carries nothing: wait on
+            self._buf += chunk
 
     def fileno(self) -> int:
-        return self.ws.sock.fileno() if self.ws.sock is not None else -1
+        return self.sock.fileno()
 
     def close(self) -> None:
         try:
-            self.ws.sock and self.ws.sock.settimeout(0.5)
-            self.ws.close(timeout=0.5)
-        except Exception:  # noqa: BLE001 -- closing a broken WebSocket: nothing more to do
-            try:
-                self.ws.shutdown()
-            except Exception:  # noqa: BLE001
-                pass
+            self.sock.settimeout(0.5)
+            self.sock.sendall(encode_client_frame(struct.pack("!H", CloseCode.NORMAL), OP_CLOSE))
+        except OSError:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 # --- the client ---------------------------------------------------------------------------------
-
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-
 
 class StompClient:
     """One STOMP connection; not thread-safe."""
@@ -238,7 +360,7 @@ class StompClient:
         self.version = "1.0"
         self.server = ""
         self.session = ""
-        self._buf = bytearray()
+        self._reader = FrameReader()
         self._out: list[bytes] = []
         self._pending: collections.deque[Frame] = collections.deque()
         self._receipt_ids = itertools.count(1)
@@ -412,9 +534,13 @@ class StompClient:
             if not data:
                 self.close()
                 why = self.transport.close_reason
-                what = "closed in the middle of a frame" if self._buf.strip(b"\r\n") else "closed by the broker"
+                what = "closed in the middle of a frame" if self._reader.partial else "closed by the broker"
                 raise ConnectionClosed(f"connection to {self.name} {what}" + (f" ({why})" if why else ""))
-            self._buf += data
+            try:
+                self._reader.feed(data)
+            except ProtocolError as exc:
+                self.close()
+                raise ClientError(f"malformed frame from {self.name}: {exc}") from None
 
     def poll(self) -> None:
         """Read whatever already arrived without waiting: raises on an ERROR or a closed connection.
@@ -440,38 +566,12 @@ class StompClient:
             self._pending.append(frame)
 
     def _parse(self) -> Frame | None:
-        buf = self._buf
-        skip = 0
-        while skip < len(buf) and buf[skip] in (10, 13):  # heart-beats between frames
-            skip += 1
-        if skip:
-            del buf[:skip]
-        match = _HEAD_END.search(buf)
-        if match is None:
+        raw = self._reader.next()
+        if raw is None:
             return None
-        head = bytes(buf[:match.start()]).decode("utf-8", "replace").replace("\r\n", "\n")
-        lines = head.split("\n")
-        command = lines[0]
-        unescaped = self.version != "1.0" and command != "CONNECTED"
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if unescaped:
-                name, value = unescape(name), unescape(value)
-            headers.setdefault(name, value)  # the first occurrence wins
-        start = match.end()
-        length = headers.get("content-length", "").strip()
-        if length.isdigit():
-            end = start + int(length)
-            if len(buf) <= end:
-                return None
-            if buf[end] != 0:
-                raise ClientError(f"malformed {command} frame from {self.name}: no NUL after "
-                                  f"content-length {length}")
-        else:
-            end = buf.find(b"\0", start)
-            if end < 0:
-                return None
-        body = bytes(buf[start:end])
-        del buf[:end + 1]
-        return Frame(command, headers, body)
+        try:
+            # the version is known once CONNECTED (never escaped) has been read
+            return decode(*raw, unescaped=self.version != "1.0" and not raw[0].startswith(b"CONNECTED"))
+        except (ProtocolError, UnicodeDecodeError) as exc:
+            self.close()
+            raise ClientError(f"malformed frame from {self.name}: {exc}") from None

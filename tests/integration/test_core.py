@@ -13,6 +13,7 @@ import pytest
 import stomp
 
 from stompwire import Wire
+from stompbroker.processes.titles import process_role
 
 
 def wire(broker, version="1.2", **headers) -> Wire:
@@ -25,14 +26,10 @@ def wire(broker, version="1.2", **headers) -> Wire:
 def roles(broker) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
     for child in psutil.Process(broker.proc.pid).children():
-        try:
-            title = " ".join(child.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if title.startswith("stompbroker: ") and not title.startswith("stompbroker: supervisor"):
+        role = process_role(child)
+        if role is not None and role != "supervisor":
             # (a child just forked still carries the supervisor's title until it names itself)
-            role = title.split()[1].rstrip("-0123456789").rstrip("-")
-            found.setdefault(role, []).append(child.pid)
+            found.setdefault(role.rstrip("-0123456789").rstrip("-"), []).append(child.pid)
     return found
 
 

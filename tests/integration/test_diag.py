@@ -8,6 +8,7 @@ import re
 import time
 
 
+from stompbroker.diag import schema
 from stompwire import Wire
 
 
@@ -193,6 +194,7 @@ def test_dump_lines_schema_and_rotation(start_broker, tmp_path):
     assert len(lines) >= 3
     for line in lines:
         assert set(line) >= SCHEMA_KEYS
+        assert schema.problems(line) == []  # every field the one schema declares, of its type
         assert line["schema"] == 1 and line["interval_ms"] == 100
         assert re.fullmatch(r"[0-9a-f]{8}", line["settings_id"])
         assert set(line["totals"]) >= {"frames_in", "frames_out", "bytes_in", "bytes_out", "connections_opened",

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from stompwire import Wire
+from stompbroker.processes.titles import process_role
 
 
 def wire(broker, version: str = "1.2") -> Wire:
@@ -208,11 +209,7 @@ def role_pid(broker, role: str) -> int:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for child in psutil.Process(broker.proc.pid).children():
-            try:
-                cmdline = child.cmdline()  # once: a child that exits between two calls has none
-            except psutil.Error:
-                continue
-            if cmdline and cmdline[0].strip() == f"stompbroker: {role}":
+            if process_role(child) == role:  # (its command line is read once)
                 return child.pid
         time.sleep(0.05)
     raise AssertionError(f"no {role} process")

@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from stompbroker.tools.client import parse_frames  # strict: ValueError unless whole frames
 from stompwire import Wire
 
 pytestmark = pytest.mark.timeout(180)
@@ -94,47 +95,6 @@ def read_until_gone(sock: socket.socket, timeout: float = 10.0) -> bytes:
         if not chunk:
             return bytes(data)
         data += chunk
-
-
-def parse_frames(data: bytes, cut_tail: bool = False) -> list[tuple[str, dict, bytes]]:
-    """Strictly split broker output into frames; ValueError if it is not a sequence of whole frames.
-
-    ``cut_tail``: the last frame may be unfinished (the connection was cut while it was being sent).
-    """
-    frames = []
-    pos = 0
-    while True:
-        while pos < len(data) and data[pos] in b"\r\n":
-            pos += 1
-        if pos == len(data):
-            return frames
-        end = data.find(b"\n\n", pos)
-        if end < 0:
-            if cut_tail:
-                return frames
-            raise ValueError(f"unfinished frame head at byte {pos}: {data[pos:pos + 80]!r}")
-        lines = data[pos:end].decode("utf-8").split("\n")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise ValueError(f"bad header line {line[:80]!r} at byte {pos}")
-            headers.setdefault(name, value)
-        start = end + 2
-        if "content-length" in headers:
-            stop = start + int(headers["content-length"])
-            if cut_tail and stop >= len(data):
-                return frames
-            if data[stop:stop + 1] != b"\0":
-                raise ValueError(f"frame at byte {pos} ({lines[0]}) is cut short or not NUL-terminated")
-        else:
-            stop = data.find(b"\0", start)
-            if stop < 0:
-                if cut_tail:
-                    return frames
-                raise ValueError(f"frame at byte {pos} ({lines[0]}) has no NUL")
-        frames.append((lines[0], headers, data[start:stop]))
-        pos = stop + 1
 
 
 def connected_wire(b, **settings) -> Wire:

@@ -18,6 +18,7 @@ import pytest
 import stomp
 
 from conftest import ROOT
+from stompbroker.readiness import NotReady, wait_ready
 
 PY = sys.executable
 
@@ -26,26 +27,12 @@ def env():
     return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def wait_for_port(log_path, proc: subprocess.Popen, timeout: float = 20.0) -> int:
-    """The port from the line tools scrape, "stompbroker listening on HOST:PORT"."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = re.search(r"stompbroker listening on [^\s]+:(\d+)", open(log_path).read())
-        if match:
-            return int(match.group(1))
-        assert proc.poll() is None, f"exited with {proc.returncode}"
-        time.sleep(0.05)
-    raise AssertionError("never listening")
-
-
 def wait_for(path: str, proc: subprocess.Popen, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(path):
-            return json.loads(open(path).read())
-        assert proc.poll() is None, f"exited with {proc.returncode}"
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never appeared")
+    """The broker's ready_file record, once it serves."""
+    try:
+        return wait_ready(path, proc, timeout)
+    except NotReady as exc:
+        raise AssertionError(f"{path}: {exc}") from None
 
 
 def send_and_receive(port: int) -> None:
@@ -84,10 +71,10 @@ def test_supervisor_serves_as_pid_1_and_stops_cleanly_on_sigterm(tmp_path):
     """As a container's entrypoint the supervisor is PID 1 of its namespace."""
     log = open(tmp_path / "log", "wb")
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                             PY, "-m", "stompbroker", "port=0", "processors=3"],
+                             PY, "-m", "stompbroker", "port=0", "processors=3", f"ready_file={tmp_path / 'ready'}"],
                             cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)
     try:
-        port = wait_for_port(tmp_path / "log", proc)
+        port = wait_for(str(tmp_path / "ready"), proc)["port"]
         assert "MainProcess[1]" in (tmp_path / "log").read_text()  # the supervisor is PID 1
         send_and_receive(port)
         (supervisor,) = psutil.Process(proc.pid).children()

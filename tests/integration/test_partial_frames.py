@@ -9,6 +9,8 @@ import time
 import psutil
 import pytest
 
+from stompbroker.processes.titles import process_role
+
 pytestmark = pytest.mark.timeout(120)
 
 MB = 1 << 20
@@ -16,7 +18,7 @@ MB = 1 << 20
 
 def reader_rss(broker) -> int:
     for p in psutil.Process(broker.proc.pid).children():
-        if "reader" in p.name() or "reader" in " ".join(p.cmdline()):
+        if process_role(p) == "reader":
             return p.memory_info().rss
     raise AssertionError("no reader process")
 

@@ -18,6 +18,7 @@ import websocket
 
 from conftest import ROOT
 from stompwire import Wire
+from stompbroker.processes.titles import process_role
 
 
 def free_port() -> int:
@@ -134,7 +135,7 @@ def test_bad_certificate_stops_the_start(tmp_path):
 
 def reader_pid(broker) -> int:
     for child in psutil.Process(broker.proc.pid).children():
-        if " ".join(child.cmdline()).startswith("stompbroker: reader"):
+        if process_role(child) == "reader":
             return child.pid
     raise AssertionError("no reader process")
 

@@ -19,6 +19,9 @@ import time
 import pytest
 import websocket  # websocket-client
 
+from stompbroker.protocol.websocket import encode_client_frame, parse_frame
+from stompbroker.tools.client import parse_frames
+
 OP_CONT, OP_TEXT, OP_BIN, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 TIMEOUT = 5.0
@@ -53,26 +56,7 @@ def request(path="/ws", key=None, protocols=None, extra=(), drop=(), first_line=
 
 def client_frame(payload: bytes, opcode: int = OP_TEXT, fin: bool = True, mask: bool = True, rsv: int = 0) -> bytes:
     """One client-to-server frame (masked unless told otherwise)."""
-    n = len(payload)
-    b0 = (0x80 if fin else 0) | rsv << 4 | opcode
-    m = 0x80 if mask else 0
-    if n < 126:
-        head = struct.pack("!BB", b0, m | n)
-    elif n < 1 << 16:
-        head = struct.pack("!BBH", b0, m | 126, n)
-    else:
-        head = struct.pack("!BBQ", b0, m | 127, n)
-    if not mask:
-        return head + payload
-    key = os.urandom(4)
-    body = bytes(b ^ key[i & 3] for i, b in enumerate(payload)) if n < 4096 else _mask_big(payload, key)
-    return head + key + body
-
-
-def _mask_big(payload: bytes, key: bytes) -> bytes:
-    n = len(payload)
-    k = (key * (n // 4 + 1))[:n]
-    return (int.from_bytes(payload, "big") ^ int.from_bytes(k, "big")).to_bytes(n, "big")
+    return encode_client_frame(payload, opcode, fin=fin, rsv=rsv, masked=mask)
 
 
 def stomp_bytes(command: str, headers: dict | None = None, body: bytes = b"") -> bytes:
@@ -82,21 +66,10 @@ def stomp_bytes(command: str, headers: dict | None = None, body: bytes = b"") ->
 
 def parse_stomp(data: bytes) -> tuple[str, dict, bytes]:
     """Exactly one STOMP frame (the broker sends one per WebSocket message)."""
-    head, sep, rest = data.partition(b"\n\n")
-    assert sep, data[:200]
-    lines = head.decode().split("\n")
-    headers = {}
-    for line in lines[1:]:
-        k, _, v = line.partition(":")
-        headers.setdefault(k, v)
-    if "content-length" in headers:
-        n = int(headers["content-length"])
-        body, tail = rest[:n], rest[n:]
-    else:
-        body, _, tail = rest.partition(b"\0")
-        tail = b"\0" + tail
-    assert tail == b"\0", f"not exactly one STOMP frame in the message: {data[:300]!r}"
-    return lines[0], headers, body
+    frames = parse_frames(data)
+    assert len(frames) == 1 and data[:1] not in b"\r\n" and data.endswith(b"\0"), \
+        f"not exactly one STOMP frame in the message: {data[:300]!r}"
+    return frames[0]
 
 
 class RawWs:
@@ -164,19 +137,11 @@ class RawWs:
         b0, b1 = self.buf[0], self.buf[1]
         assert not b1 & 0x80, "server frames must not be masked"
         assert not b0 & 0x70, "RSV bits set by the server"
-        n, hdr = b1 & 0x7F, 2
-        if n == 126:
-            while len(self.buf) < 4:
-                self._recv(deadline, "a WebSocket frame")
-            n, hdr = struct.unpack("!H", self.buf[2:4])[0], 4
-        elif n == 127:
-            while len(self.buf) < 10:
-                self._recv(deadline, "a WebSocket frame")
-            n, hdr = struct.unpack("!Q", self.buf[2:10])[0], 10
-        while len(self.buf) < hdr + n:
+        while (parsed := parse_frame(self.buf)) is None:
             self._recv(deadline, "a WebSocket frame")
-        payload, self.buf = self.buf[hdr:hdr + n], self.buf[hdr + n:]
-        return bool(b0 & 0x80), b0 & 0x0F, payload
+        fin, opcode, payload, end = parsed
+        self.buf = self.buf[end:]
+        return fin, opcode, payload
 
     def read_message(self, timeout: float = TIMEOUT, skip_heartbeats: bool = True) -> tuple[int, bytes]:
         """Next data message (opcode, payload); the broker never fragments, pongs are not expected here."""

@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from stompbroker.diag import schema
+
 SAMPLES_PER_RUN = 30
 RUN_STARTS = (1_763_700_000_000.0, 1_763_700_035_000.0)  # run 1 starts 5 s after run 0's last line
 BROKER_PIDS = (1234, 2234)
@@ -87,7 +89,7 @@ def line(run: int, k: int, factor: int = 1, pid_offset: int = 0) -> dict:
         for r, off in roles
     ]
     return {
-        "schema": 1,
+        "schema": schema.VERSION,
         "ts": start + e,
         "interval_ms": 1000,
         "settings_id": "a1b2c3d4",
