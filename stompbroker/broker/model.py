@@ -17,17 +17,18 @@ class Outbox:
 
     __slots__ = ("index", "buf", "count", "limit", "on_full", "stamp")
 
-    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None, stamp: list | None = None):
+    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None):
         self.index = index
         self.buf = bytearray()
         self.count = 0
         self.limit = limit        # past this many bytes, on_full(outbox) hands the batch over early
         self.on_full = on_full
-        # stamp[0]: when the frame being handled was read (records.stamp); shared by all outboxes
-        self.stamp = stamp if stamp is not None else [0]
+        # when the frame being handled was read (records.stamp, 0 = not stamped): the dispatcher sets
+        # it on every outbox before each input record, and the records it causes carry it
+        self.stamp = 0
 
     def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
-        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux, self.stamp[0])
+        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux, self.stamp)
         self.buf += payload
         self.count += 1
         if len(self.buf) > self.limit:
@@ -36,7 +37,7 @@ class Outbox:
     def add2(self, conn: int, first: bytes, second: bytes, aux: int = 0) -> None:
         """A DATA record made of two parts, without joining them first (one delivery)."""
         buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, aux, self.stamp[0])
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, aux, self.stamp)
         buf += first
         buf += second
         self.count += 1
@@ -46,7 +47,7 @@ class Outbox:
     def add3(self, conn: int, first: bytes, second: bytes, third: bytes, aux: int = 0) -> None:
         buf = self.buf
         buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, aux,
-                             self.stamp[0])
+                             self.stamp)
         buf += first
         buf += second
         buf += third

@@ -38,8 +38,7 @@ class Dispatcher:
         self.config = config
         self.ring = resources.input_ring
         self.rings = resources.output_rings
-        self.stamp = [0]
-        self.outboxes = [Outbox(i, stamp=self.stamp) for i in range(len(self.rings))]
+        self.outboxes = [Outbox(i) for i in range(len(self.rings))]
         limit = min(ring.capacity for ring in self.rings) // 2
         for box in self.outboxes:
             box.limit = limit
@@ -168,14 +167,19 @@ class Dispatcher:
 
     def handle(self, blob: bytes, now: float) -> bool:
         broker = self.broker
+        boxes = self.outboxes
         unpack = R.unpack_header
         pos, end = 0, len(blob)
+        current = 0
         while pos < end:
             length, kind, conn, aux, stamp = unpack(blob, pos)
             start = pos + R.HEADER_SIZE
             stop = pos + length
             pos = stop
-            self.stamp[0] = stamp
+            if stamp != current:  # the frames of one read share a stamp
+                current = stamp
+                for box in boxes:
+                    box.stamp = stamp
             try:
                 if kind == R.FRAME:
                     split = start + aux
@@ -203,7 +207,8 @@ class Dispatcher:
                 # A bug must cost one connection, not every client's session (a dispatcher restart).
                 log.exception("internal error on connection %d; closing it", conn)
                 broker.on_internal_error(conn)
-        self.stamp[0] = 0  # records made by timers are not stamped
+        for box in boxes:
+            box.stamp = 0  # records made by timers are not stamped
         return True
 
     def transport(self, kind: int, conn: int, payload: bytes) -> None:
