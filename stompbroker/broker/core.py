@@ -21,7 +21,8 @@ from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head
 from . import (acks, confirmations, diagnostics, durables, queues, receipts, routing, sessions, subscribing,
                transactions)
-from .model import Message, Outbox, Queue, Session
+from ..ipc.outbox import Outbox
+from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
 from .stale import StaleQueue
 from .subscriptions import SubscriptionIndex

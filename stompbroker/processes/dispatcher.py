@@ -17,12 +17,13 @@ import time
 import orjson
 
 from ..broker.auth import Authenticator
-from ..broker.core import Broker, Outbox
+from ..broker.core import Broker
 from ..console import http
 from ..security import passwd
 from ..diag.stats import Statistics
 from ..store.sqlite import Store
 from ..ipc import records as R
+from ..ipc.outbox import Outbox
 from . import common
 from .login_checker import LoginChecker, load_users
 from .login_checker import log as auth_log

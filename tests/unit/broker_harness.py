@@ -11,7 +11,7 @@ import inspect
 from typing import NamedTuple
 
 from stompbroker.broker.core import Broker
-from stompbroker.broker.model import Outbox
+from stompbroker.ipc.outbox import Outbox
 from stompbroker.ipc import records as R
 from stompbroker.protocol.stomp import parse_head
 from stompbroker.settings import make_config
