@@ -21,7 +21,8 @@ from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head
 from . import (acks, confirmations, diagnostics, durables, queues, receipts, routing, sessions, subscribing,
                transactions)
-from .model import Message, Outbox, Queue, Session
+from ..ipc.outbox import Outbox
+from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
 from .stale import StaleQueue
 from .subscriptions import SubscriptionIndex
@@ -41,7 +42,8 @@ HANDLERS = {
 
 
 class Broker:
-    def __init__(self, config, outboxes: list[Outbox], clock=time.time, *, auth=None, diag=None, store=None):
+    def __init__(self, config, outboxes: list[Outbox], clock=time.time, *, auth=None, logins=None, diag=None,
+                 store=None):
         self.config = config
         self.outboxes = outboxes
         self.clock = clock               # wall clock, for the absolute `expires` header
@@ -54,7 +56,8 @@ class Broker:
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
         self.diag = diag                 # the statistics provider (diag.stats.Statistics); it needs the broker
         self.store = store               # the durable store (store.sqlite.Store), or set by recover()
-        self.auth = auth                 # the Authenticator (broker/auth.py)
+        self.auth = auth                 # the Authenticator (broker/auth.py): who may log in, read, write
+        self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
         self.failures: dict[str, int] = {}        # failed logins per client address
         self.delayed: list[tuple[float, int]] = []  # refused logins, answered after a delay
         self.ops_mark = 0                # the store's op count when the current event began

@@ -1,63 +1,15 @@
-"""Plain data of the dispatcher: sessions, subscriptions, messages, queues, deliveries, outboxes."""
+"""Plain data of the dispatcher: sessions, subscriptions, messages, queues, deliveries."""
 
 from __future__ import annotations
 
 from collections import deque
 
-from ..ipc import records as R
+from ..ipc.outbox import Outbox
 from ..protocol.stomp import escape
 
 # Headers of a SEND meant for the broker, not copied into the MESSAGE.
 NOT_FORWARDED = frozenset(("destination", "message-id", "subscription", "content-length", "receipt",
                            "transaction", "ack", "redelivered", "persistent"))
-
-
-class Outbox:
-    """Records for one writer, collected during one dispatcher round."""
-
-    __slots__ = ("index", "buf", "count", "limit", "on_full", "stamp")
-
-    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None, stamp: list | None = None):
-        self.index = index
-        self.buf = bytearray()
-        self.count = 0
-        self.limit = limit        # past this many bytes, on_full(outbox) hands the batch over early
-        self.on_full = on_full
-        # stamp[0]: when the frame being handled was read (records.stamp); shared by all outboxes
-        self.stamp = stamp if stamp is not None else [0]
-
-    def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
-        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux, self.stamp[0])
-        self.buf += payload
-        self.count += 1
-        if len(self.buf) > self.limit:
-            self.on_full(self)
-
-    def add2(self, conn: int, first: bytes, second: bytes, aux: int = 0) -> None:
-        """A DATA record made of two parts, without joining them first (one delivery)."""
-        buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, aux, self.stamp[0])
-        buf += first
-        buf += second
-        self.count += 1
-        if len(buf) > self.limit:
-            self.on_full(self)
-
-    def add3(self, conn: int, first: bytes, second: bytes, third: bytes, aux: int = 0) -> None:
-        buf = self.buf
-        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, aux,
-                             self.stamp[0])
-        buf += first
-        buf += second
-        buf += third
-        self.count += 1
-        if len(buf) > self.limit:
-            self.on_full(self)
-
-    def take(self) -> tuple[bytearray, int]:
-        buf, count = self.buf, self.count
-        self.buf, self.count = bytearray(), 0
-        return buf, count
 
 
 class Session:

@@ -7,7 +7,6 @@ import logging
 
 from ..ipc import records as R
 from ..protocol.stomp import render_frame
-from ..protocol.websocket import encode_close
 from . import sessions
 from .model import Session
 from .names import QUEUE_PREFIX, short
@@ -72,9 +71,7 @@ def store_outage(b, now: float) -> None:
                 "log); this message and the ones after it are not confirmed").encode()
         log.warning("connection %s (%s): ERROR store unavailable (receipt %s)", session.conn, session.peer, receipt)
         session.outbox.add(R.DATA, session.conn, render_frame("ERROR", headers, body, escape_headers=session.escape))
-        if session.websocket:
-            session.outbox.add(R.RAW, session.conn, encode_close(1011))
-        session.outbox.add(R.CLOSE, session.conn)
+        session.outbox.add(R.CLOSE, session.conn, R.WS_CLOSE_INTERNAL_ERROR if session.websocket else b"")
 
 
 def store_refuses(b, destination: str, headers: dict) -> bool:
@@ -106,6 +103,4 @@ def error(b, session: Session, message: str, detail: str = "", receipt: str | No
 def close(b, session: Session, websocket_close: bool = True) -> None:
     session.closing = True
     sessions.end_session(b, session)
-    if session.websocket and websocket_close:
-        emit(b, session, R.RAW, encode_close(1000))
-    emit(b, session, R.CLOSE)
+    emit(b, session, R.CLOSE, R.WS_CLOSE_NORMAL if session.websocket and websocket_close else b"")

@@ -37,8 +37,8 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
                             f"{b.config.heartbeat_max_ms} ms", receipt)
     if b.auth is not None and b.auth.required:
         session.pending = (version, cx, cy, headers)
-        b.auth.submit(session.conn, headers.get("login"), headers.get("passcode"),
-                      session.peer.rsplit(":", 1)[0])
+        b.logins.submit(session.conn, headers.get("login"), headers.get("passcode"),
+                        session.peer.rsplit(":", 1)[0])
         return
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
 
@@ -122,8 +122,8 @@ def closed(b, conn: int, tell_writer: bool = True) -> None:
     session.held.clear()
     b.holding.discard(session)
     b.timed.discard(session)
-    if session.pending is not None and b.auth is not None:
-        b.auth.cancel(conn)
+    if session.pending is not None and b.logins is not None:
+        b.logins.cancel(conn)
     end_session(b, session)
     if session.inflight and not session.written_final:
         # The writer may still be sending them: wait for its last count for this connection.

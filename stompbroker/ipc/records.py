@@ -39,7 +39,8 @@ class Kind(enum.IntEnum):
                     # aux WRITTEN_MARK: a queue delivery the writer counts once sent (see WRITTEN below)
     RAW = 21        # payload: bytes written as they are
     WS_ON = 22      # payload: bytes written raw, then the connection switches to WebSocket framing
-    CLOSE = 23      # flush what is queued, then close
+    CLOSE = 23      # flush what is queued, then close; payload, if any: a WebSocket close code (WS_CLOSE_CODE)
+                    # the writer first sends as a close frame
     HEARTBEAT = 24  # aux: milliseconds between heart-beats the writer sends when the line is idle (0 = off)
     STOP = 25       # flush everything and exit
     RESET = 26      # the reader restarted: payload u64, drop every connection with an id below it
@@ -80,6 +81,11 @@ WRITTEN_LAST = 1      # head flag: the writer is stopping, this is its last repo
 WRITTEN_STARTED = 2   # head flag: a writer (re)started; what its predecessor held is not coming
 WRITTEN_FINAL = 1 << 63
 CONN_ID = struct.Struct("<Q")
+# A CLOSE record's WebSocket close code, so the broker asks for a close frame without the codec
+# (the writer encodes it, RFC 6455 5.5.1): NORMAL 1000 (7.4.1), INTERNAL_ERROR 1011 (IANA registry).
+WS_CLOSE_CODE = struct.Struct("!H")
+WS_CLOSE_NORMAL = WS_CLOSE_CODE.pack(1000)
+WS_CLOSE_INTERNAL_ERROR = WS_CLOSE_CODE.pack(1011)
 
 
 STAMP_MASK = 0xFFFFFFFF

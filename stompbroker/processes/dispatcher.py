@@ -17,12 +17,16 @@ import time
 import orjson
 
 from ..broker.auth import Authenticator
-from ..broker.core import Broker, Outbox
+from ..broker.core import Broker
 from ..console import http
+from ..security import passwd
 from ..diag.stats import Statistics
 from ..store.sqlite import Store
 from ..ipc import records as R
+from ..ipc.outbox import Outbox
 from . import common
+from .login_checker import LoginChecker, load_users
+from .login_checker import log as auth_log
 
 log = logging.getLogger("stompbroker.dispatcher")
 
@@ -35,16 +39,16 @@ class Dispatcher:
         self.config = config
         self.ring = resources.input_ring
         self.rings = resources.output_rings
-        self.stamp = [0]
-        self.outboxes = [Outbox(i, stamp=self.stamp) for i in range(len(self.rings))]
+        self.outboxes = [Outbox(i) for i in range(len(self.rings))]
         limit = min(ring.capacity for ring in self.rings) // 2
         for box in self.outboxes:
             box.limit = limit
             box.on_full = self.flush_one
-        self.auth = None
+        self.auth = self.logins = None
         if config.auth != "off" or config.secret or config.acl_file:
-            self.auth = Authenticator(config)
-        self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth)
+            self.auth = Authenticator(config, load_users(config))
+            self.logins = LoginChecker(self.auth, config.auth_fail_delay_ms / 1000)
+        self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth, logins=self.logins)
         self.broker.diag = self.statistics = Statistics(self.broker, resources, config)  # (it reads the broker)
         self.site = http.Site(config, self.statistics)
         self.http_pending: dict[int, tuple] = {}              # HTTP requests whose login is being checked
@@ -56,7 +60,7 @@ class Dispatcher:
         self.wait_fds = [self.ring.data_fd, self.written]
         self.writers_done: set[int] = set()
         if self.auth is not None:
-            self.wait_fds.append(self.auth.done_fd)
+            self.wait_fds.append(self.logins.done_fd)
         # SIGHUP (relayed by the supervisor) re-reads the passwd file
         self.signal_r, signal_w = os.pipe()
         os.set_blocking(signal_w, False)
@@ -96,7 +100,7 @@ class Dispatcher:
                 self.commit()  # deletes of messages the writers have sent
             if self.auth is not None:
                 now = time.monotonic()
-                for conn, user in self.auth.results():
+                for conn, user in self.logins.results():
                     if conn in self.http_pending:
                         self.http_checked(conn, user, now)
                     else:
@@ -164,14 +168,19 @@ class Dispatcher:
 
     def handle(self, blob: bytes, now: float) -> bool:
         broker = self.broker
+        boxes = self.outboxes
         unpack = R.unpack_header
         pos, end = 0, len(blob)
+        current = 0
         while pos < end:
             length, kind, conn, aux, stamp = unpack(blob, pos)
             start = pos + R.HEADER_SIZE
             stop = pos + length
             pos = stop
-            self.stamp[0] = stamp
+            if stamp != current:  # the frames of one read share a stamp
+                current = stamp
+                for box in boxes:
+                    box.stamp = stamp
             try:
                 if kind == R.FRAME:
                     split = start + aux
@@ -199,7 +208,8 @@ class Dispatcher:
                 # A bug must cost one connection, not every client's session (a dispatcher restart).
                 log.exception("internal error on connection %d; closing it", conn)
                 broker.on_internal_error(conn)
-        self.stamp[0] = 0  # records made by timers are not stamped
+        for box in boxes:
+            box.stamp = 0  # records made by timers are not stamped
         return True
 
     def transport(self, kind: int, conn: int, payload: bytes) -> None:
@@ -229,7 +239,7 @@ class Dispatcher:
                 self.http_pending[conn] = (method, target, accept)
                 session = self.broker.sessions.get(conn)
                 address = session.peer.rsplit(":", 1)[0] if session is not None else ""
-                self.auth.submit(conn, *credentials, address)  # one check in flight per address, as for CONNECT
+                self.logins.submit(conn, *credentials, address)  # one check in flight per address, as for CONNECT
                 return
         if response is None:
             response = self.respond(method, target, accept)
@@ -275,7 +285,17 @@ class Dispatcher:
         except BlockingIOError:
             return
         if signal.SIGHUP in received and self.auth is not None:
-            self.auth.reload()
+            self.reload_users()
+
+    def reload_users(self) -> None:
+        """SIGHUP: read the passwd and ACL files again; keep the old ones if the new ones are bad."""
+        try:
+            users = load_users(self.config)
+        except (OSError, passwd.PasswdError) as exc:
+            auth_log.error("passwd reload failed, keeping the previous users: %s", exc)
+            return
+        self.auth.replace_users(users)
+        auth_log.info("passwd reloaded: %d users", len(users))
 
     def commit(self) -> None:
         """End of a round: hand the store what the round wrote (group commit), without waiting."""

@@ -165,6 +165,8 @@ class Writer:
                         if kind == R.WS_ON:
                             c.ws = True
                 elif kind == R.CLOSE:
+                    if stop > start and c.ws and not c.closing:  # a WebSocket close frame first
+                        self.append(c, encode_close(R.WS_CLOSE_CODE.unpack_from(blob, start)[0]))
                     if c.lingering:
                         self.discard(c)  # the reader has seen the end already
                     elif not c.closing:

@@ -11,7 +11,7 @@ import inspect
 from typing import NamedTuple
 
 from stompbroker.broker.core import Broker
-from stompbroker.broker.model import Outbox
+from stompbroker.ipc.outbox import Outbox
 from stompbroker.ipc import records as R
 from stompbroker.protocol.stomp import parse_head
 from stompbroker.settings import make_config
@@ -52,7 +52,10 @@ class Rig:
         self.wall = 1_800_000_000.0   # the wall clock (for `expires`), seconds
         self.now = 100.0              # the monotonic clock, seconds
         # Collaborators go to the constructor where it takes them, else are set as attributes.
-        given = {name: value for name, value in (("diag", diag), ("auth", auth)) if value is not None}
+        # A fake authenticator that takes login checks (submit, cancel) stands for the checker too.
+        logins = auth if hasattr(auth, "submit") else None
+        given = {name: value for name, value in (("diag", diag), ("auth", auth), ("logins", logins))
+                 if value is not None}
         accepted = inspect.signature(Broker).parameters
         self.broker = Broker(self.config, self.outboxes, clock=lambda: self.wall,
                              **{k: v for k, v in given.items() if k in accepted})

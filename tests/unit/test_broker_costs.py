@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stompbroker.broker.core import Broker
-from stompbroker.broker.model import Outbox
+from stompbroker.ipc.outbox import Outbox
 from stompbroker.ipc import records as R
 from stompbroker.settings import make_config
 

@@ -392,7 +392,7 @@ import tempfile
 import time as _time
 
 from stompbroker.broker.core import Broker
-from stompbroker.broker.model import Outbox
+from stompbroker.ipc.outbox import Outbox
 from stompbroker.ipc import records as R
 from stompbroker.settings import make_config
 from stompbroker.store.sqlite import Store

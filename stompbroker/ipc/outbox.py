@@ -1,0 +1,60 @@
+"""Records for one writer, gathered by the dispatcher: the dispatcher-to-writer wire format's producer.
+
+The broker appends its replies and deliveries here (``add``, and ``add2``/``add3`` for a DATA
+record made of parts, so a delivery is never joined first); the dispatcher hands the batch to the
+writer's ring (``take``). Records are encoded once, as they are added: tuples encoded later by the
+dispatcher would cost the same encoding plus a tuple per record on the fan-out path.
+"""
+
+from __future__ import annotations
+
+from . import records as R
+
+
+class Outbox:
+    """Records for one writer, collected during one dispatcher round."""
+
+    __slots__ = ("index", "buf", "count", "limit", "on_full", "stamp")
+
+    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None):
+        self.index = index
+        self.buf = bytearray()
+        self.count = 0
+        self.limit = limit        # past this many bytes, on_full(outbox) hands the batch over early
+        self.on_full = on_full
+        # when the frame being handled was read (records.stamp, 0 = not stamped): the dispatcher sets
+        # it on every outbox before each input record, and the records it causes carry it
+        self.stamp = 0
+
+    def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
+        self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux, self.stamp)
+        self.buf += payload
+        self.count += 1
+        if len(self.buf) > self.limit:
+            self.on_full(self)
+
+    def add2(self, conn: int, first: bytes, second: bytes, aux: int = 0) -> None:
+        """A DATA record made of two parts, without joining them first (one delivery)."""
+        buf = self.buf
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, aux, self.stamp)
+        buf += first
+        buf += second
+        self.count += 1
+        if len(buf) > self.limit:
+            self.on_full(self)
+
+    def add3(self, conn: int, first: bytes, second: bytes, third: bytes, aux: int = 0) -> None:
+        buf = self.buf
+        buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, aux,
+                             self.stamp)
+        buf += first
+        buf += second
+        buf += third
+        self.count += 1
+        if len(buf) > self.limit:
+            self.on_full(self)
+
+    def take(self) -> tuple[bytearray, int]:
+        buf, count = self.buf, self.count
+        self.buf, self.count = bytearray(), 0
+        return buf, count
