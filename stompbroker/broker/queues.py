@@ -156,8 +156,7 @@ def drop_if_idle(b, queue: Queue) -> None:
     walks through names grows the broker for good. Wildcard subscribers do not keep a queue
     alive (the next message makes it again); its counters go with it.
     """
-    if (queue.owner is None and not queue.messages and not queue.parked and not queue.blocked
-            and not queue.unacked
+    if (queue.owner is None and not queue.depth() and not queue.unacked
             and not b.index.exact.get(queue.name) and b.queues.get(queue.name) is queue):
         del b.queues[queue.name]
         b.rescan.discard(queue)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 import struct
 
+from ..protocol.websocket import CloseCode
+
 HEADER = struct.Struct("<IBxxxQII")  # total length, kind, connection id, aux, stamp
 HEADER_SIZE = HEADER.size
 pack_header = HEADER.pack
@@ -82,10 +84,10 @@ WRITTEN_STARTED = 2   # head flag: a writer (re)started; what its predecessor he
 WRITTEN_FINAL = 1 << 63
 CONN_ID = struct.Struct("<Q")
 # A CLOSE record's WebSocket close code, so the broker asks for a close frame without the codec
-# (the writer encodes it, RFC 6455 5.5.1): NORMAL 1000 (7.4.1), INTERNAL_ERROR 1011 (IANA registry).
+# (the writer encodes it, RFC 6455 5.5.1; the codes are protocol/websocket.py's CloseCode).
 WS_CLOSE_CODE = struct.Struct("!H")
-WS_CLOSE_NORMAL = WS_CLOSE_CODE.pack(1000)
-WS_CLOSE_INTERNAL_ERROR = WS_CLOSE_CODE.pack(1011)
+WS_CLOSE_NORMAL = WS_CLOSE_CODE.pack(CloseCode.NORMAL)
+WS_CLOSE_INTERNAL_ERROR = WS_CLOSE_CODE.pack(CloseCode.INTERNAL_ERROR)
 
 
 STAMP_MASK = 0xFFFFFFFF

@@ -27,7 +27,7 @@ import time
 from ..diag import latency
 from ..ipc import records as R
 from ..protocol.stomp import render_frame
-from ..protocol.websocket import encode_close, encode_message
+from ..protocol.websocket import CloseCode, encode_close, encode_message
 from . import batching, common
 
 log = logging.getLogger("stompbroker.writer")
@@ -209,28 +209,30 @@ class Writer:
             self.flush(c)
 
     def report(self, flag: int = 0) -> None:
-        """Tell the dispatcher how many marked deliveries each connection has sent (one datagram)."""
+        """Tell the dispatcher how many marked deliveries each connection has sent (a datagram per 4,096)."""
         sock = self.report_sock
         if sock is None:
             self.progress.clear()
             return
         pairs = [R.WRITTEN_PAIR.pack(c.id, c.written | (R.WRITTEN_FINAL if c.lingering or c.gone else 0))
                  for c in self.progress]
-        try:
-            for i in range(0, max(len(pairs), 1), 4096):
-                flags = flag if i + 4096 >= len(pairs) else 0
-                sock.send(R.WRITTEN_HEAD.pack(self.index, flags) + b"".join(pairs[i:i + 4096]))
-        except (BlockingIOError, InterruptedError):
-            if flag:  # the dispatcher waits for this one: give it a moment
-                sock.settimeout(1.0)
+        starts = range(0, max(len(pairs), 1), 4096)
+        for i in starts:
+            data = R.WRITTEN_HEAD.pack(self.index, flag if i == starts[-1] else 0) + b"".join(pairs[i:i + 4096])
+            try:
+                sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                if not flag:
+                    return  # counts are cumulative: the next report carries them
+                sock.settimeout(1.0)  # the dispatcher waits for this last report: give it a moment
                 try:
-                    sock.send(R.WRITTEN_HEAD.pack(self.index, flag) + b"".join(pairs[-4096:]))
+                    sock.send(data)
                 except OSError:
                     pass
-                sock.setblocking(False)
-            return  # counts are cumulative: the next report carries them
-        except OSError:
-            pass
+                finally:
+                    sock.setblocking(False)
+            except OSError:
+                break
         self.progress.clear()
 
     # -- batching and sending --------------------------------------------------------------------
@@ -293,9 +295,10 @@ class Writer:
         log.warning("writer %d: connection %d is a slow consumer (%d bytes pending), closing",
                     self.index, c.id, c.pending)
         self.stats["slow_consumers"] += 1
-        self.cut(c, "slow consumer", f"more than {self.max_pending} bytes waiting to be sent", 1008)
+        self.cut(c, "slow consumer", f"more than {self.max_pending} bytes waiting to be sent",
+                 CloseCode.POLICY_VIOLATION)
 
-    def cut(self, c: Conn, message: str, detail: str, ws_code: int = 1011) -> None:
+    def cut(self, c: Conn, message: str, detail: str, ws_code: int = CloseCode.INTERNAL_ERROR) -> None:
         """Drop the unsent output (the dispatcher requeues its deliveries), add an ERROR, close."""
         if c.lingering:
             return
