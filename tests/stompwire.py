@@ -72,3 +72,26 @@ class Wire:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def connected(broker, version: str = "1.2") -> Wire:
+    """A new connection to ``broker`` that has sent CONNECT and read CONNECTED."""
+    w = Wire(broker.connect())
+    w.connect(version)
+    return w
+
+
+def subscribe(w: Wire, dest: str, sub_id: str = "s", **headers) -> None:
+    """SUBSCRIBE with a receipt, and wait for it."""
+    w.frame("SUBSCRIBE", {"id": sub_id, "destination": dest, "receipt": f"sub-{sub_id}", **headers})
+    assert w.read()[:2] == ("RECEIPT", {"receipt-id": f"sub-{sub_id}"})
+
+
+def drain(w: Wire, timeout: float = 0.5) -> list:
+    """Every frame that arrives until ``timeout`` s pass with none."""
+    frames = []
+    while True:
+        try:
+            frames.append(w.read(timeout))
+        except TimeoutError:
+            return frames

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from stompwire import Wire
+from stompwire import Wire, drain
 
 
 def wire(broker) -> Wire:
@@ -25,15 +25,6 @@ def kill_group(broker) -> None:
     """kill -9 the whole process group: supervisor, reader, dispatcher, writers."""
     os.killpg(broker.proc.pid, signal.SIGKILL)
     broker.proc.wait(10)
-
-
-def drain(w: Wire, timeout: float = 1.0) -> list:
-    frames = []
-    while True:
-        try:
-            frames.append(w.read(timeout))
-        except TimeoutError:
-            return frames
 
 
 @pytest.fixture

@@ -7,18 +7,8 @@ import time
 
 import pytest
 
-from stompwire import Wire
-
-
-def wire(broker, version="1.2") -> Wire:
-    w = Wire(broker.connect())
-    w.connect(version)
-    return w
-
-
-def subscribe(w: Wire, dest: str, sub_id: str = "s", **headers) -> None:
-    w.frame("SUBSCRIBE", {"id": sub_id, "destination": dest, "receipt": f"sub-{sub_id}", **headers})
-    assert w.read()[:2] == ("RECEIPT", {"receipt-id": f"sub-{sub_id}"})
+from stompwire import Wire, subscribe
+from stompwire import connected as wire
 
 
 def send(w: Wire, dest: str, body: bytes | str = b"", receipt: str | None = None, **headers) -> None:

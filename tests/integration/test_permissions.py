@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stompbroker.security import hash_secret
-from stompwire import Wire
+from stompwire import Wire, drain
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +49,6 @@ def test_allowed_sends_in_a_transaction_commit(secured):
     bob.frame("COMMIT", {"transaction": "t", "receipt": "c"})
     frames = [bob.read(), bob.read()]
     assert sorted(f[0] for f in frames) == ["MESSAGE", "RECEIPT"]
-
-
-def drain(w: Wire, timeout: float = 0.5) -> list:
-    frames = []
-    while True:
-        try:
-            frames.append(w.read(timeout))
-        except TimeoutError:
-            return frames
 
 
 def durable_subscribe(broker, user: str, destination: str, sub_id: str = "sub-0", **extra) -> Wire:
