@@ -13,6 +13,7 @@ Each behaviour has one home, a module of functions taking the broker (see docs/a
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -68,6 +69,9 @@ class Broker:
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables = {}                   # durable subscriptions by key (durables.py)
         self.rescan: set[Queue] = set()      # queues whose pump stopped at the scan budget: the tick goes on
+        # (function, args) steps of the current event stopped because an outbox went over its limit,
+        # in order: the dispatcher drains the outboxes and calls resume() until it is empty
+        self.unfinished: collections.deque = collections.deque()
         self.examined = 0                    # messages looked at by queues.scan (a cost measure for tests)
         self.durable_index = SubscriptionIndex()
         self.temps = {}                      # temporary destinations by reply name (temporary.py)
@@ -170,6 +174,17 @@ class Broker:
             sessions.refuse_delayed(self, now)
         if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
             diagnostics.monitor(self, now)
+
+    def resume(self) -> None:
+        """Continue the first unfinished step (after the outboxes were drained). What it leaves
+        unfinished in turn goes before the later steps, so every connection's frames keep their order."""
+        rest = self.unfinished
+        self.unfinished = collections.deque()
+        step, args = rest.popleft()
+        try:
+            step(self, *args)
+        finally:
+            self.unfinished.extend(rest)
 
     def needs_tick(self) -> bool:
         return bool(self.timed or self.stale or self.delayed or self.rescan or self.index.exact.get(MONITOR)

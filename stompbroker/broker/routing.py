@@ -65,7 +65,14 @@ def expiry(b, headers: dict, receipt) -> float:
 
 
 def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
-    """Route one message; returns the number of deliveries made now."""
+    """Route one message; returns the number of deliveries made now.
+
+    While an earlier part of the event is unfinished (stopped over an outbox's limit), the whole
+    publish waits its turn in ``Broker.unfinished``, so no delivery overtakes an earlier one.
+    """
+    if b.unfinished:
+        b.unfinished.append((publish, (destination, headers, body, expires)))
+        return 0
     b.stats["messages_published"] += 1
     message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
     if expires and message.expired(b.now):
@@ -91,35 +98,67 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             pump(b, durable.queue)
             kept += 1
     subs = b.index.match(destination)
+    if b.unfinished:  # a durable subscription's pump stopped over an outbox's limit: the rest follows it
+        b.unfinished.append((fan_out, (message, subs, kept, False)))
+        return 0
     if destination.startswith(WORKER_PREFIX):
         delivered = deliver_round_robin(b, destination, subs, message)
-    else:
-        delivered = 0
-        escaped_part = plain_part = None
-        for sub in subs:
-            if sub.accepts is not None and not sub.accepts(headers):
-                continue
-            session = sub.session
-            if sub.tracked:
-                deliver_tracked(b, sub, message, None)
-            elif session.escape:
-                if escaped_part is None:
-                    escaped_part = message.shared(True)
-                session.outbox.add2(session.conn, sub.prefix, escaped_part)
-            else:
-                if plain_part is None:
-                    plain_part = message.shared(False)
-                session.outbox.add2(session.conn, sub.prefix, plain_part)
-            delivered += 1
+        b.stats["messages_delivered"] += delivered
+        if not (delivered or kept):
+            unclaimed(b, message)
+        return delivered
+    return fan_out(b, message, subs, kept)
+
+
+def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> int:
+    """Deliver a topic message to ``subs``, in order; returns the deliveries made.
+
+    A delivery that takes its outbox over the limit stops the loop: the subscriptions not yet
+    served wait in ``Broker.unfinished`` (``some``: deliveries were made before the stop).
+    """
+    if message.destination.startswith(WORKER_PREFIX):  # (when the round-robin waited its turn)
+        delivered = deliver_round_robin(b, message.destination, subs, message)
+        b.stats["messages_delivered"] += delivered
+        if not (delivered or kept):
+            unclaimed(b, message)
+        return delivered
+    headers = message.headers
+    delivered = 0
+    escaped_part = plain_part = None
+    for sub in subs:
+        if sub.accepts is not None and not sub.accepts(headers):
+            continue
+        session = sub.session
+        if sub.tracked:
+            over = deliver_tracked(b, sub, message, None)
+        elif session.escape:
+            if escaped_part is None:
+                escaped_part = message.shared(True)
+            over = session.outbox.add2(session.conn, sub.prefix, escaped_part)
+        else:
+            if plain_part is None:
+                plain_part = message.shared(False)
+            over = session.outbox.add2(session.conn, sub.prefix, plain_part)
+        delivered += 1
+        if over:
+            rest = subs[subs.index(sub) + 1:]  # (found only when stopping: nothing per delivery)
+            if rest:
+                b.stats["messages_delivered"] += delivered
+                b.unfinished.append((fan_out, (message, rest, kept, True)))
+                return delivered
     if delivered:
         b.stats["messages_delivered"] += delivered
-    elif kept:
-        pass
-    elif b.stale is not None:
+    elif not (some or kept):
+        unclaimed(b, message)
+    return delivered
+
+
+def unclaimed(b, message: Message) -> None:
+    """A topic message nobody took goes to the TTL stale queue, or is counted as dropped."""
+    if b.stale is not None:
         b.stale.add(message, b.now)
     else:
         b.stats["messages_dropped"] += 1
-    return delivered
 
 
 def deliver_round_robin(b, destination: str, subs: tuple, message: Message) -> int:
