@@ -55,7 +55,9 @@ class Broker:
         self.worker_rr: dict[str, int] = {}
         self.stale = StaleQueue(config.TTL / 1000, config.max_stale_queue_size) if config.TTL > 0 else None
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
-        self.diag = diag                 # the statistics provider (diag.stats.Statistics); it needs the broker
+        self.diag = diag                 # the statistics provider (diag.stats.Statistics); it reads the broker
+        if diag is not None and getattr(diag, "broker", self) is None:
+            diag.broker = self           # (given unbound, as it cannot be made after the broker it reads)
         self.store = store               # the durable store (store.sqlite.Store), or set by recover()
         self.auth = auth                 # the Authenticator (broker/auth.py): who may log in, read, write
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth

@@ -47,8 +47,9 @@ class Dispatcher:
         if config.auth != "off" or config.secret or config.acl_file:
             self.auth = Authenticator(config, load_users(config))
             self.logins = LoginChecker(self.auth, config.auth_fail_delay_ms / 1000)
-        self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth, logins=self.logins)
-        self.broker.diag = self.statistics = Statistics(self.broker, resources, config)  # (it reads the broker)
+        self.statistics = Statistics(None, resources, config)  # (it reads the broker, which binds it)
+        self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth, logins=self.logins,
+                             diag=self.statistics)
         self.site = http.Site(config, self.statistics)
         self.http_pending: dict[int, tuple] = {}              # HTTP requests whose login is being checked
         self.http_delayed: list[tuple[float, int, bytes]] = []  # refused HTTP logins, answered after a delay
@@ -272,7 +273,7 @@ class Dispatcher:
             self.http_answer(conn, http.forbidden())
             return
         # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
-        token = self.auth.console_token(user) if self.site.route(method, target)[0] == "page" else ""
+        token = self.auth.console_token(user, time.time()) if self.site.route(method, target)[0] == "page" else ""
         self.http_answer(conn, self.respond(method, target, accept, user, token))
 
     def respond(self, *request) -> bytes:
