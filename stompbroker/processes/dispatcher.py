@@ -131,6 +131,10 @@ class Dispatcher:
             if self.dump_channel is not None and now >= self.next_dump:
                 self.next_dump = now + self.config.diag_interval / 1000
                 self.dump()
+        self.shut_down()
+
+    def shut_down(self) -> None:
+        """The last receipts, STOP to the writers, and their last counts before the store closes."""
         timeout = self.config.shutdown_timeout_ms / 1000
         if self.store is not None:
             self.commit()
