@@ -197,16 +197,9 @@ class Broker:
         """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""
         sessions.auth_done(self, conn, user, now)
 
-    def publish(self, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
-        """Route one message; returns the number of deliveries made now."""
-        return routing.publish(self, destination, headers, body, expires)
-
     def release(self, generation: int) -> None:
         """The store has committed up to ``generation``: send the replies that waited for it."""
         receipts.release(self, generation)
-
-    def store_outage(self, now: float) -> None:
-        receipts.store_outage(self, now)
 
     def hang_up(self, session: Session) -> None:
         """Close after a transport-level reply (HTTP response, WebSocket close) already written."""

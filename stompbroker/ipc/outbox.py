@@ -55,9 +55,6 @@ class Outbox:
         self.count += 1
         return len(buf) > self.limit
 
-    def over(self) -> bool:
-        return len(self.buf) > self.limit
-
     def take(self) -> tuple[bytearray, int]:
         buf, count = self.buf, self.count
         self.buf, self.count = bytearray(), 0
