@@ -129,23 +129,29 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
         if sub.accepts is not None and not sub.accepts(headers):
             continue
         session = sub.session
+        delivered += 1
+        # each add says whether the outbox is now over its limit: then stop after this delivery
         if sub.tracked:
-            over = deliver_tracked(b, sub, message, None)
+            if deliver_tracked(b, sub, message, None):
+                break
         elif session.escape:
             if escaped_part is None:
                 escaped_part = message.shared(True)
-            over = session.outbox.add2(session.conn, sub.prefix, escaped_part)
+            if session.outbox.add2(session.conn, sub.prefix, escaped_part):
+                break
         else:
             if plain_part is None:
                 plain_part = message.shared(False)
-            over = session.outbox.add2(session.conn, sub.prefix, plain_part)
-        delivered += 1
-        if over:
-            rest = subs[subs.index(sub) + 1:]  # (found only when stopping: nothing per delivery)
-            if rest:
-                b.stats["messages_delivered"] += delivered
-                b.unfinished.append((fan_out, (message, rest, kept, True)))
-                return delivered
+            if session.outbox.add2(session.conn, sub.prefix, plain_part):
+                break
+    else:
+        sub = None
+    if sub is not None:
+        rest = subs[subs.index(sub) + 1:]  # (found only when stopping: nothing per delivery)
+        if rest:
+            b.stats["messages_delivered"] += delivered
+            b.unfinished.append((fan_out, (message, rest, kept, True)))
+            return delivered
     if delivered:
         b.stats["messages_delivered"] += delivered
     elif not (some or kept):
