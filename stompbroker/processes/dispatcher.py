@@ -349,7 +349,10 @@ class Dispatcher:
 
     def flush_one(self, box: Outbox) -> None:
         buf, count = box.take()
-        if len(buf) > box.limit:  # (many replies at once, e.g. receipts released by the store)
+        # A batch over the limit by one record (a record is at most a quarter of the ring, the limit
+        # half of it) fits the ring; more (many replies at once, e.g. receipts released by the
+        # store) is cut first.
+        if len(buf) > box.limit + (box.limit >> 1):
             for piece, n in batches(buf, box.limit):
                 self.write(box.index, piece, n)
         else:
