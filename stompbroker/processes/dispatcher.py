@@ -217,11 +217,8 @@ class Dispatcher:
                 # A bug must cost one connection, not every client's session (a dispatcher restart).
                 log.exception("internal error on connection %d; closing it", conn)
                 broker.on_internal_error(conn)
-            if broker.unfinished:
+            if broker.unfinished:  # (only deliveries make output without bound, and they stop over the limit)
                 self.drain(conn)
-            for box in boxes:
-                if len(box.buf) > box.limit:
-                    self.flush_one(box)
         for box in boxes:
             box.stamp = 0  # records made by timers are not stamped
         return True
