@@ -90,14 +90,20 @@ def summary_line(res: dict) -> str:
         extra.append(f"{fmt_num(res['deliveries_per_cpu_s'])}/CPU-s")
     if res["latency_ms"]:
         lat = res["latency_ms"]
-        extra.append(f"p50 {lat['p50']} p99 {lat['p99']} p99.9 {lat['p99.9']} ms")
+        extra.append(f"delivery p50 {lat['p50']} p99 {lat['p99']} p99.9 {lat['p99.9']} ms")
+    rlat = res.get("receipt_latency_ms")
+    if rlat and rlat.get("count"):
+        extra.append(f"receipt p50 {rlat['p50']} p99 {rlat['p99']} ms")
+    if res["broker"].get("uss_bytes_per_connection") is not None:
+        extra.append(f"USS {res['broker']['uss_bytes_per_connection']} B/conn")
     if res["mb_per_s"].get("payload"):
         extra.append(f"{res['mb_per_s']['payload']} MB/s payload")
     if res.get("machine"):
         extra.append(f"others used {res['machine']['other_processes_cores']} cores")
     if res["target"]:
         extra.append("target met" if res["target"]["met"] else f"target {res['target']['op']} {res['target']['goal']} NOT met")
-    return f"{res['name']:<22} {text:<24} " + ", ".join(extra)
+    flow = res["parameters"].get("flow_control")
+    return f"{res['name']:<22} {text:<24} " + ", ".join(extra) + (f" [flow: {flow}]" if flow else "")
 
 
 # -- progress ----------------------------------------------------------------------------------

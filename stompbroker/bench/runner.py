@@ -14,7 +14,8 @@ import time
 from multiprocessing.connection import wait
 
 from .mock import serve
-from .procs import BrokerProcs, SpawnedBroker, machine_info, machine_load, system_busy
+from .flowctl import describe, flow_spec
+from .procs import ROOT, BrokerProcs, SpawnedBroker, machine_info, machine_load, system_busy
 from .report import TARGETS, Progress, new_result, validate_result
 from .stats import BIN, fmt_num, merge_bins, percentiles, steady_rate
 from .wire import BenchError, Target
@@ -61,6 +62,9 @@ class Runner:
         self.results: list[dict] = []
         self.ceilings: dict = {}
         self.spawn_args = shlex.split(opts.spawn) if opts.spawn is not None else None
+        self.spawn_root = getattr(opts, "spawn_root", None) or ROOT
+        self.flow_control = flow_spec(opts.flow, opts.bursts, opts.burst_bytes, opts.window, opts.batch_bytes)
+        self.flow_label = describe(self.flow_control)
         self.label = opts.label or ("stompbroker " + (opts.spawn or "(defaults)") +
                                     (f" [{opts.spawn_env}]" if opts.spawn_env else "") if self.spawn_args is not None
                                     else f"{opts.host}:{opts.port or ''} {opts.ws or ''}".strip())
@@ -72,7 +76,7 @@ class Runner:
         o = self.opts
         if self.spawn_args is not None:
             env = dict(word.split("=", 1) for word in shlex.split(o.spawn_env or ""))
-            b = SpawnedBroker(self.spawn_args + list(extra_args), env)
+            b = SpawnedBroker(self.spawn_args + list(extra_args), env, root=self.spawn_root)
             try:
                 target = Target("127.0.0.1", b.port, f"ws://127.0.0.1:{b.port}/ws", o.login, o.passcode, o.vhost)
                 time.sleep(0.3)  # let every process finish starting
@@ -227,7 +231,7 @@ class Runner:
         spec = {"target": target, "transport": transport, "destination": destination, "size": o.size,
                 "duration": o.duration, "mode": "allout", "rate": o.rate, "batch_bytes": o.batch_bytes,
                 "window": o.window, "final": True, "end_destination": f"/topic/bench-{self.run_id}-end",
-                "max_inflight": o.max_inflight, "fan": 0, "grace": 30.0, "headers": []}
+                "max_inflight": o.max_inflight, "fan": 0, "grace": 30.0, "headers": [], "flow": self.flow_control}
         spec.update(kw)
         return spec
 
@@ -272,6 +276,8 @@ class Runner:
         self.fill_common(res, flow, broker, window, delivered)
         res["headline"] = {"metric": "deliveries/s", "value": res["rates"]["deliveries_per_s"], "unit": "1/s"}
         res["generator"]["stalled_s"] = round(sum(p.get("stalled_s", 0) for p in flow.producers), 3)
+        res["generator"]["frames_per_burst"] = next((p["frames_per_batch"] for p in flow.producers
+                                                     if "frames_per_batch" in p), None)
         if res["counts"]["expected"] is not None and delivered < res["counts"]["expected"]:
             res["notes"].append(f"{res['counts']['expected'] - delivered} deliveries missing")
         closed = [why for c in flow.consumers for why in c.get("closed", [])]
@@ -332,7 +338,8 @@ class Runner:
             target = Target("127.0.0.1", port, f"ws://127.0.0.1:{port}/ws")
             label = f"ceiling-{kind}-{transport}" + (f"-x{links}" if kind == "recv" else "")
             if kind == "send":
-                p = self.producer_spec(target, transport, "/topic/ceiling", window=0, final=False, duration=dur)
+                p = self.producer_spec(target, transport, "/topic/ceiling", window=0, final=False, duration=dur,
+                                       flow={"mode": "window"})
                 flow = self.flow(label, [p], [], dur, None, fan=None, shared=shared)
                 prod = flow.producers[0]
                 rate = prod["sent"] / (prod["t_last_send"] - flow.t0)
