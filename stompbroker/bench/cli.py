@@ -76,6 +76,11 @@ def parse_args(argv=None):
     g.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
                    help="measure the generator against a trivial sink/source first")
     g.add_argument("--ceiling-duration", type=float, default=3.0)
+    g.add_argument("--profile", action="store_true",
+                   help="record each broker process (reader, dispatcher, writers) with py-spy during each run and "
+                        "report CPU per frame by cost (parse, ring write/read, routing, render, batch, send...); "
+                        "spawned brokers only (--spawn or --compare git:REF / .)")
+    g.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
     g = p.add_argument_group("output")
     g.add_argument("--out", default=None, help="directory for results.json and bench.png (default out/bench-TIME)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")

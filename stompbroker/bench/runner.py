@@ -15,6 +15,7 @@ from multiprocessing.connection import wait
 
 from .mock import serve
 from .flowctl import describe, flow_spec
+from .profile import Recorder
 from .procs import ROOT, BrokerProcs, SpawnedBroker, machine_info, machine_load, system_busy
 from .report import TARGETS, Progress, new_result, validate_result
 from .stats import BIN, fmt_num, merge_bins, percentiles, steady_rate
@@ -65,6 +66,8 @@ class Runner:
         self.spawn_root = getattr(opts, "spawn_root", None) or ROOT
         self.flow_control = flow_spec(opts.flow, opts.bursts, opts.burst_bytes, opts.window, opts.batch_bytes)
         self.flow_label = describe(self.flow_control)
+        self.repetition = 0
+        self.last_profile: dict | None = None   # role -> py-spy raw file of the last run (--profile)
         self.label = opts.label or ("stompbroker " + (opts.spawn or "(defaults)") +
                                     (f" [{opts.spawn_env}]" if opts.spawn_env else "") if self.spawn_args is not None
                                     else f"{opts.host}:{opts.port or ''} {opts.ws or ''}".strip())
@@ -126,6 +129,8 @@ class Runner:
             child.close()
             procs.append([kind, slot, p, parent, None])
         flow = Flow()
+        recorder = None
+        self.last_profile = None
         progress = Progress(label, duration, not o.quiet)
         try:
             # set-up
@@ -139,6 +144,9 @@ class Runner:
             flow.sys_before = system_busy()
             flow.t0 = t0 = time.monotonic() + 0.2
             shared.t0.value = t0
+            if getattr(o, "profile", False) and broker is not None and self.spawn_args is not None:
+                recorder = Recorder(broker, os.path.join(o.out, "profiles"), f"{label}-{self.repetition}",
+                                    duration, o.profile_rate)
             producers_done = None
             last_total, last_change = -1.0, time.monotonic()
             hard = t0 + duration + o.drain_timeout + 60
@@ -192,6 +200,8 @@ class Runner:
         finally:
             progress.close()
             shared.stop.value = 1
+            if recorder is not None:
+                self.last_profile = recorder.wait(duration + 30)
             for entry in procs:
                 entry[2].join(5)
                 if entry[2].is_alive():

@@ -13,6 +13,7 @@ import time
 
 from .flowctl import describe, flow_spec
 from .procs import BrokerProcs, broker_has_setting
+from .profile import analyse, format_profile
 from .report import Progress, check_target, new_result, summary_line
 from .stats import BIN, latency_histogram, percentiles, steady_rate
 from .wire import BenchError
@@ -46,6 +47,7 @@ def run_scenarios(runners, names: list[str], repeat: int = 1) -> None:
         fn = RUNS[name]
         for rep in range(max(repeat, 1)):
             for runner in runners:
+                runner.repetition = rep
                 transports = runner.transports_for(name) if name not in ("idle",) else ["tcp"]
                 if not transports:
                     runner.results.append(runner.skipped(name, None, "no address for the transports asked for"))
@@ -53,9 +55,14 @@ def run_scenarios(runners, names: list[str], repeat: int = 1) -> None:
                 for transport in transports:
                     for res in fn(runner, transport):
                         res["repetition"] = rep
+                        if runner.last_profile and res["status"] == "ok":
+                            res["profile"] = analyse(runner.last_profile, res, runner.spawn_root)
+                        runner.last_profile = None
                         runner.results.append(res)
                         who = f"{runner.label}: " if len(runners) > 1 else ""
                         print(who + summary_line(res), flush=True)
+                        if res.get("profile"):
+                            print(format_profile(res) + "\n", flush=True)
                         runner.save()
                     # pause between heavy runs: the machine is shared
                     time.sleep(runner.opts.pause)

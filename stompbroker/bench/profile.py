@@ -1,0 +1,257 @@
+"""Per-frame cost per broker process, from py-spy samples (``stompbroker-bench --profile``).
+
+While a run's load goes, ``py-spy record --nonblocking --format raw`` samples each of the broker's
+reader, dispatcher and writer processes (the ``bench`` extra installs py-spy). Every sample (a
+stack) is put in one cost category by the rules below, looking at the innermost frames first;
+a process's CPU seconds over the run (psutil) are shared out over the categories in proportion
+to its samples, and divided by the frames the run moved (SENDs for ingest, deliveries otherwise):
+microseconds of CPU per frame, per process, per category.
+
+py-spy leaves out samples where a thread waits in a system call it knows to be idle (epoll,
+select); what is left is close to on-CPU time, which is why shares are scaled by measured CPU and
+not by wall time. The source line of the innermost frame decides system calls (``.send(``,
+``recv``, the eventfd ``notify``), so the rules hold across versions of the code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+CATEGORIES = ("parse", "ring write", "ring read", "wake-up", "routing", "written counts", "render",
+              "batch", "send", "recv", "wait", "store", "other")
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
+
+# (file suffix, function name pattern, category): the first rule matching the innermost frame
+# that any rule matches wins.
+RULES = [
+    ("stompbroker/ipc/ring.py", r"(Ring\.)?notify$", "wake-up"),
+    ("stompbroker/ipc/ring.py", r"(Ring\.)?(read|_get|clear_wakeup|used_bytes|pending_records)$", "ring read"),
+    ("stompbroker/ipc/ring.py", r".*", "ring write"),
+    ("stompbroker/ipc/outbox.py", r".*", "render"),
+    ("stompbroker/ipc/records.py", r".*(iter_records|unpack).*", "ring read"),
+    ("stompbroker/ipc/records.py", r".*", "ring write"),
+    ("stompbroker/protocol/stomp.py", r".*(render|escape)$", "render"),
+    ("stompbroker/protocol/stomp.py", r".*", "parse"),
+    ("stompbroker/protocol/websocket.py", r".*(encode|Encoder|_is_utf8).*", "render"),
+    ("stompbroker/protocol/websocket.py", r".*", "parse"),
+    ("stompbroker/broker/confirmations.py", r".*", "written counts"),
+    ("stompbroker/broker/core.py", r".*on_written$", "written counts"),
+    ("stompbroker/broker/model.py", r".*shared$", "render"),
+    ("stompbroker/broker/", r".*", "routing"),
+    ("stompbroker/store/", r".*", "store"),
+    ("stompbroker/processes/batching.py", r".*", "batch"),
+    ("stompbroker/processes/writer.py", r".*append$", "batch"),
+    ("stompbroker/processes/writer.py", r".*(flush|hang_up)$", "send"),
+    ("stompbroker/processes/writer.py", r".*drain_ring$", "ring read"),
+    ("stompbroker/processes/writer.py", r".*report$", "written counts"),
+    ("stompbroker/processes/dispatcher.py", r".*progress$", "written counts"),
+    ("stompbroker/processes/dispatcher.py", r".*(flush|flush_one)$", "ring write"),
+    ("stompbroker/processes/dispatcher.py", r".*handle$", "ring read"),
+    ("stompbroker/processes/reader.py", r".*(read|received|receive)$", "recv"),
+    ("stompbroker/processes/reader.py", r".*(stomp|websocket|sniff)$", "parse"),
+    ("stompbroker/processes/reader.py", r".*(frames|emit|push)$", "ring write"),
+    ("selectors.py", r".*", "wait"),
+]
+_RULES = [(f, re.compile(p), c) for f, p, c in RULES]
+
+# The innermost frame's source line, for system calls made from Python.
+LINE_RULES = [
+    (re.compile(r"\.notify\(|eventfd_write|os\.write\("), "wake-up"),
+    (re.compile(r"\.(send|sendall|sendmsg|send_fds)\("), "send"),
+    (re.compile(r"\.(recv|recv_into|recvmsg|recv_fds)\("), "recv"),
+    (re.compile(r"select\.select\(|\.poll\(|epoll"), "wait"),
+]
+
+
+def parse_frame(text: str) -> tuple[str, str, int]:
+    m = _FRAME.match(text.strip())
+    if not m:
+        return text.strip(), "", 0
+    return m.group("func"), m.group("file"), int(m.group("line"))
+
+
+def read_raw(path: str) -> list[tuple[list[tuple[str, str, int]], int]]:
+    """py-spy's raw (collapsed) output: one stack per line, outermost first, then the count."""
+    out = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            out.append(([parse_frame(x) for x in stack.split(";")], int(count)))
+    return out
+
+
+class SourceLines:
+    """Source lines by (file as py-spy names it, line), looked up under the broker's tree."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.cache: dict[str, list[str]] = {}
+
+    def line(self, file: str, lineno: int) -> str:
+        if file not in self.cache:
+            self.cache[file] = []
+            for base in (self.root, ""):
+                path = os.path.join(base, file) if base else file
+                if os.path.isfile(path):
+                    with open(path, errors="replace") as f:
+                        self.cache[file] = f.read().splitlines()
+                    break
+        lines = self.cache[file]
+        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+
+
+def classify(stack: list[tuple[str, str, int]], lines: SourceLines | None = None) -> str:
+    """The cost category of one sample (stack outermost first)."""
+    if not stack:
+        return "other"
+    func, file, lineno = stack[-1]
+    if lines is not None and "stompbroker/" in file:
+        text = lines.line(file, lineno)
+        for regex, category in LINE_RULES:
+            if regex.search(text):
+                if category == "recv" and file.endswith("processes/dispatcher.py"):
+                    return "written counts"   # the writers' count channel
+                if category == "send" and file.endswith("processes/writer.py") and "report" in func:
+                    return "written counts"
+                return category
+    for func, file, _ in reversed(stack):
+        for suffix, regex, category in _RULES:
+            if (suffix in file if suffix.endswith("/") else file.endswith(suffix)) and regex.match(func):
+                return category
+    return "other"
+
+
+def shares(samples, lines: SourceLines | None = None) -> tuple[dict, int]:
+    """({category: fraction of samples}, sample count)."""
+    counts = dict.fromkeys(CATEGORIES, 0)
+    total = 0
+    for stack, n in samples:
+        counts[classify(stack, lines)] += n
+        total += n
+    return {k: v / total for k, v in counts.items()} if total else {}, total
+
+
+def top_functions(samples, n: int = 12) -> dict:
+    """The functions with the most samples: inclusive (on the stack) and self (innermost), as
+    fractions of the process's samples."""
+    total = sum(c for _, c in samples) or 1
+    incl: dict[str, int] = {}
+    self_: dict[str, int] = {}
+    for stack, c in samples:
+        seen = set()
+        for func, file, _ in stack:
+            key = f"{func} ({file.rsplit('stompbroker/', 1)[-1]})"
+            if key not in seen:
+                seen.add(key)
+                incl[key] = incl.get(key, 0) + c
+        if stack:
+            func, file, line = stack[-1]
+            key = f"{func} ({file.rsplit('stompbroker/', 1)[-1]}:{line})"
+            self_[key] = self_.get(key, 0) + c
+    best = lambda d: {k: round(v / total, 4) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:n]}  # noqa: E731
+    return {"inclusive": best(incl), "self": best(self_)}
+
+
+def role_group(role: str) -> str:
+    return "writers" if role.startswith("writer") else role
+
+
+def per_frame(cpu_by_process: dict, profiles: dict, frames: int) -> dict:
+    """{process: {category: µs of CPU per frame}, plus 'total'}: cpu_by_process as in results
+    (role -> CPU seconds), profiles role -> (shares, samples); writers are summed."""
+    out: dict = {}
+    for role, (share, nsamples) in profiles.items():
+        cpu = cpu_by_process.get(role)
+        if cpu is None or not share or not frames:
+            continue
+        group = out.setdefault(role_group(role), dict.fromkeys(CATEGORIES, 0.0))
+        for k, v in share.items():
+            group[k] += cpu * v / frames * 1e6
+    for group in out.values():
+        group["total"] = sum(group[k] for k in CATEGORIES)
+    return {g: {k: round(v, 3) for k, v in d.items()} for g, d in out.items()}
+
+
+# -- recording ---------------------------------------------------------------------------------------
+def py_spy() -> str:
+    exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(exe):
+        raise SystemExit("--profile needs py-spy: pip install py-spy (the 'bench' extra)")
+    return exe
+
+
+class Recorder:
+    """py-spy on each reader, dispatcher and writer process of a broker, for `seconds`."""
+
+    PROFILED = ("reader", "dispatcher", "writer")
+
+    def __init__(self, broker, out_dir: str, label: str, seconds: float, rate: int = 250):
+        os.makedirs(out_dir, exist_ok=True)
+        self.files: dict[str, str] = {}
+        self.procs = []
+        from .procs import _role
+        for p in broker.processes():
+            role = _role(p)
+            if not role.startswith(self.PROFILED):
+                continue
+            path = os.path.join(out_dir, f"{label}-{role}.txt")
+            self.files[role] = path
+            self.procs.append(subprocess.Popen(
+                [py_spy(), "record", "--pid", str(p.pid), "--duration", str(max(int(seconds), 1)),
+                 "--rate", str(rate), "--nonblocking", "--format", "raw", "-o", path],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def wait(self, timeout: float = 30.0) -> dict:
+        for p in self.procs:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        return {role: path for role, path in self.files.items() if os.path.exists(path)}
+
+
+def analyse(files: dict, result: dict, root: str) -> dict:
+    """The profile section of a result: per-frame costs per process and category, sample counts,
+    top functions, raw file paths."""
+    lines = SourceLines(root)
+    frames = (result["counts"].get("sent") if result["scenario"] == "ingest"
+              else result["counts"].get("delivered")) or 0
+    profiles, tops = {}, {}
+    for role, path in files.items():
+        samples = read_raw(path)
+        profiles[role] = shares(samples, lines)
+        tops[role] = top_functions(samples)
+    cpu = result["broker"].get("cpu_by_process") or {}
+    return {
+        "frames": frames, "frame": "SEND" if result["scenario"] == "ingest" else "delivery",
+        "us_per_frame": per_frame(cpu, profiles, frames),
+        "samples": {role: n for role, (_, n) in profiles.items()},
+        "top": tops, "files": files,
+    }
+
+
+def format_profile(res: dict) -> str:
+    """A Markdown table: rows are categories, columns processes, cells µs of CPU per frame."""
+    prof = res.get("profile")
+    if not prof or not prof["us_per_frame"]:
+        return ""
+    groups = [g for g in ("reader", "dispatcher", "writers") if g in prof["us_per_frame"]]
+    plural = "SENDs" if prof["frame"] == "SEND" else "deliveries"
+    lines = [f"{res['name']}: µs of broker CPU per {prof['frame']} ({prof['frames']:,} {plural}; "
+             f"flow: {res['parameters'].get('flow_control')})", "",
+             "| cost | " + " | ".join(groups) + " | all |", "|---|" + "---:|" * (len(groups) + 1)]
+    for cat in CATEGORIES + ("total",):
+        vals = [prof["us_per_frame"][g].get(cat, 0.0) for g in groups]
+        if cat != "total" and not any(v >= 0.005 for v in vals):
+            continue
+        name = f"**{cat}**" if cat == "total" else cat
+        lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {sum(vals):.2f} |")
+    return "\n".join(lines)
