@@ -140,7 +140,8 @@ def fanout(runner, transport):
                                          max_inflight=runner.inflight_cap(n if layout == "conns" else 1))
                 flow = runner.flow(name, [p], consumers, runner.opts.duration, broker, fan=n)
             res = runner.delivery_result(name, "fanout", transport, params, flow, broker, n)
-            res["target"] = check_target("fanout", res["rates"]["deliveries_per_s"])
+            key = "fanout_conns" if layout == "conns" else "fanout_ws" if transport == "ws" else "fanout"
+            res["target"] = check_target(key, res["rates"]["deliveries_per_s"])
             res["generator_ceiling"] = runner.ceiling("recv", transport, n if layout == "conns" else 1)
             return res
         yield runner.guarded(name, "fanout", transport, params, body)
@@ -173,6 +174,7 @@ def queue(runner, transport):
         if copies is not None and copies > 1.05:
             res["notes"].append(f"each message reached {copies:.2f} consumers on average: the broker "
                                 "treats /queue/ like a topic (no competing consumers)")
+        res["target"] = check_target("queue", res["rates"]["deliveries_per_s"])
         res["generator_ceiling"] = runner.ceiling("send", transport)
         return res
     yield runner.guarded(name, "queue", transport, params, body)
