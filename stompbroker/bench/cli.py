@@ -8,13 +8,13 @@ import copy
 import os
 import re
 import resource
-import shutil
 import sys
 import time
 
 from . import __doc__ as PACKAGE_DOC
 from .compare import extract_ref, parse_target, table
 from .procs import ROOT
+from .profile import compare_profiles, reanalyse
 from .report import compare, load_results, make_chart
 from .runner import Runner
 from .scenarios import SCENARIOS, run_scenarios, scenario_names
@@ -107,7 +107,11 @@ def main(argv=None) -> int:
     targets = [parse_target(t) for t in opts.compare] if opts.compare else None
     if targets and all(t["kind"] == "results" for t in targets):
         columns = [(t["name"], load_results(t["path"])["results"]) for t in targets]
-        text = table(columns, opts.rate) + "\n\nAll runs:\n\n" + compare([t["path"] for t in targets])
+        for _, results in columns:
+            reanalyse(results)
+        text = table(columns, opts.rate)
+        profiles = compare_profiles(columns)
+        text += ("\n\n" + profiles if profiles else "") + "\n\nAll runs:\n\n" + compare([t["path"] for t in targets])
         print(text)
         if opts.out:
             os.makedirs(opts.out, exist_ok=True)
@@ -124,38 +128,36 @@ def main(argv=None) -> int:
               f"(start it with `ulimit -n {need * 2}` or more, and max_connections >= {opts.idle_connections})",
               file=sys.stderr)
     opts.out = opts.out or os.path.join("out", time.strftime("bench-%Y%m%d-%H%M%S"))
-    scratch = []
+    if targets:
+        columns, runners = [], []
+        for t in targets:
+            if t["kind"] == "results":
+                columns.append((t["name"], load_results(t["path"])["results"]))
+                continue
+            runner = Runner(target_opts(opts, t))
+            runners.append(runner)
+            columns.append((t["name"], runner.results))
+    else:
+        runners = [Runner(opts)]
+        columns = [(runners[0].label, runners[0].results)]
+    for r in runners:
+        print(f"bench: {r.label}; scenarios {', '.join(names)}; {r.flow_label}; results in {r.opts.out}",
+              flush=True)
     try:
-        if targets:
-            columns, runners = [], []
-            for t in targets:
-                if t["kind"] == "results":
-                    columns.append((t["name"], load_results(t["path"])["results"]))
-                    continue
-                runner = Runner(target_opts(opts, t, scratch))
-                runners.append(runner)
-                columns.append((t["name"], runner.results))
-        else:
-            runners = [Runner(opts)]
-            columns = [(runners[0].label, runners[0].results)]
-        for r in runners:
-            print(f"bench: {r.label}; scenarios {', '.join(names)}; {r.flow_label}; results in {r.opts.out}",
-                  flush=True)
-        try:
-            run_scenarios(runners, names, opts.repeat)
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-        finally:
-            for r in runners:
-                r.save()
-                try:
-                    make_chart(load_results(r.opts.out), os.path.join(r.opts.out, "bench.png"))
-                except Exception as exc:  # a chart problem must not lose the results
-                    print(f"chart not written: {exc!r}", file=sys.stderr)
+        run_scenarios(runners, names, opts.repeat)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
     finally:
-        for where in scratch:
-            shutil.rmtree(where, ignore_errors=True)
+        for r in runners:
+            r.save()
+            try:
+                make_chart(load_results(r.opts.out), os.path.join(r.opts.out, "bench.png"))
+            except Exception as exc:  # a chart problem must not lose the results
+                print(f"chart not written: {exc!r}", file=sys.stderr)
     text = table(columns, opts.rate)
+    profiles = compare_profiles(columns)
+    if profiles:
+        text += "\n\n" + profiles
     print("\n" + text)
     os.makedirs(opts.out, exist_ok=True)
     with open(os.path.join(opts.out, "table.md"), "w") as f:
@@ -164,7 +166,7 @@ def main(argv=None) -> int:
     return 0 if all(res["status"] != "error" for r in runners for res in r.results) else 1
 
 
-def target_opts(opts, target: dict, scratch: list):
+def target_opts(opts, target: dict):
     """A copy of the options that points one Runner at one --compare target."""
     o = copy.copy(opts)
     o.out = os.path.join(opts.out, re.sub(r"[^\w.-]+", "_", target["name"]))
@@ -178,8 +180,8 @@ def target_opts(opts, target: dict, scratch: list):
     else:
         o.spawn = opts.spawn if opts.spawn is not None else ""
         if target["kind"] == "git":
-            where, commit = extract_ref(target["ref"], ROOT)
-            scratch.append(where)
+            # The tree stays with the results: profiles name its source lines.
+            where, commit = extract_ref(target["ref"], ROOT, os.path.join(o.out, "tree"))
             o.spawn_root = where
             o.label = f"{target['name']} ({commit[:9]})"
     return o

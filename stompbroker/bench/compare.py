@@ -5,7 +5,7 @@ A target on the command line (``--compare T1 T2 ...``) is one of:
 - ``NAME=HOST:PORT[,ws=URL][,pid=PID][,login=L][,passcode=P]``: any STOMP broker already listening
   (``pid`` adds its CPU and memory: the process and its children);
 - ``NAME=git:REF``: this project's broker at a git commit, branch or tag, extracted with
-  ``git archive`` into a temporary directory (the repository is not touched) and spawned with
+  ``git archive`` into ``OUT/NAME/tree`` (the repository is not touched) and spawned with
   ``--spawn`` ARGS, a fresh one per run;
 - ``NAME=.``: this checkout's broker, spawned the same way;
 - a ``results.json`` file or its directory from an earlier run (figures only, nothing is run).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -74,11 +75,16 @@ def parse_target(text: str) -> dict:
     return {"name": name or spec, "kind": "git", "ref": spec}
 
 
-def extract_ref(ref: str, repo: str) -> tuple[str, str]:
-    """``git archive REF`` into a new temporary directory; returns (directory, full commit)."""
+def extract_ref(ref: str, repo: str, where: str | None = None) -> tuple[str, str]:
+    """``git archive REF`` of the package into `where` (a new temporary directory if None);
+    returns (directory, full commit)."""
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=repo, check=True,
                             capture_output=True, text=True).stdout.strip()
-    where = tempfile.mkdtemp(prefix=f"bench-{commit[:9]}-")
+    if where is None:
+        where = tempfile.mkdtemp(prefix=f"bench-{commit[:9]}-")
+    else:
+        shutil.rmtree(where, ignore_errors=True)
+        os.makedirs(where)
     archive = subprocess.Popen(["git", "archive", "--format=tar", commit, "stompbroker"], cwd=repo,
                                stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", where], stdin=archive.stdout, check=True)

@@ -234,8 +234,16 @@ def analyse(files: dict, result: dict, root: str) -> dict:
         "frames": frames, "frame": "SEND" if result["scenario"] == "ingest" else "delivery",
         "us_per_frame": per_frame(cpu, profiles, frames),
         "samples": {role: n for role, (_, n) in profiles.items()},
-        "top": tops, "files": files,
+        "top": tops, "files": files, "root": root,
     }
+
+
+def reanalyse(results: list[dict]) -> None:
+    """Recompute the profile sections from their raw files (when still there) with these rules."""
+    for res in results:
+        prof = res.get("profile")
+        if prof and all(os.path.exists(p) for p in prof["files"].values()):
+            res["profile"] = analyse(prof["files"], res, prof.get("root", ""))
 
 
 def format_profile(res: dict) -> str:
@@ -255,3 +263,41 @@ def format_profile(res: dict) -> str:
         name = f"**{cat}**" if cat == "total" else cat
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {sum(vals):.2f} |")
     return "\n".join(lines)
+
+
+def compare_profiles(columns: list[tuple[str, list[dict]]]) -> str:
+    """Per run name, a Markdown table of µs per frame by process and cost, one column per target
+    (the median over its repetitions), for every run that was profiled."""
+    import statistics
+    names = []
+    for _, results in columns:
+        for r in results:
+            if r.get("profile") and r["name"] not in names:
+                names.append(r["name"])
+    out = []
+    for name in names:
+        per = [[r["profile"] for r in results if r.get("name") == name and r.get("profile")]
+               for _, results in columns]
+        frame = next(p[0]["frame"] for p in per if p)
+        head = ["process", "cost"] + [c[0] for c in columns]
+        lines = [f"{name}: µs of broker CPU per {frame}, median of the profiled runs", "",
+                 "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * len(columns)]
+        for group in ("reader", "dispatcher", "writers"):
+            for cat in CATEGORIES + ("total",):
+                vals = []
+                for profs in per:
+                    xs = [p["us_per_frame"].get(group, {}).get(cat) for p in profs]
+                    xs = [x for x in xs if x is not None]
+                    vals.append(statistics.median(xs) if xs else None)
+                if cat != "total" and not any(v is not None and v >= 0.005 for v in vals):
+                    continue
+                cells = ["-" if v is None else f"{v:.2f}" for v in vals]
+                label = f"**{cat}**" if cat == "total" else cat
+                lines.append(f"| {group} | {label} | " + " | ".join(cells) + " |")
+        totals = []
+        for profs in per:
+            xs = [sum(g.get("total", 0) for g in p["us_per_frame"].values()) for p in profs]
+            totals.append(f"{statistics.median(xs):.2f}" if xs else "-")
+        lines.append("| all | **total** | " + " | ".join(totals) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
