@@ -8,6 +8,7 @@ import copy
 import os
 import re
 import resource
+import shlex
 import sys
 import time
 
@@ -179,6 +180,8 @@ def target_opts(opts, target: dict):
         o.passcode = target.get("passcode", opts.passcode)
     else:
         o.spawn = opts.spawn if opts.spawn is not None else ""
+        if target.get("env"):
+            o.spawn_env = " ".join([opts.spawn_env or "", *(shlex.quote(e) for e in target["env"])]).strip()
         if target["kind"] == "git":
             # The tree stays with the results: profiles name its source lines.
             where, commit = extract_ref(target["ref"], ROOT, os.path.join(o.out, "tree"))

@@ -8,6 +8,8 @@ A target on the command line (``--compare T1 T2 ...``) is one of:
   ``git archive`` into ``OUT/NAME/tree`` (the repository is not touched) and spawned with
   ``--spawn`` ARGS, a fresh one per run;
 - ``NAME=.``: this checkout's broker, spawned the same way;
+- either of the last two with ``,env=NAME=VALUE`` (repeatable): extra environment for that broker
+  only (a ``PYTHONPATH`` given so goes before the broker's tree);
 - a ``results.json`` file or its directory from an earlier run (figures only, nothing is run).
 
 ``NAME=`` may be left out: a path that exists is a results file, ``HOST:PORT`` a running broker,
@@ -55,12 +57,16 @@ def parse_target(text: str) -> dict:
     name, sep, spec = text.partition("=")
     if not sep or "/" in name or ":" in name:
         name, spec = "", text
-    if spec == ".":
-        return {"name": name or "this checkout", "kind": "checkout"}
-    if spec.startswith("git:"):
-        ref = spec[4:]
-        return {"name": name or ref, "kind": "git", "ref": ref}
     parts = spec.split(",")
+    if parts[0] == "." or parts[0].startswith("git:"):
+        out = ({"name": name or "this checkout", "kind": "checkout"} if parts[0] == "."
+               else {"name": name or parts[0][4:], "kind": "git", "ref": parts[0][4:]})
+        for opt in parts[1:]:
+            key, eq, value = opt.partition("=")
+            if key != "env" or "=" not in value:
+                raise ValueError(f"{text!r}: unknown option {opt!r} (env=NAME=VALUE)")
+            out.setdefault("env", []).append(value)
+        return out
     m = re.fullmatch(r"\[?([\w.:-]+?)\]?:(\d+)", parts[0])
     if m and not os.path.exists(spec):
         out = {"name": name or parts[0], "kind": "address", "host": m.group(1), "port": int(m.group(2))}

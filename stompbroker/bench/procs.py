@@ -111,7 +111,9 @@ class SpawnedBroker(BrokerProcs):
         self.workdir = tempfile.mkdtemp(prefix="bench-broker-")
         self.log_path = os.path.join(self.workdir, "broker.log")
         self._log = open(self.log_path, "wb")
-        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {})}
+        extra_env = dict(extra_env or {})
+        path = [p for p in (extra_env.pop("PYTHONPATH", ""), root, os.environ.get("PYTHONPATH", "")) if p]
+        env = {**os.environ, **extra_env, "PYTHONPATH": os.pathsep.join(path)}
         ready_path = os.path.join(self.workdir, "ready.json")
         # Older trees (a git ref being compared) have no ready_file: give them a free port and
         # wait until it accepts.

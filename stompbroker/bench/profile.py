@@ -32,7 +32,7 @@ RULES = [
     ("stompbroker/ipc/ring.py", r"(Ring\.)?notify$", "wake-up"),
     ("stompbroker/ipc/ring.py", r"(Ring\.)?(read|_get|clear_wakeup|used_bytes|pending_records)$", "ring read"),
     ("stompbroker/ipc/ring.py", r".*", "ring write"),
-    ("stompbroker/ipc/outbox.py", r".*", "render"),
+    ("stompbroker/", r"Outbox\..*", "render"),   # ipc/outbox.py (broker/model.py in older trees)
     ("stompbroker/ipc/records.py", r".*(iter_records|unpack).*", "ring read"),
     ("stompbroker/ipc/records.py", r".*", "ring write"),
     ("stompbroker/protocol/stomp.py", r".*(render|escape)$", "render"),
