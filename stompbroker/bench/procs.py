@@ -76,6 +76,24 @@ class BrokerProcs:
         out["_total"] = sum(v for k, v in out.items() if not k.endswith(":sys"))
         return out
 
+    def counters(self) -> dict:
+        """{role: {"writes", "reads", "voluntary", "involuntary"}}: read/write system calls
+        (/proc/PID/io; a ring's eventfd wake-up is a write, socket sends are not counted) and
+        context switches, roles named as in cpu()."""
+        import psutil
+        out: dict = {}
+        for p in self.processes():
+            try:
+                io = p.io_counters()
+                cs = p.num_ctx_switches()
+            except (psutil.Error, AttributeError, NotImplementedError):
+                continue
+            role = _role(p)
+            key = role if role not in out else f"{role}#{p.pid}"
+            out[key] = {"writes": io.write_count, "reads": io.read_count,
+                        "voluntary": cs.voluntary, "involuntary": cs.involuntary}
+        return out
+
     def pss(self) -> tuple[int | None, dict]:
         total, by, _ = self.memory()
         return total, by

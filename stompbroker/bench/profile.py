@@ -163,17 +163,28 @@ def role_group(role: str) -> str:
     return "writers" if role.startswith("writer") else role
 
 
-def per_frame(cpu_by_process: dict, profiles: dict, frames: int) -> dict:
+def per_frame(cpu_by_process: dict, profiles: dict, frames: int, wakeups: dict | None = None,
+              wake_us: float | None = None) -> dict:
     """{process: {category: µs of CPU per frame}, plus 'total'}: cpu_by_process as in results
-    (role -> CPU seconds), profiles role -> (shares, samples); writers are summed."""
+    (role -> CPU seconds), profiles role -> (shares, samples); writers are summed.
+
+    A process that wakes another with an eventfd write is often preempted by it right there, and
+    py-spy counts that runnable time as samples in ``notify``. With the number of wake-ups
+    (``wakeups``: role -> eventfd writes) and the CPU cost of one (``wake_us``), the wake-up cost
+    is capped at wake-ups x cost, and the rest of the CPU is shared by the other samples."""
     out: dict = {}
     for role, (share, nsamples) in profiles.items():
         cpu = cpu_by_process.get(role)
         if cpu is None or not share or not frames:
             continue
         group = out.setdefault(role_group(role), dict.fromkeys(CATEGORIES, 0.0))
+        wake_share = share.get("wake-up", 0.0)
+        wake_cpu = cpu * wake_share
+        if wakeups is not None and wake_us is not None and role in wakeups and wake_share < 1:
+            wake_cpu = min(wake_cpu, wakeups[role] * wake_us / 1e6)
+        rest = (cpu - wake_cpu) / (1 - wake_share) if wake_share < 1 else 0.0
         for k, v in share.items():
-            group[k] += cpu * v / frames * 1e6
+            group[k] += (wake_cpu if k == "wake-up" else rest * v) / frames * 1e6
     for group in out.values():
         group["total"] = sum(group[k] for k in CATEGORIES)
     return {g: {k: round(v, 3) for k, v in d.items()} for g, d in out.items()}
@@ -218,7 +229,49 @@ class Recorder:
         return {role: path for role, path in self.files.items() if os.path.exists(path)}
 
 
-def analyse(files: dict, result: dict, root: str) -> dict:
+_WAKE_US: list = []
+
+
+def wake_cost_us(writes: int = 3000, gap_s: float = 0.0002) -> float:
+    """CPU microseconds of one eventfd write that wakes a sleeping process, measured here: a child
+    sleeps in select on an eventfd, this process writes it every `gap_s` (busy-waiting between,
+    like a dispatcher between rounds). Measured once per command (about 0.6 s)."""
+    if _WAKE_US:
+        return _WAKE_US[0]
+    import resource
+    import select
+    import signal
+    import time
+    fd = os.eventfd(0, os.EFD_NONBLOCK)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the sleeper
+        try:
+            while True:
+                select.select([fd], [], [])
+                try:
+                    os.eventfd_read(fd)
+                except BlockingIOError:
+                    pass
+        finally:
+            os._exit(0)
+    try:
+        usage = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
+        c0 = usage()
+        for _ in range(writes):
+            os.eventfd_write(fd, 1)
+            end = time.perf_counter() + gap_s
+            while time.perf_counter() < end:
+                pass
+        cost = max((usage() - c0 - writes * gap_s) / writes * 1e6, 0.1)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+    _WAKE_US.append(round(cost, 2))
+    return _WAKE_US[0]
+
+
+def analyse(files: dict, result: dict, root: str, wake_us: float | None = None) -> dict:
     """The profile section of a result: per-frame costs per process and category, sample counts,
     top functions, raw file paths."""
     lines = SourceLines(root)
@@ -230,9 +283,18 @@ def analyse(files: dict, result: dict, root: str) -> dict:
         profiles[role] = shares(samples, lines)
         tops[role] = top_functions(samples)
     cpu = result["broker"].get("cpu_by_process") or {}
+    calls = result["broker"].get("syscalls_by_process") or {}
+    wakeups = {role: c["writes"] for role, c in calls.items()} if calls else None
+    prev = result.get("profile") or {}
+    wake_us = wake_us if wake_us is not None else prev.get("wake_us")
+    per = lambda n: {role: round(c[n] / frames, 4) for role, c in calls.items()} if frames else {}  # noqa: E731
     return {
         "frames": frames, "frame": "SEND" if result["scenario"] == "ingest" else "delivery",
-        "us_per_frame": per_frame(cpu, profiles, frames),
+        "us_per_frame": per_frame(cpu, profiles, frames, wakeups, wake_us),
+        "wake_us": wake_us,
+        "wake_samples": {role: round(p[0].get("wake-up", 0.0), 4) for role, p in profiles.items()},
+        "per_frame_counts": {"eventfd_writes": per("writes"), "voluntary_switches": per("voluntary"),
+                             "involuntary_switches": per("involuntary")} if calls else {},
         "samples": {role: n for role, (_, n) in profiles.items()},
         "top": tops, "files": files, "root": root,
     }
@@ -262,6 +324,12 @@ def format_profile(res: dict) -> str:
             continue
         name = f"**{cat}**" if cat == "total" else cat
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {sum(vals):.2f} |")
+    counts = prof.get("per_frame_counts") or {}
+    if counts:
+        lines.append("")
+        lines.append("per frame: eventfd writes " + ", ".join(f"{r} {v:.3f}" for r, v in counts["eventfd_writes"].items())
+                     + "; preemptions " + ", ".join(f"{r} {v:.3f}" for r, v in counts["involuntary_switches"].items())
+                     + f" (one waking eventfd write costs {prof.get('wake_us')} µs of CPU here)")
     return "\n".join(lines)
 
 
@@ -294,6 +362,26 @@ def compare_profiles(columns: list[tuple[str, list[dict]]]) -> str:
                 cells = ["-" if v is None else f"{v:.2f}" for v in vals]
                 label = f"**{cat}**" if cat == "total" else cat
                 lines.append(f"| {group} | {label} | " + " | ".join(cells) + " |")
+            vals = []
+            for profs in per:
+                xs = [max((v for role, v in p.get("wake_samples", {}).items() if role_group(role) == group),
+                          default=0.0) for p in profs if "wake_samples" in p]
+                vals.append(statistics.median(xs) if xs else None)
+            if any(v for v in vals if v):
+                cells = ["-" if v is None else f"{v:.1%}" for v in vals]
+                lines.append(f"| {group} | *samples in the eventfd wake-up (mostly preempted by the woken)* | "
+                             + " | ".join(cells) + " |")
+            for key, label in (("eventfd_writes", "eventfd writes per frame"),
+                               ("voluntary_switches", "sleeps per frame (voluntary switches)"),
+                               ("involuntary_switches", "preemptions per frame")):
+                vals = []
+                for profs in per:
+                    xs = [sum(v for role, v in p.get("per_frame_counts", {}).get(key, {}).items()
+                              if role_group(role) == group) for p in profs if p.get("per_frame_counts")]
+                    vals.append(statistics.median(xs) if xs else None)
+                if any(v is not None for v in vals):
+                    cells = ["-" if v is None else f"{v:.3f}" for v in vals]
+                    lines.append(f"| {group} | *{label}* | " + " | ".join(cells) + " |")
         totals = []
         for profs in per:
             xs = [sum(g.get("total", 0) for g in p["us_per_frame"].values()) for p in profs]

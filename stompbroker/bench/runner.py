@@ -34,6 +34,8 @@ class Flow:
         self.ready: list[dict] = []
         self.cpu_before: dict = {}
         self.cpu_after: dict = {}
+        self.counters_before: dict = {}
+        self.counters_after: dict = {}
         self.t_stop = 0.0
         self.sys_before = self.sys_after = 0.0
         self.notes: list[str] = []
@@ -141,6 +143,7 @@ class Runner:
                     raise BenchError(msg[1])
                 flow.ready.append(msg[1])
             flow.cpu_before = broker.cpu() if broker else {}
+            flow.counters_before = broker.counters() if broker else {}
             flow.sys_before = system_busy()
             flow.t0 = t0 = time.monotonic() + 0.2
             shared.t0.value = t0
@@ -189,6 +192,7 @@ class Runner:
                     raise BenchError("the run did not finish within its time bound")
             flow.t_stop = time.monotonic()
             flow.cpu_after = broker.cpu() if broker else {}
+            flow.counters_after = broker.counters() if broker else {}
             flow.sys_after = system_busy()
             shared.stop.value = 1
             for entry in procs:
@@ -260,6 +264,9 @@ class Runner:
             res["broker"]["cpu_s"] = total
             res["broker"]["cpu_by_process"] = {k: v for k, v in cpu.items() if not k.endswith(":sys")}
             res["broker"]["kernel_cpu_by_process"] = {k[:-4]: v for k, v in cpu.items() if k.endswith(":sys")}
+            res["broker"]["syscalls_by_process"] = {
+                role: {k: after[k] - flow.counters_before.get(role, {}).get(k, 0) for k in after}
+                for role, after in flow.counters_after.items()}
             if deliveries and total:
                 res["deliveries_per_cpu_s"] = round(deliveries / total)
         res["broker"]["label"] = self.label

@@ -13,7 +13,7 @@ import time
 
 from .flowctl import describe, flow_spec
 from .procs import BrokerProcs, broker_has_setting
-from .profile import analyse, format_profile
+from .profile import analyse, format_profile, wake_cost_us
 from .report import Progress, check_target, new_result, summary_line
 from .stats import BIN, latency_histogram, percentiles, steady_rate
 from .wire import BenchError
@@ -56,7 +56,7 @@ def run_scenarios(runners, names: list[str], repeat: int = 1) -> None:
                     for res in fn(runner, transport):
                         res["repetition"] = rep
                         if runner.last_profile and res["status"] == "ok":
-                            res["profile"] = analyse(runner.last_profile, res, runner.spawn_root)
+                            res["profile"] = analyse(runner.last_profile, res, runner.spawn_root, wake_cost_us())
                         runner.last_profile = None
                         runner.results.append(res)
                         who = f"{runner.label}: " if len(runners) > 1 else ""
