@@ -163,28 +163,31 @@ def role_group(role: str) -> str:
     return "writers" if role.startswith("writer") else role
 
 
-def per_frame(cpu_by_process: dict, profiles: dict, frames: int, wakeups: dict | None = None,
+def per_frame(cpu_by_process: dict, profiles: dict, frames: int, counts: dict | None = None,
               wake_us: float | None = None) -> dict:
     """{process: {category: µs of CPU per frame}, plus 'total'}: cpu_by_process as in results
     (role -> CPU seconds), profiles role -> (shares, samples); writers are summed.
 
-    A process that wakes another with an eventfd write is often preempted by it right there, and
-    py-spy counts that runnable time as samples in ``notify``. With the number of wake-ups
-    (``wakeups``: role -> eventfd writes) and the CPU cost of one (``wake_us``), the wake-up cost
-    is capped at wake-ups x cost, and the rest of the CPU is shared by the other samples."""
+    py-spy counts a thread that is runnable but not running as busy where it stands. Here that is
+    right after a wake-up: a process that writes a ring's eventfd is often preempted by the process
+    it woke (samples in ``notify``), and one woken from select/epoll waits for a CPU (samples in
+    ``wait``). With ``counts`` (role -> {"wake-up": eventfd writes, "wait": sleeps}) and the CPU cost
+    of one (``wake_us``), those two costs are capped at count x cost, and the rest of the process's
+    CPU is shared by the other samples."""
     out: dict = {}
     for role, (share, nsamples) in profiles.items():
         cpu = cpu_by_process.get(role)
         if cpu is None or not share or not frames:
             continue
         group = out.setdefault(role_group(role), dict.fromkeys(CATEGORIES, 0.0))
-        wake_share = share.get("wake-up", 0.0)
-        wake_cpu = cpu * wake_share
-        if wakeups is not None and wake_us is not None and role in wakeups and wake_share < 1:
-            wake_cpu = min(wake_cpu, wakeups[role] * wake_us / 1e6)
-        rest = (cpu - wake_cpu) / (1 - wake_share) if wake_share < 1 else 0.0
+        capped = {}
+        if counts is not None and wake_us is not None and role in counts:
+            for cat, n in counts[role].items():
+                capped[cat] = min(cpu * share.get(cat, 0.0), n * wake_us / 1e6)
+        free_share = 1 - sum(share.get(cat, 0.0) for cat in capped)
+        rest = (cpu - sum(capped.values())) / free_share if free_share > 0 else 0.0
         for k, v in share.items():
-            group[k] += (wake_cpu if k == "wake-up" else rest * v) / frames * 1e6
+            group[k] += (capped[k] if k in capped else rest * v) / frames * 1e6
     for group in out.values():
         group["total"] = sum(group[k] for k in CATEGORIES)
     return {g: {k: round(v, 3) for k, v in d.items()} for g, d in out.items()}
@@ -232,10 +235,10 @@ class Recorder:
 _WAKE_US: list = []
 
 
-def wake_cost_us(writes: int = 3000, gap_s: float = 0.0002) -> float:
+def wake_cost_us(writes: int = 2000, gap_s: float = 0.0002) -> float:
     """CPU microseconds of one eventfd write that wakes a sleeping process, measured here: a child
-    sleeps in select on an eventfd, this process writes it every `gap_s` (busy-waiting between,
-    like a dispatcher between rounds). Measured once per command (about 0.6 s)."""
+    sleeps in select on an eventfd and this process writes it every `gap_s`, sleeping in between;
+    the same loop without the writes is subtracted. Measured once per command (about 1 s)."""
     if _WAKE_US:
         return _WAKE_US[0]
     import resource
@@ -254,20 +257,24 @@ def wake_cost_us(writes: int = 3000, gap_s: float = 0.0002) -> float:
                     pass
         finally:
             os._exit(0)
-    try:
-        usage = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731
-        c0 = usage()
+
+    def loop(write: bool) -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        c0 = usage.ru_utime + usage.ru_stime
         for _ in range(writes):
-            os.eventfd_write(fd, 1)
-            end = time.perf_counter() + gap_s
-            while time.perf_counter() < end:
-                pass
-        cost = max((usage() - c0 - writes * gap_s) / writes * 1e6, 0.1)
+            if write:
+                os.eventfd_write(fd, 1)
+            time.sleep(gap_s)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime - c0
+
+    try:
+        cost = (loop(True) - loop(False)) / writes * 1e6
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(fd)
-    _WAKE_US.append(round(cost, 2))
+    _WAKE_US.append(round(max(cost, 0.5), 2))
     return _WAKE_US[0]
 
 
@@ -284,13 +291,13 @@ def analyse(files: dict, result: dict, root: str, wake_us: float | None = None) 
         tops[role] = top_functions(samples)
     cpu = result["broker"].get("cpu_by_process") or {}
     calls = result["broker"].get("syscalls_by_process") or {}
-    wakeups = {role: c["writes"] for role, c in calls.items()} if calls else None
+    counts = {role: {"wake-up": c["writes"], "wait": c["voluntary"]} for role, c in calls.items()} if calls else None
     prev = result.get("profile") or {}
     wake_us = wake_us if wake_us is not None else prev.get("wake_us")
     per = lambda n: {role: round(c[n] / frames, 4) for role, c in calls.items()} if frames else {}  # noqa: E731
     return {
         "frames": frames, "frame": "SEND" if result["scenario"] == "ingest" else "delivery",
-        "us_per_frame": per_frame(cpu, profiles, frames, wakeups, wake_us),
+        "us_per_frame": per_frame(cpu, profiles, frames, counts, wake_us),
         "wake_us": wake_us,
         "wake_samples": {role: round(p[0].get("wake-up", 0.0), 4) for role, p in profiles.items()},
         "per_frame_counts": {"eventfd_writes": per("writes"), "voluntary_switches": per("voluntary"),
@@ -300,12 +307,13 @@ def analyse(files: dict, result: dict, root: str, wake_us: float | None = None) 
     }
 
 
-def reanalyse(results: list[dict]) -> None:
-    """Recompute the profile sections from their raw files (when still there) with these rules."""
+def reanalyse(results: list[dict], wake_us: float | None = None) -> None:
+    """Recompute the profile sections from their raw files (when still there) with these rules
+    (and a new cost of one wake-up, if given)."""
     for res in results:
         prof = res.get("profile")
         if prof and all(os.path.exists(p) for p in prof["files"].values()):
-            res["profile"] = analyse(prof["files"], res, prof.get("root", ""))
+            res["profile"] = analyse(prof["files"], res, prof.get("root", ""), wake_us)
 
 
 def format_profile(res: dict) -> str:
@@ -369,7 +377,7 @@ def compare_profiles(columns: list[tuple[str, list[dict]]]) -> str:
                 vals.append(statistics.median(xs) if xs else None)
             if any(v for v in vals if v):
                 cells = ["-" if v is None else f"{v:.1%}" for v in vals]
-                lines.append(f"| {group} | *samples in the eventfd wake-up (mostly preempted by the woken)* | "
+                lines.append(f"| {group} | *samples in the eventfd wake-up (preempted by the woken process)* | "
                              + " | ".join(cells) + " |")
             for key, label in (("eventfd_writes", "eventfd writes per frame"),
                                ("voluntary_switches", "sleeps per frame (voluntary switches)"),

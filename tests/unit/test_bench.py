@@ -289,18 +289,20 @@ def test_profile_per_frame_costs(tmp_path):
     assert tops["self"]["send (broker/routing.py:35)"] == 0.75
 
 
-def test_profile_wake_up_capped_by_counted_wake_ups():
-    """Samples in Ring.notify are mostly time preempted by the process it woke: with the count of
-    eventfd writes and the CPU of one, the wake-up costs at most that and the rest of the CPU goes
-    to the other samples."""
-    share = {"routing": 0.6, "wake-up": 0.4}
+def test_profile_wake_up_and_wait_capped_by_counted_wake_ups():
+    """Samples in Ring.notify and in select are mostly time runnable, not running (preempted by the
+    woken process, or waiting for a CPU once woken): with the counts of eventfd writes and sleeps
+    and the CPU of one, each costs at most that and the rest of the CPU goes to the other samples."""
+    share = {"routing": 0.5, "wake-up": 0.4, "wait": 0.1}
     out = profile.per_frame({"dispatcher": 1.0}, {"dispatcher": (share, 100)}, 100_000,
-                            wakeups={"dispatcher": 1000}, wake_us=5.0)
+                            counts={"dispatcher": {"wake-up": 1000, "wait": 400}}, wake_us=5.0)
     d = out["dispatcher"]
     assert d["wake-up"] == pytest.approx(0.05)             # 1,000 x 5 µs over 100,000 frames
-    assert d["routing"] == pytest.approx(9.95)             # the rest of the 10 µs per frame
+    assert d["wait"] == pytest.approx(0.02)
+    assert d["routing"] == pytest.approx(9.93)             # the rest of the 10 µs per frame
     assert d["total"] == pytest.approx(10.0)
     # more wake-ups than the samples can hold: the samples' share stands
     out = profile.per_frame({"dispatcher": 1.0}, {"dispatcher": (share, 100)}, 100_000,
-                            wakeups={"dispatcher": 10 ** 6}, wake_us=5.0)
+                            counts={"dispatcher": {"wake-up": 10 ** 6, "wait": 10 ** 6}}, wake_us=5.0)
     assert out["dispatcher"]["wake-up"] == pytest.approx(4.0)
+    assert out["dispatcher"]["routing"] == pytest.approx(5.0)
