@@ -141,6 +141,9 @@ def main(argv=None) -> int:
     else:
         runners = [Runner(opts)]
         columns = [(runners[0].label, runners[0].results)]
+    if opts.profile and not any(r.spawn_args is not None for r in runners):
+        print("--profile: no broker here is spawned by the benchmark (--spawn, git:REF or .); nothing is profiled",
+              file=sys.stderr)
     for r in runners:
         print(f"bench: {r.label}; scenarios {', '.join(names)}; {r.flow_label}; results in {r.opts.out}",
               flush=True)
