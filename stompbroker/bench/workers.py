@@ -108,8 +108,10 @@ class Producer(Worker):
     """Sends SEND frames all-out (pre-rendered batches) or at a fixed rate (open loop, timestamped).
 
     spec keys: target, transport, destination, size, duration, mode ("allout" | "paced"), rate,
-    batch_bytes, window (frames in flight between receipts, 0 = none), receipt_each (every SEND
-    asks for a receipt), headers (extra SEND headers), final (final SEND with a receipt on
+    flow (flowctl.flow_spec: "bursts" of burst_bytes with at most `bursts` unreceipted, or
+    "window"), batch_bytes, window (frames in flight between receipts, 0 = none), receipt_each
+    (every SEND asks for a receipt), receipts (paced: every SEND asks for a receipt, timed),
+    headers (extra SEND headers), final (final SEND with a receipt on
     end_destination, waited for), end_destination, consumer_slots, fan (deliveries per SEND that
     the consumers should see), max_inflight (deliveries sent but not yet counted), grace.
     """
