@@ -94,11 +94,17 @@ class Message:
     def shared(self, escaped: bool) -> bytes:
         part = self._rendered[escaped]
         if part is None:
-            esc = escape if escaped else _no_newlines
-            lines = [f"message-id:{esc(self.id)}", f"destination:{esc(self.destination)}"]
+            texts = [self.id, self.destination]
             for name, value in self.headers.items():
                 if name not in NOT_FORWARDED:
-                    lines.append(f"{esc(name)}:{esc(value)}")
+                    texts.append(name)
+                    texts.append(value)
+            probe = "".join(texts)  # one look for characters to escape, not one call per name and value
+            if "\n" in probe or "\r" in probe or (escaped and ("\\" in probe or ":" in probe)):
+                esc = escape if escaped else _no_newlines
+                texts = [esc(text) for text in texts]
+            lines = ["message-id:" + texts[0], "destination:" + texts[1]]
+            lines += [texts[i] + ":" + texts[i + 1] for i in range(2, len(texts), 2)]
             lines.append(f"content-length:{len(self.body)}")
             part = ("\n".join(lines) + "\n\n").encode() + self.body + b"\0"
             self._rendered[escaped] = part
