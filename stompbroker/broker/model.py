@@ -94,17 +94,11 @@ class Message:
     def shared(self, escaped: bool) -> bytes:
         part = self._rendered[escaped]
         if part is None:
-            texts = [self.id, self.destination]
+            esc = escape if escaped else _no_newlines
+            lines = [f"message-id:{esc(self.id)}", f"destination:{esc(self.destination)}"]
             for name, value in self.headers.items():
                 if name not in NOT_FORWARDED:
-                    texts.append(name)
-                    texts.append(value)
-            probe = "".join(texts)  # one look for characters to escape, not one call per name and value
-            if "\n" in probe or "\r" in probe or (escaped and ("\\" in probe or ":" in probe)):
-                esc = escape if escaped else _no_newlines
-                texts = [esc(text) for text in texts]
-            lines = ["message-id:" + texts[0], "destination:" + texts[1]]
-            lines += [texts[i] + ":" + texts[i + 1] for i in range(2, len(texts), 2)]
+                    lines.append(f"{esc(name)}:{esc(value)}")
             lines.append(f"content-length:{len(self.body)}")
             part = ("\n".join(lines) + "\n\n").encode() + self.body + b"\0"
             self._rendered[escaped] = part

@@ -303,17 +303,8 @@ def parse_head(head: bytes, unescape: bool) -> tuple[str, dict[str, str]]:
         raise ProtocolError("invalid UTF-8", "frame headers are not valid UTF-8", _receipt(head)) from None
     lines = text.split("\n")
     command = lines[0]
-    esc = unescape and "\\" in text  # no backslash anywhere: nothing to unescape
-    if not esc:
-        # The usual head, decoded in C: every line has a name and a colon, no name repeats.
-        try:
-            headers = dict([line.split(":", 1) for line in lines[1:]])
-        except ValueError:
-            pass  # a line without a colon: the loop below names it
-        else:
-            if len(headers) == len(lines) - 1 and "" not in headers:
-                return command, headers
     headers = {}
+    esc = unescape and "\\" in text  # no backslash anywhere: nothing to unescape
     for i in range(1, len(lines)):
         name, sep, value = lines[i].partition(":")
         if not name or not sep:
