@@ -124,6 +124,13 @@ BY_LOWER = {s.name.lower(): s for s in SETTINGS}
 class Config:
     values: dict
 
+    def __post_init__(self) -> None:
+        # Settings become plain instance attributes: the hot paths read a few per message, and a
+        # lookup that falls through to __getattr__ costs fifty times an instance attribute.
+        for name, value in self.values.items():
+            if not hasattr(type(self), name):
+                object.__setattr__(self, name, value)
+
     def __getattr__(self, name: str) -> Any:
         try:
             return self.values[name]

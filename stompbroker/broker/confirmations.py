@@ -3,8 +3,14 @@ store; what a writer never sent goes back to the head of its queue, marked redel
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat, starmap
+
 from . import queues
 from .model import Queue, Session
+
+
+_consume = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
 def written(b, conn: int, total: int, final: bool = False) -> None:
@@ -22,11 +28,16 @@ def written(b, conn: int, total: int, final: bool = False) -> None:
         session.written = total
         inflight = session.inflight
         store = b.store
-        for _ in range(min(n, len(inflight))):
-            message, _ = inflight.popleft()
-            if message.seq:
-                store.delete(message.seq)
-                message.seq = 0
+        if store is None and n >= len(inflight):
+            inflight.clear()  # (the usual report: everything handed over so far is sent)
+        elif store is None:
+            _consume(starmap(inflight.popleft, repeat((), n)))
+        else:
+            for _ in range(min(n, len(inflight))):
+                message, _ = inflight.popleft()
+                if message.seq:
+                    store.delete(message.seq)
+                    message.seq = 0
     if final:
         session.written_final = True
         if ended is not None:

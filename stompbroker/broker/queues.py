@@ -92,56 +92,68 @@ def pump(b, queue: Queue, room: bool = False) -> int:
     if not subs or not (queue.messages or (room and queue.blocked)):
         drop_if_idle(b, queue)  # (an ACK may have taken its last message)
         return 0
-    budget = [b.config.queue_scan_budget]
+    budget = b.config.queue_scan_budget
     delivered = 0
     if room and queue.blocked:
-        delivered = scan(b, queue, subs, queue.blocked, budget, room)
-    if budget[0] > 0 and not b.unfinished:
-        delivered += scan(b, queue, subs, queue.messages, budget, room)
+        delivered, budget = scan(b, queue, subs, queue.blocked, budget, room)
+    if budget > 0 and not b.unfinished:
+        more, budget = scan(b, queue, subs, queue.messages, budget, room)
+        delivered += more
     b.stats["messages_delivered"] += delivered
-    drop_if_idle(b, queue)
+    if not (queue.messages or queue.unacked):  # (the cheap part of drop_if_idle's test first)
+        drop_if_idle(b, queue)
     return delivered
 
 
-def scan(b, queue: Queue, subs: tuple, source, budget: list, room: bool = False) -> int:
+def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) -> tuple[int, int]:
+    """Deliver from ``source`` while some consumer has room; returns (deliveries, budget left)."""
     n = len(subs)
     still_blocked = []
     delivered = parked = 0
+    now = b.now
     while source:
-        if budget[0] <= 0:
+        if budget <= 0:
             if parked:
                 b.rescan.add(queue)
             break
-        if not any(sub.has_room() for sub in subs):
-            break
-        message = source.popleft()
-        if message.expired(b.now):
+        message = source[0]
+        headers = message.headers
+        avoid = message.avoid
+        rr = queue.rr
+        chosen = None
+        any_room = False
+        # A NACKed message goes to another subscriber if any: a first pass skips the one it avoids.
+        for skip in (avoid, None) if avoid is not None else (None,):
+            for i in range(n):
+                sub = subs[(rr + i) % n]
+                if sub.prefetch and len(sub.unacked) >= sub.prefetch:  # (Subscription.has_room, inlined)
+                    continue
+                any_room = True
+                if sub is not skip and (sub.accepts is None or sub.accepts(headers)):
+                    chosen = sub
+                    rr = (rr + i + 1) % n
+                    break
+            if chosen is not None:
+                break
+        if not any_room:
+            break  # every consumer is full: the message stays first
+        source.popleft()
+        if message.expires and now >= message.expires:
             queue.expired += 1
             b.stats["messages_expired"] += 1
             discard(b, queue, message)
             continue
         b.examined += 1
-        chosen = None
-        # A NACKed message goes to another subscriber if any (one pass when nothing is avoided).
-        for allow_avoided in (False, True) if message.avoid is not None else (True,):
-            for i in range(n):
-                sub = subs[(queue.rr + i) % n]
-                if (sub.has_room() and (allow_avoided or sub is not message.avoid)
-                        and (sub.accepts is None or sub.accepts(message.headers))):
-                    chosen = sub
-                    queue.rr = (queue.rr + i + 1) % n
-                    break
-            if chosen is not None:
-                break
         if chosen is not None:
+            queue.rr = rr
             message.avoid = None
             delivered += 1
             if deliver(b, chosen, message, queue):  # outbox over its limit: drained, then resumed
                 b.unfinished.append((pump, (queue, room)))
                 break
             continue
-        budget[0] -= 1
-        if any(not sub.has_room() and (sub.accepts is None or sub.accepts(message.headers)) for sub in subs):
+        budget -= 1
+        if any(not sub.has_room() and (sub.accepts is None or sub.accepts(headers)) for sub in subs):
             still_blocked.append(message)  # waits for a full consumer; later messages may still go
         elif queue.owner is not None:
             # A durable subscription's selector is fixed while it is attached: what it rejects
@@ -156,7 +168,7 @@ def scan(b, queue: Queue, subs: tuple, source, budget: list, room: bool = False)
             source.extendleft(reversed(still_blocked))  # in order, ahead of the younger ones
         else:
             queue.blocked.extend(still_blocked)
-    return delivered
+    return delivered, budget
 
 
 def drop_if_idle(b, queue: Queue) -> None:
@@ -166,8 +178,8 @@ def drop_if_idle(b, queue: Queue) -> None:
     walks through names grows the broker for good. Wildcard subscribers do not keep a queue
     alive (the next message makes it again); its counters go with it.
     """
-    if (queue.owner is None and not queue.depth() and not queue.unacked
-            and not b.index.exact.get(queue.name) and b.queues.get(queue.name) is queue):
+    if (queue.owner is None and not queue.unacked and not b.index.exact.get(queue.name)
+            and not queue.depth() and b.queues.get(queue.name) is queue):
         del b.queues[queue.name]
         b.rescan.discard(queue)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..ipc import records as R
-from ..protocol.stomp import render_frame
+from ..protocol.stomp import escape, render_frame
 from . import sessions
 from .model import Session
 from .names import QUEUE_PREFIX, short
@@ -16,8 +16,8 @@ log = logging.getLogger("stompbroker.broker")
 
 def send_receipt(b, session: Session, receipt: str | None) -> None:
     if receipt is not None:
-        emit(b, session, R.DATA, render_frame("RECEIPT", {"receipt-id": receipt}, escape_headers=session.escape),
-             receipt)
+        value = escape(receipt) if session.escape else receipt  # (render_frame's output, without its loop)
+        emit(b, session, R.DATA, b"RECEIPT\nreceipt-id:" + value.encode() + b"\n\n\0", receipt)
 
 
 def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | None = None) -> None:

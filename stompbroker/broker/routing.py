@@ -14,16 +14,20 @@ from .queues import deliver, deliver_tracked, discard, get_queue, persist, pump
 
 
 def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
+    # The common SEND (no temporary destination, no permissions, memory store, no expiry) costs
+    # one test per rule here: each rule's function runs only when it can apply.
     receipt = headers.get("receipt")
     destination = check_send(headers, receipt)
-    if not destination.startswith(TEMP_PREFIXES):  # a connection's own temporary ones are always its own
+    temp = destination.startswith(TEMP_PREFIXES)
+    if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
         allowed(b, session, destination, write=True, receipt=receipt)
-    destination = temporary.temporaries(b, session, headers, destination, receipt)
+    if temp or "reply-to" in headers:
+        destination = temporary.temporaries(b, session, headers, destination, receipt)
     if destination.startswith(DIAG_PREFIX) and b.diag is not None:
         query = body.decode(errors="replace").strip()
         if query in QUERIES:
             headers = {**headers, **b.diag.headers(query)}
-    if receipts.store_refuses(b, destination, headers):
+    if b.store is not None and receipts.store_refuses(b, destination, headers):
         raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
                             "the message was not accepted", receipt)
     queue = b.queues.get(destination)
@@ -32,8 +36,10 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
-    publish(b, destination, headers, body, expiry(b, headers, receipt))
-    receipts.send_receipt(b, session, receipt)
+    expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
+    publish(b, destination, headers, body, expires)
+    if receipt is not None:
+        receipts.send_receipt(b, session, receipt)
 
 
 def check_send(headers: dict, receipt) -> str:
@@ -82,7 +88,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         return temporary.publish(b, destination, message)
     if destination.startswith(QUEUE_PREFIX):
         queue = get_queue(b, destination)
-        persist(b, queue, message)
+        if b.store is not None:
+            persist(b, queue, message)
         queue.messages.append(message)
         queue.enqueued += 1
         return pump(b, queue)

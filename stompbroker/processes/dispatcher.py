@@ -91,10 +91,13 @@ class Dispatcher:
             if self.http_delayed:
                 deadlines.append(self.http_delayed[0][0])
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
-            if not ring.used_bytes:
-                select.select(self.wait_fds, [], [], timeout)
+            # Asleep, it knows which channels woke it and reads only those (an empty non-blocking
+            # read raises, which costs more than the rest of a one-message round); busy, it looks
+            # at all of them every round.
+            ready = select.select(self.wait_fds, [], [], timeout)[0] if not ring.used_bytes else None
             ring.clear_wakeup()
-            self.progress()
+            if ready is None or self.written in ready:
+                self.progress()
             if self.store is not None:
                 self.broker.release(self.store.finished())
                 self.commit()  # deletes of messages the writers have sent
@@ -108,7 +111,8 @@ class Dispatcher:
                         self.drain()
                 self.commit()
             self.flush()  # receipts released by the store, replies to checked logins: out now
-            self.signals()
+            if ready is None or self.signal_r in ready:
+                self.signals()
             while running:
                 blob = ring.read(READ_BYTES)
                 if not blob:

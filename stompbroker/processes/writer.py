@@ -82,6 +82,8 @@ class Writer:
         self.batch_size = config.write_buffer_size
         self.max_pending = config.max_pending_bytes
         self.conns: dict[int, Conn] = {}
+        # closing or lingering connections, which have a deadline: a loop looks at these, not at all
+        self.ending: set[Conn] = set()
         self.heartbeats: set[Conn] = set()
         self.sel = selectors.DefaultSelector()
         self.stopping = False
@@ -124,7 +126,7 @@ class Writer:
         waits = [c.hb / 4 for c in self.heartbeats]
         if self.latency_pending:  # wake up to publish this interval's latencies, then sleep
             waits.append(max(self.interval_start + self.interval - time.monotonic(), 0))
-        if any(c.closing or c.lingering for c in self.conns.values()) or self.stopping:
+        if self.ending or self.stopping:
             waits.append(0.1)
         if self.progress:  # a report the dispatcher's channel could not take yet
             waits.append(0.05)
@@ -172,6 +174,7 @@ class Writer:
                     elif not c.closing:
                         c.closing = True
                         c.deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000
+                        self.ending.add(c)
                         touched.add(c)
                 elif kind == R.HEARTBEAT:
                     c.hb = aux / 1000
@@ -316,6 +319,7 @@ class Writer:
         self.stats["pending_bytes"] += c.pending - before
         c.closing = True
         c.deadline = time.monotonic() + 1.0
+        self.ending.add(c)
 
     def hang_up(self, c: Conn) -> None:
         """Everything is sent: send FIN, and let the peer read it before the read side is cut."""
@@ -325,6 +329,7 @@ class Writer:
             pass
         c.lingering = True
         c.deadline = time.monotonic() + LINGER
+        self.ending.add(c)
         self.progress.add(c)  # all sent: its count is final
         self.heartbeats.discard(c)
 
@@ -344,10 +349,11 @@ class Writer:
         self.stats["pending_bytes"] -= c.pending
         c.pending = 0
         self.conns.pop(c.id, None)
+        self.ending.discard(c)
         self.stats["connections"] = len(self.conns)
 
     def expire(self, now: float) -> None:
-        for c in [c for c in self.conns.values() if (c.closing or c.lingering) and now > c.deadline]:
+        for c in [c for c in self.ending if now > c.deadline]:
             self.discard(c)
 
     def beat(self, now: float) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from stompbroker.broker.core import Broker
 from stompbroker.ipc.outbox import Outbox
 from stompbroker.ipc import records as R
-from stompbroker.settings import make_config
+from stompbroker.processes.writer import Writer
+from stompbroker.settings import Config, make_config
 
 
 class Harness:
@@ -193,3 +194,37 @@ def test_messages_for_a_full_consumer_hold_up_neither_others_nor_sends():
         h.frame(1, "ACK", {"id": first.split(b"\nack:", 1)[1].split(b"\n", 1)[0].decode()})
         (first,) = [f for c, f in h.frames(1) if c == "MESSAGE"]
         assert f"\nn:{i}\n".encode() in first
+
+
+def test_a_queue_send_reads_settings_without_the_getattr_fallback(monkeypatch):
+    # Config.__getattr__ runs only after a failed attribute lookup: fifty times an instance
+    # attribute, and the queue path reads settings on every SEND.
+    calls = []
+    fallback = Config.__getattr__
+    monkeypatch.setattr(Config, "__getattr__", lambda self, name: calls.append(name) or fallback(self, name))
+    h = Harness()
+    for conn in (1, 2, 3):
+        h.open(conn)
+    for conn in (2, 3):
+        h.frame(conn, "SUBSCRIBE", {"id": "s", "destination": "/queue/work"})
+    calls.clear()
+    for i in range(100):
+        h.frame(1, "SEND", {"destination": "/queue/work", "receipt": str(i)}, b"x")
+    assert sum(c == "MESSAGE" for c, _ in h.frames(2) + h.frames(3)) == 100
+    assert calls == []
+    assert make_config(queue_scan_budget=7).queue_scan_budget == 7 and make_config().writers >= 1
+
+
+def test_a_writer_loop_looks_only_at_connections_that_are_ending():
+    class Idle:  # an open connection with nothing due: the loop must not read it
+        __slots__ = ()
+
+        def __getattr__(self, name):
+            raise AssertionError(f"an idle connection's {name} was read")
+
+    w = Writer.__new__(Writer)  # (only the loop's bookkeeping: no ring, no sockets)
+    w.conns = {i: Idle() for i in range(1000)}
+    w.ending, w.heartbeats, w.progress = set(), set(), set()
+    w.latency_pending = w.stopping = False
+    w.expire(10.0)
+    assert w._timeout() is None
