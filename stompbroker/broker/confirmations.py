@@ -27,6 +27,8 @@ def written(b, conn: int, total: int, final: bool = False) -> None:
             if message.seq:
                 store.delete(message.seq)
                 message.seq = 0
+        if not inflight:
+            session.inflight = ()  # an empty deque is 760 bytes
     if final:
         session.written_final = True
         if ended is not None:
@@ -66,7 +68,7 @@ def return_unwritten(b, session: Session) -> None:
             continue
         message.redelivered = True
         returned.setdefault(current, []).append(message)
-    session.inflight.clear()
+    session.inflight = ()
     for queue, messages in returned.items():
         queue.messages.extendleft(reversed(messages))
         queues.pump(b, queue)

@@ -1,0 +1,74 @@
+"""What one idle connection costs in each process, in Python objects (tracemalloc, in-process).
+
+The broker's budget is 1 KB per idle connection summed over its processes (measured as PSS by
+``stompbroker-bench --scenario idle``); these budgets keep each process's own share from creeping
+back: per-connection objects are slotted, and containers, parsers and buffers an idle connection
+does not use are not made (or are dropped once empty).
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+from stompbroker.broker.core import Broker
+from stompbroker.broker import model
+from stompbroker.ipc.outbox import Outbox
+from stompbroker.settings import make_config
+
+N = 500
+CONNECT = b"CONNECT\naccept-version:1.0,1.1,1.2\nhost:/\nheart-beat:0,0"
+
+
+def per_connection(make, n: int = N) -> float:
+    """Bytes still allocated after ``make()`` (which opens n connections), per connection; what the
+    test itself allocates (its clients' sockets) is left out."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        kept = make()
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    ignore = [tracemalloc.Filter(False, __file__), tracemalloc.Filter(False, tracemalloc.__file__),
+              tracemalloc.Filter(False, "<frozen importlib._bootstrap*")]
+    diff = after.filter_traces(ignore).compare_to(before.filter_traces(ignore), "filename")
+    del kept
+    return sum(stat.size_diff for stat in diff) / n
+
+
+def test_dispatcher_session_of_an_idle_connection_is_small():
+    broker = Broker(make_config(), [Outbox(0)])
+
+    def make():
+        for conn in range(1 << 40, (1 << 40) + N):
+            broker.on_open(conn, 0, f"127.0.0.1:{conn % 60000}", 1.0)
+            broker.on_frame(conn, CONNECT, b"", 1.0)
+        broker.outboxes[0].take()
+        return None
+
+    cost = per_connection(make)
+    assert len(broker.sessions) == N and all(s.connected for s in broker.sessions.values())
+    # A slotted Session (~260 B), its id and peer strings, its entry in Broker.sessions; no dicts,
+    # lists or deques of its own (an empty deque alone was 760 B, the session 1.6 KB).
+    assert cost < 600, f"{cost:.0f} bytes per idle session"
+
+
+def test_a_session_gives_back_its_containers_once_empty():
+    broker = Broker(make_config(), [Outbox(0)])
+    broker.on_open(1, 0, "127.0.0.1:1", 1.0)
+    broker.on_frame(1, CONNECT, b"", 1.0)
+    session = broker.sessions[1]
+    broker.on_frame(1, b"SUBSCRIBE\nid:s\ndestination:/queue/a", b"", 1.0)
+    broker.on_frame(1, b"BEGIN\ntransaction:t", b"", 1.0)
+    broker.on_frame(1, b"SEND\ndestination:/queue/a", b"x", 1.0)
+    assert len(session.subs) == 1 and len(session.transactions) == 1 and len(session.inflight) == 1
+    broker.on_written(1, 1)  # the writer sent the queue delivery
+    broker.on_frame(1, b"COMMIT\ntransaction:t", b"", 1.0)
+    broker.on_frame(1, b"UNSUBSCRIBE\nid:s", b"", 1.0)
+    shared = model.NO_ENTRIES
+    assert session.subs is shared and session.transactions is shared and session.inflight == ()
+    buf, count = broker.outboxes[0].take()
+    assert count == 2 and b"ERROR" not in buf  # CONNECTED and the MESSAGE
