@@ -9,11 +9,18 @@ does not use are not made (or are dropped once empty).
 from __future__ import annotations
 
 import gc
+import os
+import socket
+import time
 import tracemalloc
 
-from stompbroker.broker.core import Broker
+import pytest
+
 from stompbroker.broker import model
+from stompbroker.broker.core import Broker
 from stompbroker.ipc.outbox import Outbox
+from stompbroker.processes import reader
+from stompbroker.processes.common import Resources
 from stompbroker.settings import make_config
 
 N = 500
@@ -72,3 +79,57 @@ def test_a_session_gives_back_its_containers_once_empty():
     assert session.subs is shared and session.transactions is shared and session.inflight == ()
     buf, count = broker.outboxes[0].take()
     assert count == 2 and b"ERROR" not in buf  # CONNECTED and the MESSAGE
+
+
+@pytest.fixture
+def resources():
+    config = make_config(processors=3, input_queue_bytes=1 << 22, output_queue_bytes=1 << 20)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1024)
+    res = Resources(config, listener)
+    yield config, res
+    res.close()
+    listener.close()
+
+
+def test_reader_connection_of_an_idle_client_is_small(resources):
+    config, res = resources
+    r = reader.Reader(config, res)
+    r.listener.setblocking(False)
+    handed = res.fd_pairs[0][1]  # where the sockets go to the (only) writer
+    handed.setblocking(False)
+    res.fd_pairs[0][0].settimeout(2.0)
+    clients = [socket.socket() for _ in range(N)]  # made before the count starts: not the reader's
+
+    def make():
+        for i in range(0, N, 8):  # a few at a time: the writer's channel queues only a few sockets
+            for client in clients[i:i + 8]:
+                client.connect(r.listener.getsockname())
+                client.sendall(CONNECT + b"\n\n\0")
+            r.accept(r.listener)
+            while True:  # the writer's copies: not the reader's memory
+                try:
+                    _, fds, _, _ = socket.recv_fds(handed, 64, 64)
+                except BlockingIOError:
+                    break
+                for fd in fds:
+                    os.close(fd)
+        assert len(r.conns) == N
+        now = time.monotonic()
+        for conn in list(r.conns.values()):
+            r.read(conn, now)
+        r.out, r.count = bytearray(), 0  # the records for the dispatcher
+        return None
+
+    try:
+        cost = per_connection(make)
+        assert r.stats["frames_in"] == N  # every CONNECT was read
+        # The Conn (slotted), its socket object and its entries in Reader.conns; no parser (made
+        # when an unfinished frame must be kept), no selector key (was 0.63 KB).
+        assert cost < 400, f"{cost:.0f} bytes per idle connection"
+    finally:
+        for conn in r.conns.values():
+            conn.sock.close()
+        for client in clients:
+            client.close()
