@@ -18,9 +18,11 @@ import pytest
 
 from stompbroker.broker import model
 from stompbroker.broker.core import Broker
+from stompbroker.ipc import records as R
 from stompbroker.ipc.outbox import Outbox
-from stompbroker.processes import reader
+from stompbroker.processes import reader, writer
 from stompbroker.processes.common import Resources
+from stompbroker.protocol.stomp import render_frame
 from stompbroker.settings import make_config
 
 N = 500
@@ -59,8 +61,8 @@ def test_dispatcher_session_of_an_idle_connection_is_small():
     cost = per_connection(make)
     assert len(broker.sessions) == N and all(s.connected for s in broker.sessions.values())
     # A slotted Session (~260 B), its id and peer strings, its entry in Broker.sessions; no dicts,
-    # lists or deques of its own (an empty deque alone was 760 B, the session 1.6 KB).
-    assert cost < 600, f"{cost:.0f} bytes per idle session"
+    # lists or deques of its own (an empty deque alone was 760 B; the whole was 1.46 KB).
+    assert cost < 450, f"{cost:.0f} bytes per idle session"
 
 
 def test_a_session_gives_back_its_containers_once_empty():
@@ -126,10 +128,43 @@ def test_reader_connection_of_an_idle_client_is_small(resources):
         cost = per_connection(make)
         assert r.stats["frames_in"] == N  # every CONNECT was read
         # The Conn (slotted), its socket object and its entries in Reader.conns; no parser (made
-        # when an unfinished frame must be kept), no selector key (was 0.63 KB).
-        assert cost < 400, f"{cost:.0f} bytes per idle connection"
+        # when an unfinished frame must be kept), no selector key (the whole was 0.58 KB).
+        assert cost < 380, f"{cost:.0f} bytes per idle connection"
     finally:
         for conn in r.conns.values():
             conn.sock.close()
         for client in clients:
             client.close()
+
+
+def test_writer_connection_of_an_idle_client_is_small(resources):
+    config, res = resources
+    w = writer.Writer(0, config, res.output_rings[0], res.fd_pairs[0][1], res.writer_stats[0],
+                      res.writer_latency[0])
+    w.fd_sock.setblocking(False)
+    pairs = [socket.socketpair() for _ in range(N)]  # made before the count starts: not the writer's
+    connected = render_frame("CONNECTED", {"version": "1.2", "server": "stompbroker", "heart-beat": "0,0"})
+
+    def make():
+        for i in range(0, N, 8):  # a few at a time: the channel from the reader queues only a few
+            for k, (_, theirs) in enumerate(pairs[i:i + 8]):
+                socket.send_fds(res.fd_pairs[0][0], [R.CONN_ID.pack(1000 + i + k)], [theirs.fileno()])
+            w.adopt()
+        assert len(w.conns) == N
+        for c in list(w.conns.values()):  # each connection's CONNECTED, sent at once
+            w.append(c, connected)
+            w.flush(c)
+        return None
+
+    try:
+        cost = per_connection(make)
+        assert all(ours.recv(1024) == connected for ours, _ in pairs)
+        # The Conn (slotted), its socket object and its entry in Writer.conns; no batch list or
+        # buffer kept once everything is sent (the whole was 0.46 KB).
+        assert cost < 400, f"{cost:.0f} bytes per idle connection"
+    finally:
+        for c in w.conns.values():
+            c.sock.close()
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
