@@ -29,7 +29,7 @@ NO_ENTRIES = _NoEntries()
 
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
-                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login", "client_id",
+                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "token", "login", "client_id",
                  "held", "pending", "backlog", "temps", "inflight", "written", "written_final")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
@@ -49,7 +49,7 @@ class Session:
         self.hb_in = 0            # ms: the client promised a frame or heart-beat at least this often
         self.closing = False
         self.websocket = False
-        self.id = ""
+        self.token = ""           # the broker's, once CONNECTED: the session id is made of it (see id)
         self.login = ""
         self.client_id = ""
         self.held: list = ()         # (store generation, record kind, payload) waiting for a commit
@@ -63,6 +63,12 @@ class Session:
         self.inflight: deque = ()
         self.written = 0
         self.written_final = False   # the writer said it will send nothing more
+
+
+    @property
+    def id(self) -> str:
+        """The session id told in CONNECTED ("" before): made when asked, not kept per connection."""
+        return f"{self.token}-{self.conn}" if self.token else ""
 
 
 class Subscription:

@@ -81,7 +81,7 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     session.connected = True
     session.version = version
     session.escape = version != "1.0"
-    session.id = f"{b.token}-{session.conn}"
+    session.token = b.token  # session.id is made of it
     session.login = login
     session.client_id = headers.get("client-id", session.login)
     session.hb_in = max(cx, sy) if cx and sy else 0
