@@ -58,6 +58,3 @@ class Poller:
                 events |= EVENT_READ
             ready.append((data, events))
         return ready
-
-    def close(self) -> None:
-        self.epoll.close()
