@@ -28,7 +28,9 @@ def written(b, conn: int, total: int, final: bool = False) -> None:
         session.written = total
         inflight = session.inflight
         store = b.store
-        if store is None and n >= len(inflight):
+        if not inflight:
+            pass
+        elif store is None and n >= len(inflight):
             inflight.clear()  # (the usual report: everything handed over so far is sent)
         elif store is None:
             _consume(starmap(inflight.popleft, repeat((), n)))
@@ -38,6 +40,8 @@ def written(b, conn: int, total: int, final: bool = False) -> None:
                 if message.seq:
                     store.delete(message.seq)
                     message.seq = 0
+        if not inflight:
+            session.inflight = ()  # an empty deque is 760 bytes
     if final:
         session.written_final = True
         if ended is not None:
@@ -77,7 +81,7 @@ def return_unwritten(b, session: Session) -> None:
             continue
         message.redelivered = True
         returned.setdefault(current, []).append(message)
-    session.inflight.clear()
+    session.inflight = ()
     for queue, messages in returned.items():
         queue.messages.extendleft(reversed(messages))
         queues.pump(b, queue)

@@ -12,9 +12,24 @@ NOT_FORWARDED = frozenset(("destination", "message-id", "subscription", "content
                            "transaction", "ack", "redelivered", "persistent"))
 
 
+class _NoEntries(dict):
+    """The one empty dict shared by every session that has not needed one of its own (an idle
+    connection costs no dicts): reading works, adding is a bug (give the session its own first)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("shared empty dict: the session needs a dict of its own first")
+
+    __setitem__ = setdefault = update = __ior__ = _refuse
+
+
+NO_ENTRIES = _NoEntries()
+
+
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
-                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "id", "login", "client_id",
+                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "token", "login", "client_id",
                  "held", "pending", "backlog", "temps", "inflight", "written", "written_final")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
@@ -26,25 +41,34 @@ class Session:
         self.connected = False
         self.version = "1.0"
         self.escape = False       # header escaping applies (1.1 and later)
-        self.subs: dict[str, Subscription] = {}
-        self.acks: dict[str, Subscription] = {}       # ack id -> subscription, for 1.2 ACK/NACK by id
-        self.transactions: dict[str, list] = {}       # transaction id -> frames held until COMMIT
+        # Containers an idle connection does not use are shared empty ones (NO_ENTRIES, ()) until
+        # needed: whatever adds the first entry gives the session its own.
+        self.subs: dict[str, Subscription] = NO_ENTRIES
+        self.acks: dict[str, Subscription] = NO_ENTRIES   # ack id -> subscription, for 1.2 ACK/NACK by id
+        self.transactions: dict[str, list] = NO_ENTRIES   # transaction id -> frames held until COMMIT
         self.hb_in = 0            # ms: the client promised a frame or heart-beat at least this often
         self.closing = False
         self.websocket = False
-        self.id = ""
+        self.token = ""           # the broker's, once CONNECTED: the session id is made of it (see id)
         self.login = ""
         self.client_id = ""
-        self.held: list = []         # (store generation, record kind, payload) waiting for a commit
+        self.held: list = ()         # (store generation, record kind, payload) waiting for a commit
         self.pending = None          # a CONNECT waiting for its login check
-        self.backlog: list = []      # frames that arrived meanwhile
-        self.temps: dict[str, Temp] = {}  # its temporary destinations, by their private name
+        self.backlog: list = ()      # frames that arrived meanwhile (a list while pending)
+        self.temps: dict[str, Temp] = NO_ENTRIES  # its temporary destinations, by their private name
         # Auto-ack queue deliveries handed to the writer and not yet sent, in order, as (message,
         # queue): they leave the store when the writer reports them written, and go back to their
         # queue if the connection ends first. ``written``: the writer's last cumulative count.
-        self.inflight: deque = deque()
+        # (a deque only while it holds some: an empty deque is 760 bytes)
+        self.inflight: deque = ()
         self.written = 0
         self.written_final = False   # the writer said it will send nothing more
+
+
+    @property
+    def id(self) -> str:
+        """The session id told in CONNECTED ("" before): made when asked, not kept per connection."""
+        return f"{self.token}-{self.conn}" if self.token else ""
 
 
 class Subscription:

@@ -6,6 +6,8 @@ that sees it stops there and leaves itself in ``Broker.unfinished`` (see ``Broke
 
 from __future__ import annotations
 
+from collections import deque
+
 from ..ipc import records as R
 from .model import Delivery, Message, Queue, Subscription
 from .names import REDELIVERED
@@ -21,7 +23,10 @@ def deliver(b, sub: Subscription, message: Message, queue: Queue | None) -> bool
     mark = 0
     if queue is not None:  # it leaves the store (or goes back to the queue) once the writer says
         queue.dequeued += 1
-        session.inflight.append((message, queue))
+        if session.inflight:
+            session.inflight.append((message, queue))
+        else:
+            session.inflight = deque(((message, queue),))
         mark = R.WRITTEN_MARK
     if message.redelivered:
         return session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared, mark)
@@ -32,6 +37,8 @@ def deliver_tracked(b, sub: Subscription, message: Message, queue: Queue | None)
     session = sub.session
     ack_id = f"{b.token}-a{next(b.ack_ids)}"
     sub.unacked[ack_id] = Delivery(ack_id, message, queue, message.nacks)
+    if not session.acks:
+        session.acks = {}
     session.acks[ack_id] = sub
     extra = b"ack:" + ack_id.encode() + b"\n"
     if message.redelivered or message.nacks:

@@ -28,7 +28,10 @@ def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | No
         return
     store = b.store
     if store is not None and store.sync_receipts and (session.held or store.ops != b.ops_mark):
-        session.held.append((store.generation, kind, payload, receipt))
+        if session.held:
+            session.held.append((store.generation, kind, payload, receipt))
+        else:
+            session.held = [(store.generation, kind, payload, receipt)]
         b.holding.add(session)
         b.need_commit = True
     else:
@@ -47,6 +50,7 @@ def release(b, generation: int) -> None:
             done += 1
         del held[:done]
         if not held:
+            session.held = ()
             b.holding.discard(session)
 
 
@@ -59,7 +63,7 @@ def store_outage(b, now: float) -> None:
         return
     for session in list(b.holding):
         receipt = next((r for _, kind, _, r in session.held if r is not None), None)
-        session.held.clear()
+        session.held = ()
         b.holding.discard(session)
         if session.closing:
             session.outbox.add(R.CLOSE, session.conn)

@@ -37,6 +37,7 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
                             f"{b.config.heartbeat_max_ms} ms", receipt)
     if b.auth is not None and b.auth.required:
         session.pending = (version, cx, cy, headers)
+        session.backlog = []  # frames that arrive before the verdict wait here
         b.logins.submit(session.conn, headers.get("login"), headers.get("passcode"),
                         session.peer.rsplit(":", 1)[0])
         return
@@ -59,12 +60,12 @@ def auth_done(b, conn: int, user: str | None, now: float) -> None:
         delay = min(b.config.auth_fail_delay_ms * 2 ** min(failures - 1, 10), 10_000) / 1000
         log.warning("login refused for %r from %s (%d failures from there)", headers.get("login"), ip, failures)
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
-        session.backlog.clear()
+        session.backlog = ()
         b.delayed.append((now + delay, conn))
         return
     b.failures.pop(ip, None)
     connected(b, session, version, cx, cy, headers, user)
-    backlog, session.backlog = session.backlog, []
+    backlog, session.backlog = session.backlog, ()
     for head, body in backlog:
         if b.unfinished:  # a frame's deliveries stopped over an outbox's limit: the next ones wait their turn
             b.unfinished.append((type(b).on_frame, (conn, head, body, now)))
@@ -80,7 +81,7 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     session.connected = True
     session.version = version
     session.escape = version != "1.0"
-    session.id = f"{b.token}-{session.conn}"
+    session.token = b.token  # session.id is made of it
     session.login = login
     session.client_id = headers.get("client-id", session.login)
     session.hb_in = max(cx, sy) if cx and sy else 0
@@ -122,7 +123,7 @@ def closed(b, conn: int, tell_writer: bool = True) -> None:
     session = b.sessions.pop(conn, None)
     if session is None:
         return
-    session.held.clear()
+    session.held = ()
     b.holding.discard(session)
     b.timed.discard(session)
     if session.pending is not None and b.logins is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
 from . import durables, queues, receipts, routing, temporary
-from .model import Queue, Session, Subscription
+from .model import NO_ENTRIES, Queue, Session, Subscription
 from .names import ACK_MODES, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, short
 from .selector import SelectorError, compile_selector
 from .subscriptions import SubscriptionIndex
@@ -44,6 +44,8 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
     sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
     durable_name = None if temp is not None else durables.durable_key(b, session, headers, sub_id, destination,
                                                                       receipt)
+    if not session.subs:
+        session.subs = {}
     session.subs[sub_id] = sub
     if temp is not None:
         temp.sub, sub.temp = sub, temp
@@ -142,6 +144,8 @@ def unsubscribe(b, session: Session, command: str, headers: dict, body: bytes) -
 def remove_subscription(b, session: Session, sub: Subscription) -> None:
     """Forget a subscription; its unacknowledged queue messages go back to the head of their queue."""
     session.subs.pop(sub.id, None)
+    if not session.subs:
+        session.subs = NO_ENTRIES
     b.index.remove(sub.destination, sub)
     if sub.durable is not None:  # detach: its messages wait for the client to come back
         sub.durable.sub = None

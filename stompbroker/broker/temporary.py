@@ -25,6 +25,8 @@ def get_temp(b, session: Session, name: str, receipt) -> Temp:
         # Unique in the broker's life (session id, counter) and not guessable (others may write, not read).
         public = (f"{REPLY_PREFIXES[0] if is_queue else REPLY_PREFIXES[1]}{session.id}-{next(b.temp_ids)}"
                   f"-{secrets.token_hex(4)}")
+        if not session.temps:
+            session.temps = {}
         temp = session.temps[name] = b.temps[public] = Temp(name, public, session, is_queue)
     return temp
 
@@ -44,6 +46,8 @@ def temporaries(b, session: Session, headers: dict, destination: str, receipt) -
             if len(session.subs) >= b.config.max_subscriptions:
                 raise ProtocolError("too many subscriptions", f"at most {b.config.max_subscriptions} "
                                     "subscriptions per connection", receipt)
+            if not session.subs:
+                session.subs = {}
             sub = session.subs[reply_to] = Subscription(session, reply_to, reply_to, "auto", 0, None)
             temp.sub, sub.temp, temp.auto = sub, temp, True
             if temp.queue is not None:

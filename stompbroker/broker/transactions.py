@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
 from . import acks, receipts, routing, temporary
-from .model import Session
+from .model import NO_ENTRIES, Session
 from .names import QUEUE_PREFIX, TEMP_PREFIXES
 
 
@@ -43,7 +43,10 @@ def transaction_id(b, session: Session, command: str, headers: dict, must_exist:
 
 
 def begin(b, session: Session, command: str, headers: dict, body: bytes) -> None:
-    session.transactions[transaction_id(b, session, command, headers, must_exist=False)] = []
+    transaction = transaction_id(b, session, command, headers, must_exist=False)
+    if not session.transactions:
+        session.transactions = {}
+    session.transactions[transaction] = []
     receipts.send_receipt(b, session, headers.get("receipt"))
 
 
@@ -63,7 +66,7 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
         if queue is not None and queue.depth() + n > b.config.max_queue_messages:
             raise ProtocolError("queue full", f"committing would put more than max_queue_messages in {name}",
                                 receipt)
-    del session.transactions[headers["transaction"]]
+    end(session, headers["transaction"])
     for cmd, h, frame_body, expires in frames:
         h.pop("receipt", None)  # already answered when the frame was accepted
         if cmd == "SEND":
@@ -74,5 +77,12 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
 
 
 def abort(b, session: Session, command: str, headers: dict, body: bytes) -> None:
-    del session.transactions[transaction_id(b, session, command, headers, must_exist=True)]
+    end(session, transaction_id(b, session, command, headers, must_exist=True))
     receipts.send_receipt(b, session, headers.get("receipt"))
+
+
+def end(session: Session, transaction: str) -> None:
+    del session.transactions[transaction]
+    if not session.transactions:
+        session.transactions = NO_ENTRIES  # the shared empty one: an idle session keeps no dict
+

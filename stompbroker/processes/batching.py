@@ -2,7 +2,8 @@
 
 A connection (``writer.Conn``) has ``batches``, the closed batches waiting to be sent, each
 ``(bytes, stamp of its first frame, frame count, marked frames)``, and ``cur``/``cur_stamp``/
-``cur_frames``/``cur_marks``, the batch being filled. Marked frames are queue deliveries the writer
+``cur_frames``/``cur_marks``, the batch being filled. With nothing waiting they are the shared
+empty ``()`` and ``b""``, so an idle connection keeps no list and no buffer. Marked frames are queue deliveries the writer
 reports to the dispatcher once they are sent, so the store keeps them until then. Frames are appended to the current batch; when the next frame would take it past
 ``limit`` (``write_buffer_size``) the batch is closed first, so a batch never goes over the limit
 unless it is one frame larger than that, which is then a batch of its own. Each batch is one send().
@@ -21,9 +22,11 @@ def add(c, data, stamp: int, limit: int, ws: bool = False, mark: int = 0) -> int
     n = len(data)
     if c.cur and len(c.cur) + n > limit:
         close(c)
-    if not c.cur_frames:
+    if c.cur_frames:
+        c.cur += data
+    else:  # an idle connection keeps no buffer: one is made for its first frame
         c.cur_stamp = stamp
-    c.cur += data
+        c.cur = bytearray(data)
     c.cur_frames += 1
     c.cur_marks += mark
     c.pending += n
@@ -32,7 +35,11 @@ def add(c, data, stamp: int, limit: int, ws: bool = False, mark: int = 0) -> int
 
 def close(c) -> None:
     """Close the current batch: it joins the ones waiting to be sent."""
-    c.batches.append((c.cur, c.cur_stamp, c.cur_frames, c.cur_marks))
-    c.cur = bytearray()
+    batch = (c.cur, c.cur_stamp, c.cur_frames, c.cur_marks)
+    if c.batches:
+        c.batches.append(batch)
+    else:
+        c.batches = [batch]  # (() while none wait: an idle connection keeps no list)
+    c.cur = b""
     c.cur_frames = 0
     c.cur_marks = 0

@@ -29,6 +29,7 @@ from ..protocol import websocket as ws
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
 from . import common
+from .poller import Poller
 
 log = logging.getLogger("stompbroker.reader")
 
@@ -55,12 +56,12 @@ WS_MESSAGE = WsEvent.MESSAGE  # tested per WebSocket message: a global, not an e
 class Conn:
     __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held")
 
-    def __init__(self, conn_id: int, sock: socket.socket, writer: int, parser: FrameParser):
+    def __init__(self, conn_id: int, sock: socket.socket, writer: int, parser: FrameParser | None = None):
         self.id = conn_id
         self.sock = sock
         self.writer = writer
         self.mode = NEW
-        self.parser = parser
+        self.parser = parser    # only while it holds an unfinished frame (see Reader.feed)
         self.buf = b""          # bytes of an HTTP request head not complete yet
         self.ws = None          # WsDecoder once upgraded
         self.last_alive = 0.0
@@ -99,8 +100,9 @@ class Reader:
         self.ready_fd = resources.reader_ready[1]
         self.shared = resources.reader_stats
         self.stats = dict.fromkeys(self.shared.names, 0)
-        self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Conn] = {}   # by fd
+        self.sel = Poller(self.conns)
+        self.spare = self.new_parser()     # parses for every connection that holds no unfinished frame
         # Ids stay unique across reader restarts: the dispatcher and writers tell the dead one's apart.
         self.first_id = (resources.reader_generation << 40) + 1
         self.ids = itertools.count(self.first_id)
@@ -131,7 +133,7 @@ class Reader:
         self.sel.register(self.control, selectors.EVENT_READ, "control")
         if self.tls_listener is not None:
             self.tls_listener.setblocking(False)
-            self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept")
+            self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept-tls")
         closing_tls: set = set()
         self.ring.resume_producer()
         self.emit(R.READER_START, 0, R.CONN_ID.pack(self.first_id))  # ends whatever a dead reader left
@@ -144,10 +146,11 @@ class Reader:
                 timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
             events = self.sel.select(timeout)
             now = time.monotonic()
-            for key, mask in events:
-                what = key.data
+            for what, mask in events:
                 if what == "accept":
-                    self.accept(key.fileobj)
+                    self.accept(self.listener)
+                elif what == "accept-tls":
+                    self.accept(self.tls_listener)
                 elif what == "control":
                     self.on_control()
                 else:
@@ -251,8 +254,7 @@ class Reader:
                 log.error("cannot hand connection to writer %d: %s", writer, exc)
                 sock.close()
                 continue
-            conn = Conn(conn_id, sock, writer, FrameParser(self.config.max_frame_size, self.config.max_headers,
-                                                           self.config.max_header_line))
+            conn = Conn(conn_id, sock, writer)
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
             if link is not None:
@@ -431,7 +433,8 @@ class Reader:
             if conn.held:
                 self.release(conn)
             return
-        held = conn.parser.buffered + (conn.ws.allocated if conn.ws is not None else 0)
+        held = (conn.parser.buffered if conn.parser is not None else 0) + (
+            conn.ws.allocated if conn.ws is not None else 0)
         self.partial += held - conn.held
         conn.held = held
         if not held:
@@ -439,12 +442,12 @@ class Reader:
         config = self.config
         if not conn.greeted and held > config.max_first_frame:
             self.bad_frame(conn, "frame too large", f"a frame before CONNECTED may have at most "
-                           f"{config.max_first_frame} bytes (max_first_frame)", conn.parser.receipt())
+                           f"{config.max_first_frame} bytes (max_first_frame)", receipt_of(conn))
             self.release(conn)
         elif self.partial > config.max_partial_bytes:
             self.bad_frame(conn, "broker busy", f"the broker holds at most {config.max_partial_bytes} bytes "
                            "of unfinished frames for all connections (max_partial_bytes); send it again later",
-                           conn.parser.receipt())
+                           receipt_of(conn))
             self.release(conn)
 
     def release(self, conn: Conn) -> None:
@@ -453,7 +456,7 @@ class Reader:
         if conn.held >= TRIM_AFTER:
             self.trim_due = True
         conn.held = 0
-        conn.parser.discard()
+        conn.parser = None
 
     @staticmethod
     def sniff(conn: Conn, data: bytes) -> int:
@@ -468,9 +471,31 @@ class Reader:
             return HTTP
         return STOMP
 
+    def new_parser(self) -> FrameParser:
+        return FrameParser(self.config.max_frame_size, self.config.max_headers, self.config.max_header_line)
+
+    def feed(self, conn: Conn, data: bytes) -> list:
+        """The frames ``data`` completes. A connection has a parser of its own only while an
+        unfinished frame (or an error) is left in it: an idle connection keeps none."""
+        parser = conn.parser
+        if parser is None:
+            parser = self.spare
+        try:
+            frames = parser.feed(data)
+        except ProtocolError:
+            if parser is self.spare:
+                conn.parser, self.spare = parser, self.new_parser()  # it keeps the error
+            raise
+        if parser.buffered:
+            if parser is self.spare:
+                conn.parser, self.spare = parser, self.new_parser()
+        elif parser is not self.spare:
+            conn.parser = None
+        return frames
+
     def stomp(self, conn: Conn, data: bytes, now: float) -> None:
         try:
-            frames = conn.parser.feed(data)
+            frames = self.feed(conn, data)
         except ProtocolError as exc:
             self.frames(conn, getattr(exc, "frames", []), now)
             self.bad_frame(conn, exc.message, exc.detail, exc.receipt)
@@ -561,7 +586,7 @@ class Reader:
             kind = event[0]
             try:
                 if kind is WS_MESSAGE:
-                    frames += conn.parser.feed(event[1])
+                    frames += self.feed(conn, event[1])
                 elif kind is WsEvent.PING:
                     self.emit(R.WS_REPLY, conn.id, ws.encode_frame(event[1], ws.OP_PONG))
                 elif kind is WsEvent.CLOSE:
@@ -578,6 +603,11 @@ class Reader:
         if error is not None:
             conn.mode = DEAD
             self.emit(R.WS_CLOSE, conn.id, ws.encode_close(error.code, error.reason))
+
+
+def receipt_of(conn: Conn) -> str | None:
+    """The receipt asked for by the connection's unfinished frame, if it is known yet."""
+    return conn.parser.receipt() if conn.parser is not None else None
 
 
 def receive(sock: socket.socket) -> bytes | None:

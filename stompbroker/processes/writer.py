@@ -46,8 +46,9 @@ class Conn:
         self.ws = False
         # Full batches waiting to be sent, as (bytes, stamp of the first frame, frame count, marked
         # frame count); the first may be part-sent (then its bytes are a memoryview of the rest).
-        self.batches: list = []   # (a list, not a deque: 56 bytes instead of 760 per idle connection)
-        self.cur = bytearray()          # the batch being filled
+        # (a list while some wait, else the shared (): an idle connection keeps no list, no buffer)
+        self.batches: list = ()
+        self.cur = b""                  # the batch being filled (a bytearray once it has a frame)
         self.cur_stamp = 0
         self.cur_frames = 0
         self.cur_marks = 0
@@ -287,6 +288,7 @@ class Writer:
             if stamp:  # the batch's oldest frame stands for all of its frames
                 self.latency[latency.bucket((R.stamp(now) - stamp) & R.STAMP_MASK)] += frames
                 self.latency_pending = True
+        c.batches = ()  # all sent: an idle connection keeps no list
         if c.writing:
             self.sel.unregister(c.sock)
             c.writing = False
@@ -308,7 +310,7 @@ class Writer:
         keep = []
         if c.batches and isinstance(c.batches[0][0], memoryview):
             keep.append(c.batches[0])  # part-sent: finish it, so the ERROR starts on a frame boundary
-        c.batches = keep
+        c.batches = keep or ()
         error = render_frame("ERROR", {"message": message, "content-type": "text/plain"}, detail.encode())
         c.cur = bytearray(encode_message(error) if c.ws else error)
         if c.ws:

@@ -31,7 +31,7 @@ def test_frames_share_a_batch_until_the_next_would_overflow():
     c = conn()
     for i in range(3):
         assert batching.add(c, frame(30), i + 1, LIMIT) == 30
-    assert (c.batches, bytes(c.cur), c.cur_frames, c.cur_stamp) == ([], frame(90), 3, 1)
+    assert (c.batches, bytes(c.cur), c.cur_frames, c.cur_stamp) == ((), frame(90), 3, 1)
     batching.add(c, frame(30), 4, LIMIT)   # 120 > 100: the first three leave as one batch
     assert c.batches == [(bytearray(frame(90)), 1, 3, 0)]
     assert (bytes(c.cur), c.cur_frames, c.cur_stamp) == (frame(30), 1, 4)
@@ -42,7 +42,7 @@ def test_a_frame_that_exactly_fills_the_batch_joins_it():
     c = conn()
     batching.add(c, frame(60), 0, LIMIT)
     batching.add(c, frame(40), 0, LIMIT)
-    assert sizes(c) == [100] and c.batches == []
+    assert sizes(c) == [100] and not c.batches
     batching.add(c, frame(1), 0, LIMIT)
     assert sizes(c) == [100, 1]
 
