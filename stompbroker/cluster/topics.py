@@ -75,6 +75,7 @@ class Topics:
         self.heard: dict[str, float] = {}     # other node -> when its entry was last written (monotonic)
         self.totals: dict[str, int] = {}      # pattern -> subscriptions on other nodes
         self.kv = None
+        self.started = False                  # the first complete view of the bucket went to the dispatcher
         self.watch_task = None
         self.changed = asyncio.Event()        # the local interest changed: write the entry
         self.put_task = None
@@ -153,28 +154,44 @@ class Topics:
                                                 description="stompbroker: each node's topic interest")
 
     async def watch(self) -> None:
-        """Every entry of the bucket, then each change: the other nodes' interest."""
+        """Every entry of the bucket, then each change: the other nodes' interest. Started again on
+        each connection; what it knew before stays until the new view is complete, so an outage
+        never makes the node forget who wanted what."""
         watcher = await self.kv.watchall()
+        seen: set[str] | None = set()   # nodes in the initial view, until it is complete
         try:
             async for entry in watcher:
-                if entry is None:  # the end of what was there already
+                if entry is None:  # the end of what was there already: nodes not in it are gone
+                    if seen is not None:
+                        for node in [n for n in self.nodes if n not in seen]:
+                            self.node_interest(node, {})
+                        if not self.started:  # a new bridge: the dispatcher's view is its predecessor's
+                            self.started = True
+                            self.bridge.emit(C.REMOTE_RESET)
+                            for pattern, total in self.totals.items():
+                                self.bridge.emit(C.REMOTE, 0, pattern.encode(), total)
+                        seen = None
+                    self.bridge.flush()
                     continue
                 node = entry.key
                 if node == self.bridge.node:
                     continue
+                if seen is not None:
+                    seen.add(node)
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     self.node_interest(node, {})
                 else:
-                    self.node_interest(node, orjson.loads(entry.value))
+                    self.node_interest(node, orjson.loads(entry.value), announce=seen is None or self.started)
                     self.heard[node] = time.monotonic()
-                self.bridge.flush()
+                if seen is None:
+                    self.bridge.flush()
         finally:
             try:
                 await watcher.stop()
             except Exception:
                 pass
 
-    def node_interest(self, node: str, patterns: dict) -> None:
+    def node_interest(self, node: str, patterns: dict, announce: bool = True) -> None:
         old = self.nodes.pop(node, {})
         if patterns:
             self.nodes[node] = patterns
@@ -188,7 +205,8 @@ class Topics:
                     self.totals[pattern] = total
                 else:
                     self.totals.pop(pattern, None)
-                self.bridge.emit(C.REMOTE, 0, pattern.encode(), max(total, 0))
+                if announce:
+                    self.bridge.emit(C.REMOTE, 0, pattern.encode(), max(total, 0))
 
     # -- the connection's life -------------------------------------------------------------------
     async def connected(self) -> None:
@@ -199,8 +217,6 @@ class Topics:
         # The watch is started again on each connection: what changed meanwhile comes whole.
         if self.watch_task is not None:
             self.watch_task.cancel()
-        self.nodes, self.totals, self.heard = {}, {}, {}
-        self.bridge.emit(C.REMOTE_RESET)
         self.watch_task = asyncio.create_task(self.watch())
         if self.put_task is None:
             self.put_task = asyncio.create_task(self.writer())

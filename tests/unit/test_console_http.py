@@ -125,7 +125,7 @@ SNAPSHOT = {
     "latency": {"count": 8, "p50_ms": 0.5, "p90_ms": 1.0, "p99_ms": 2.0, "p999_ms": 2.0, "max_ms": 4.0},
     "cluster": {"node": "n1", "server": "nats://127.0.0.1:4222", "connected": 1, "rtt_ms": 0.25, "messages_in": 3,
                 "messages_out": 4, "bytes_in": 30, "bytes_out": 40, "reconnects": 1, "subscriptions": 2,
-                "local_patterns": 2, "remote_patterns": 5, "held": 0, "failed": 0,
+                "local_patterns": 2, "remote_patterns": 5, "remote_subscriptions": 6, "held": 0, "failed": 0,
                 "streams": [{"name": "c_QUEUES", "messages": 6, "bytes": 600}]},
 }
 
