@@ -117,7 +117,12 @@ class Topics:
                 sub = await nc.subscribe(subject, queue=group, pending_bytes_limit=0, pending_msgs_limit=0)
                 sub._pending_queue = self.inline_worker if group else self.inline_topic
                 self.subs[subject] = sub
-        for subject in [s for s in self.subs if s not in wanted]:
+        gone = [s for s in self.subs if s not in wanted]
+        if gone and len(gone) < len(self.subs):
+            # nats-py drops what arrives for a subscription it no longer has: first make sure the
+            # server has the new ones (the PONG comes after every message it matched to the old)
+            await nc.flush(timeout=2)
+        for subject in gone:
             sub = self.subs.pop(subject)
             try:
                 await sub.unsubscribe()

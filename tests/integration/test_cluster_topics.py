@@ -236,3 +236,74 @@ def test_backplane_down_local_topics_flow_remote_sends_get_an_error_and_it_recov
     assert cluster_diag(n0)["reconnects"] >= 1
     for c in (c0, c1, q):
         c.disconnect()
+
+
+def test_changing_subscriptions_never_duplicate_or_lose_for_a_steady_one(start_nodes):
+    """While another subscription on the receiving node keeps widening and narrowing its NATS
+    subscriptions (exact -> `.>` -> exact), a steady subscription gets every message exactly once."""
+    n0, n1 = start_nodes(2)
+    c1, g1 = client(n1)
+    c1.subscribe("/topic/steady/a", id="steady")
+    wait_interest(n0, 1)
+    c0, g0 = client(n0)
+    flipper, _ = client(n1)
+    total = 600
+    stop = threading.Event()
+
+    def flip():
+        i = 0
+        while not stop.is_set() and i < 200:
+            flipper.subscribe("/topic/*", id=f"w{i}")
+            time.sleep(0.01)
+            flipper.unsubscribe(id=f"w{i}")
+            time.sleep(0.01)
+            i += 1
+    t = threading.Thread(target=flip)
+    t.start()
+    try:
+        for i in range(total):
+            c0.send("/topic/steady/a", str(i))
+            if i % 50 == 0:
+                time.sleep(0.02)
+    finally:
+        stop.set()
+        t.join()
+    c0.send("/topic/steady/a", "end", receipt="end")
+    wait_for(lambda: any(b == "end" for s, _, b in g1.messages if s == "steady"), 15, "the last message")
+    bodies = [b for s, _, b in g1.messages if s == "steady"]
+    assert bodies == [str(i) for i in range(total)] + ["end"]
+    for c in (c0, c1, flipper):
+        c.disconnect()
+
+
+def test_a_restarted_bridge_takes_up_the_nodes_interest_again(start_nodes):
+    import psutil
+    from stompbroker.processes.titles import process_role
+    n0, n1 = start_nodes(2)
+    c1, g1 = client(n1)
+    c1.subscribe("/topic/r", id="r")
+    wait_interest(n0, 1)
+    (bridge,) = [p for p in psutil.Process(n1.proc.pid).children() if process_role(p) == "cluster"]
+    bridge.kill()
+    bridge.wait(5)
+    wait_for(lambda: [p for p in psutil.Process(n1.proc.pid).children() if process_role(p) == "cluster"
+                      and p.pid != bridge.pid], 10, "a new bridge")
+    wait_for(lambda: cluster_diag(n1)["connected"] and cluster_diag(n1)["subscriptions"] == 1, 15,
+             "the new bridge subscribed")
+    c0, _ = client(n0)
+    # the new bridge's subscription reaches n0's NATS server a moment after it is made: probe until one arrives
+    deadline = time.monotonic() + 10
+    i = 0
+    while not g1.messages and time.monotonic() < deadline:
+        c0.send("/topic/r", f"probe-{i}")
+        i += 1
+        time.sleep(0.05)
+    assert g1.messages, "no message through the new bridge"
+    c0.send("/topic/r", "after", receipt="x")
+    wait_for(lambda: any(b == "after" for _, _, b in g1.messages), 10, "a message through the new bridge")
+    time.sleep(0.3)
+    bodies = [b for _, _, b in g1.messages]
+    assert bodies[-1] == "after" and len(bodies) == len(set(bodies))
+    assert "started cluster" in n1.log() and "cluster (pid" in n1.log()
+    for c in (c0, c1):
+        c.disconnect()
