@@ -30,6 +30,7 @@ from .subjects import cover, pattern_filters, worker_subject
 log = logging.getLogger("stompbroker.cluster")
 
 REFRESH = 10.0   # seconds between rewrites of this node's interest entry
+RETIRE = 2.0     # seconds a NATS subscription no longer wanted is kept (see resubscribe)
 TTL = 30.0       # seconds the bucket keeps an entry; a node silent this long is forgotten
 
 
@@ -68,6 +69,7 @@ class Topics:
         self.handlers = {C.INTEREST: self.interest, C.PUBLISH: self.publish}
         self.local: dict[str, int] = {}       # pattern -> local subscriptions
         self.subs: dict[str, object] = {}     # subject -> nats subscription (the cover)
+        self.retiring: dict[str, tuple] = {}  # subject -> (subscription, when it goes): no longer wanted
         self.held: deque = deque()            # (deadline, subject, message, token) while NATS is unreachable
         self.seq = 0
         self.last: dict[bytes, int] = {}      # origin -> last sequence number received
@@ -113,21 +115,31 @@ class Topics:
         nc = self.bridge.nc
         wanted = self.wanted()
         for subject, group in wanted.items():
-            if subject not in self.subs:
-                sub = await nc.subscribe(subject, queue=group, pending_bytes_limit=0, pending_msgs_limit=0)
-                sub._pending_queue = self.inline_worker if group else self.inline_topic
-                self.subs[subject] = sub
-        gone = [s for s in self.subs if s not in wanted]
-        if gone and len(gone) < len(self.subs):
-            # nats-py drops what arrives for a subscription it no longer has: first make sure the
-            # server has the new ones (the PONG comes after every message it matched to the old)
-            await nc.flush(timeout=2)
-        for subject in gone:
-            sub = self.subs.pop(subject)
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:
-                log.debug("cluster: unsubscribe %s: %r", subject, exc)
+            if subject in self.subs:
+                continue
+            retired = self.retiring.pop(subject, None)
+            if retired is not None:  # wanted again before it went
+                self.subs[subject] = retired[0]
+                continue
+            sub = await nc.subscribe(subject, queue=group, pending_bytes_limit=0, pending_msgs_limit=0)
+            sub._pending_queue = self.inline_worker if group else self.inline_topic
+            self.subs[subject] = sub
+        # A subscription no longer wanted goes RETIRE seconds later: nats-py drops what arrives for a
+        # subscription it no longer has, and the server may still be sending messages it matched to
+        # it alone just before the new ones were in place. Meanwhile both may match: the second
+        # copy is dropped by its sequence number.
+        deadline = time.monotonic() + RETIRE
+        for subject in [s for s in self.subs if s not in wanted]:
+            self.retiring[subject] = (self.subs.pop(subject), deadline)
+
+    async def retire(self, now: float) -> None:
+        for subject, (sub, deadline) in list(self.retiring.items()):
+            if now >= deadline:
+                del self.retiring[subject]
+                try:
+                    await sub.unsubscribe()
+                except Exception as exc:
+                    log.debug("cluster: unsubscribe %s: %r", subject, exc)
 
     async def writer(self) -> None:
         """Write this node's entry when its interest changes (after its subscriptions reached the
@@ -229,6 +241,8 @@ class Topics:
 
     async def tick(self) -> None:
         now = time.monotonic()
+        if self.retiring:
+            await self.retire(now)
         held = self.held
         while held and held[0][0] <= now:
             _, _, _, token = held.popleft()
