@@ -340,3 +340,33 @@ def test_the_cluster_section_in_dump_lines_monitor_and_metrics(start_nodes, tmp_
     assert 'stompbroker_cluster_node_info{node="n2"' in body
     for x in (c, c1):
         x.disconnect()
+
+
+def test_the_console_shows_the_cluster(start_nodes):
+    from playwright import sync_api as playwright
+    n0, n1 = start_nodes(2)
+    c1, _ = client(n1)
+    c1.subscribe("/topic/console", id="c")
+    wait_interest(n0, 1)
+    c0, _ = client(n0)
+    errors = []
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"http://{n0.host}:{n0.port}/")
+            deadline = time.monotonic() + 15
+            while not page.is_visible("#cluster-box") and time.monotonic() < deadline:
+                c0.send("/topic/console", "x")
+                time.sleep(0.2)
+            row = page.inner_text("#cluster tbody")
+            assert row.startswith("n0") and "nats://127.0.0.1:" in row, row
+            assert "KV_" in page.inner_text("#streams tbody")
+        finally:
+            browser.close()
+    assert not errors, errors
+    for c in (c0, c1):
+        c.disconnect()
