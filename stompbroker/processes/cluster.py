@@ -70,7 +70,7 @@ class Bridge:
         self.backlog: list[tuple[bytearray, int]] = []
         self.backlog_bytes = 0
         self.flush_soon = False
-        self.last_error = ("", 0.0)
+        self.logged_errors: dict[str, float] = {}  # error text -> when last logged
         self.wake = asyncio.Event()
         self.handlers: dict = {}
         self.stats = {"reconnects": 0, "disconnects": 0, "rtt_ms": 0.0, "dropped_in": 0}
@@ -163,9 +163,11 @@ class Bridge:
         if self.stopping:
             return
         text, now = repr(exc), time.monotonic()
-        if text != self.last_error[0] or now - self.last_error[1] > 30:
+        if now - self.logged_errors.get(text, -60.0) > 30:
+            if len(self.logged_errors) > 100:
+                self.logged_errors.clear()
             log.warning("cluster: NATS: %s", text)
-            self.last_error = (text, now)
+            self.logged_errors[text] = now
 
     async def _closed(self) -> None:
         self.connected = False
