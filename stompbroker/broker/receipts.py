@@ -21,7 +21,11 @@ def send_receipt(b, session: Session, receipt: str | None) -> None:
 
 
 def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | None = None) -> None:
-    """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk)."""
+    """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk),
+    nor deliveries of its event still unfinished (stopped over an outbox's limit)."""
+    if b.unfinished:
+        b.unfinished.append((emit, (session, kind, payload, receipt)))
+        return
     store = b.store
     if store is not None and store.sync_receipts and (session.held or store.ops != b.ops_mark):
         session.held.append((store.generation, kind, payload, receipt))

@@ -123,6 +123,16 @@ class Backplane:
         self.out.add(C.PUBLISH, token, payload, flags)
         self.stats["published"] += 1
 
+    def after_send(self, b, session, receipt) -> None:
+        """A SEND was published: its receipt now, or held (in order) while its message waits for
+        NATS. Behind unfinished deliveries of its event it waits its turn, as its publish did."""
+        if b.unfinished:
+            b.unfinished.append((_after_send, (session, receipt)))
+            return
+        if not self.hold(b, session, receipt):
+            from ..broker import receipts
+            receipts.send_receipt(b, session, receipt)
+
     def hold(self, b, session, receipt) -> bool:
         """After a SEND's publish: True if its receipt must wait (its message waits for NATS, or an
         earlier one of this session's does)."""
@@ -187,43 +197,46 @@ class Backplane:
 
     # -- records from the bridge -------------------------------------------------------------------
     def on_records(self, b, blob: bytes, now: float) -> None:
+        for kind, conn, aux, _, payload in C.iter_records(blob):
+            self.on_record(b, kind, conn, aux, payload, now)
+
+    def on_record(self, b, kind: int, conn: int, aux: int, payload, now: float) -> None:
         from ..broker import routing
         b.now = now
-        for kind, conn, aux, _, payload in C.iter_records(blob):
-            try:
-                if kind == C.MESSAGE:
-                    message_id, destination, headers, body, expires_ms = C.unpack_message(payload)
-                    self.stats["received"] += 1
-                    if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms
-                                           else 0.0, origin=message_id):
-                        self.stats["unrouted_remote"] += 1
-                elif kind == C.REMOTE:
-                    self._remote(b, payload.decode(), aux)
-                elif kind == C.REMOTE_RESET:
-                    self.remote, self.remote_by = SubscriptionIndex(), {}
-                elif kind == C.STATUS:
-                    self.status = orjson.loads(payload)
-                    connected = bool(self.status.get("connected"))
-                    if connected != self.connected:
-                        if connected:
-                            log.info("cluster: NATS connected (%s)", self.status.get("server"))
-                        else:
-                            log.warning("cluster: NATS unreachable: topics keep flowing on this node")
-                    self.connected = connected
-                elif kind == C.PUBLISHED:
-                    self._published(b, conn)
-                elif kind == C.FAILED:
-                    self._failed(b, conn)
-                elif kind == C.BRIDGE_START:
-                    self.stats["bridge_starts"] += 1
-                    for pattern, n in self.local.items():
-                        self.out.add(C.INTEREST, 0, pattern.encode(), n)
-                else:
-                    extra = EXTRA_HANDLERS.get(kind)
-                    if extra is not None:
-                        extra(self, b, conn, aux, payload)
-            except Exception:
-                log.exception("cluster record %s could not be handled", kind)
+        try:
+            if kind == C.MESSAGE:
+                message_id, destination, headers, body, expires_ms = C.unpack_message(payload)
+                self.stats["received"] += 1
+                if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms
+                                       else 0.0, origin=message_id):
+                    self.stats["unrouted_remote"] += 1
+            elif kind == C.REMOTE:
+                self._remote(b, payload.decode(), aux)
+            elif kind == C.REMOTE_RESET:
+                self.remote, self.remote_by = SubscriptionIndex(), {}
+            elif kind == C.STATUS:
+                self.status = orjson.loads(payload)
+                connected = bool(self.status.get("connected"))
+                if connected != self.connected:
+                    if connected:
+                        log.info("cluster: NATS connected (%s)", self.status.get("server"))
+                    else:
+                        log.warning("cluster: NATS unreachable: topics keep flowing on this node")
+                self.connected = connected
+            elif kind == C.PUBLISHED:
+                self._published(b, conn)
+            elif kind == C.FAILED:
+                self._failed(b, conn)
+            elif kind == C.BRIDGE_START:
+                self.stats["bridge_starts"] += 1
+                for pattern, n in self.local.items():
+                    self.out.add(C.INTEREST, 0, pattern.encode(), n)
+            else:
+                extra = EXTRA_HANDLERS.get(kind)
+                if extra is not None:
+                    extra(self, b, conn, aux, payload)
+        except Exception:
+            log.exception("cluster record %s could not be handled", kind)
 
     def _remote(self, b, pattern: str, count: int) -> None:
         entry = self.remote_by.get(pattern)
@@ -273,6 +286,10 @@ class Backplane:
             "failed": self.stats["failed"],
             "streams": s.get("streams", []),
         }
+
+
+def _after_send(b, session, receipt) -> None:  # (a step of Broker.unfinished: called with the broker)
+    b.backplane.after_send(b, session, receipt)
 
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).
