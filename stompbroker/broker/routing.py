@@ -33,10 +33,9 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
     publish(b, destination, headers, body, expiry(b, headers, receipt))
-    if b.backplane is None:
-        receipts.send_receipt(b, session, receipt)
-    else:  # cluster mode: the receipt may wait for NATS (cluster/backplane.py)
-        b.backplane.after_send(b, session, receipt)
+    if b.backplane is not None:  # cluster mode: its replies may wait for NATS (cluster/backplane.py)
+        b.backplane.claim(b, session, receipt)
+    receipts.send_receipt(b, session, receipt)
 
 
 def check_send(headers: dict, receipt) -> str:

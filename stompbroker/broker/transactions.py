@@ -70,6 +70,8 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
             routing.publish(b, h["destination"], h, frame_body, expires)
         else:
             acks.ack(b, session, cmd, h, frame_body, committed=True)
+    if b.backplane is not None:  # cluster mode: its replies may wait for NATS (cluster/backplane.py)
+        b.backplane.claim(b, session, receipt)
     receipts.send_receipt(b, session, receipt)
 
 

@@ -4,14 +4,15 @@
 a topic subscription comes or goes (``subscribed``/``unsubscribed``: the bridge keeps the node's
 NATS subscriptions and its entry in the interest bucket), a topic message was published here
 (``publish``: it goes to NATS only when another node has matching interest), a ``#`` worker
-message picks local or remote (``worker``), a SEND's receipt waits while NATS is unreachable
-(``hold``). Records from the bridge come in through ``on_records``. Local deliveries are made
-before any of this and never wait for the network.
+message picks local or remote (``worker``), a SEND or COMMIT's messages that wait for NATS are its
+session's (``claim``), and a reply to that session waits behind them (``hold_reply``, asked by
+receipts.emit). Records from the bridge come in through ``on_record``. Local deliveries never wait
+for the network: the bridge gets records, sent after the writers' batches.
 
 While the bridge reports NATS unreachable, a message that needs it (remote interest known from
 before) goes to the bridge with a token; the bridge publishes it when NATS is back, or after
 ``cluster_timeout_ms`` answers FAILED and its sender gets an ERROR ``cluster unavailable``. The
-sender's receipts wait meanwhile, in order.
+sender's replies (its receipts, a DISCONNECT's receipt, an ERROR) wait meanwhile, in order.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Backplane:
         self.connected = False           # the bridge's last word: NATS reachable
         self.status: dict = {}           # the bridge's last STATUS
         self.tokens = itertools.count(1)
-        self.unclaimed = 0               # token of the PUBLISH made by the SEND being handled
+        self.unclaimed: list[int] = []   # tokens of the PUBLISHes made by the SEND or COMMIT being handled
         self.owners: dict[int, tuple] = {}   # token -> (session, deadline)
         self.waiting: dict = {}          # session -> [[token, receipt, done], ...] in SEND order
         self.worker_pos: dict[str, int] = {}
@@ -117,41 +118,41 @@ class Backplane:
                                                          expires_ms))
         token = 0
         if not self.connected:  # the bridge answers for it: its sender waits, and hears if it failed
-            token = self.unclaimed = next(self.tokens)
+            token = next(self.tokens)
+            self.unclaimed.append(token)
             self.owners[token] = (None, b.now + self.timeout + 2)
             self.stats["held"] += 1
         self.out.add(C.PUBLISH, token, payload, flags)
         self.stats["published"] += 1
 
-    def after_send(self, b, session, receipt) -> None:
-        """A SEND was published: its receipt now, or held (in order) while its message waits for
-        NATS. Behind unfinished deliveries of its event it waits its turn, as its publish did."""
+    def claim(self, b, session, receipt=None) -> None:
+        """A SEND (or a COMMIT of SENDs) was published: its messages that wait for NATS are the
+        session's, and its replies from now on wait behind them, in order (``hold_reply``); an
+        ERROR for one names ``receipt``. Behind unfinished deliveries of its event this waits its
+        turn, as its publishes did."""
         if b.unfinished:
-            b.unfinished.append((_after_send, (session, receipt)))
+            b.unfinished.append((_claim, (session, receipt)))
             return
-        if not self.hold(b, session, receipt):
-            from ..broker import receipts
-            receipts.send_receipt(b, session, receipt)
-
-    def hold(self, b, session, receipt) -> bool:
-        """After a SEND's publish: True if its receipt must wait (its message waits for NATS, or an
-        earlier one of this session's does)."""
-        token, self.unclaimed = self.unclaimed, 0
-        queue = self.waiting.get(session)
-        if not token and not queue:
-            return False
-        if token:
+        for token in self.unclaimed:
             self.owners[token] = (session, self.owners[token][1])
-        self.waiting.setdefault(session, []).append([token, receipt, not token])
+            self.waiting.setdefault(session, []).append([token, None, False, receipt])
+        self.unclaimed.clear()
+
+    def hold_reply(self, session, kind: int, payload: bytes) -> bool:
+        """Any reply to a session with a message waiting for NATS (receipts of later frames, an
+        ERROR) waits behind it: True if held. (receipts.emit asks.)"""
+        queue = self.waiting.get(session)
+        if not queue:
+            return False
+        queue.append([0, (kind, payload), True, None])
         return True
 
     def _release(self, b, session) -> None:
-        from ..broker import receipts
         queue = self.waiting.get(session)
         while queue and queue[0][2]:
-            _, receipt, _ = queue.pop(0)
-            if not session.closing:
-                receipts.send_receipt(b, session, receipt)
+            reply = queue.pop(0)[1]
+            if reply is not None:
+                session.outbox.add(reply[0], session.conn, reply[1])
         if not queue:
             self.waiting.pop(session, None)
 
@@ -173,10 +174,14 @@ class Backplane:
             return
         session = owner[0]
         queue = self.waiting.pop(session, [])
-        receipt = next((e[1] for e in queue if e[0] == token), None)
+        receipt = next((e[3] for e in queue if e[0] == token), None)
         for entry in queue:
             self.owners.pop(entry[0], None)
-        if not session.closing:
+        if session.closing:  # an ERROR and its close wait in the queue: they go now
+            for entry in queue:
+                if entry[1] is not None:
+                    session.outbox.add(entry[1][0], session.conn, entry[1][1])
+        else:
             receipts.error(b, session, UNAVAILABLE, f"the cluster's NATS servers were unreachable for "
                            f"{self.config.cluster_timeout_ms} ms (cluster_timeout_ms); the message was "
                            f"delivered on this node only, not to the other nodes", receipt)
@@ -256,13 +261,14 @@ class Backplane:
     def _stale_to(self, b, pattern: str) -> None:
         """Another node has a new subscription: it takes this node's stale messages it matches."""
         prefix = SubscriptionIndex.wildcard_prefix(pattern)
+        mark = len(self.unclaimed)
         for message in b.stale.take(pattern if prefix is None else None, prefix, b.now, lambda headers: True):
             if message.destination.startswith(WORKER_PREFIX):
                 self._send(b, worker_subject(self.cluster, message.destination), message, C.PUBLISH_WORKER)
             else:
                 self._send(b, topic_subject(self.cluster, message.destination), message, 0)
-            self.unclaimed = 0
             self.stats["stale_sent"] += 1
+        del self.unclaimed[mark:]  # nobody waits for these
 
     # -- diagnostics -----------------------------------------------------------------------------
     def diag(self) -> dict:
@@ -288,8 +294,8 @@ class Backplane:
         }
 
 
-def _after_send(b, session, receipt) -> None:  # (a step of Broker.unfinished: called with the broker)
-    b.backplane.after_send(b, session, receipt)
+def _claim(b, session, receipt) -> None:  # (a step of Broker.unfinished: called with the broker)
+    b.backplane.claim(b, session, receipt)
 
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).
