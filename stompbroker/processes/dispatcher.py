@@ -128,6 +128,8 @@ class Dispatcher:
                 if not blob:
                     break
                 running = self.handle(blob, time.monotonic())
+                if self.backplane is not None and self.from_bridge.used_bytes:
+                    self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring
                 self.commit()
                 self.flush()
             now = time.monotonic()
