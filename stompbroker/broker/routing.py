@@ -32,9 +32,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
-    publish(b, destination, headers, body, expiry(b, headers, receipt))
-    if b.backplane is not None:  # cluster mode: its replies may wait for NATS (cluster/backplane.py)
-        b.backplane.claim(b, session, receipt)
+    publish(b, destination, headers, body, expiry(b, headers, receipt), sender=session)
     receipts.send_receipt(b, session, receipt)
 
 
@@ -66,15 +64,17 @@ def expiry(b, headers: dict, receipt) -> float:
     return 0.0
 
 
-def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None) -> int:
+def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
+            sender=None) -> int:
     """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
-    another node of the cluster published (delivered here only, never kept or sent on).
+    another node of the cluster published (delivered here only, never kept or sent on). ``sender``:
+    its sender's session, whose replies wait while the message waits for the cluster (cluster mode).
 
     While an earlier part of the event is unfinished (stopped over an outbox's limit), the whole
     publish waits its turn in ``Broker.unfinished``, so no delivery overtakes an earlier one.
     """
     if b.unfinished:
-        b.unfinished.append((publish, (destination, headers, body, expires, origin)))
+        b.unfinished.append((publish, (destination, headers, body, expires, origin, sender)))
         return 0
     if origin is None:
         b.stats["messages_published"] += 1
@@ -107,9 +107,9 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
     elif b.backplane is not None:
         # other nodes' share, as a record for the bridge (local deliveries never wait for it)
         if destination.startswith(WORKER_PREFIX):
-            if b.backplane.worker(b, message, subs):
+            if b.backplane.worker(b, message, subs, sender):
                 return 0  # another node's subscription takes it
-        elif b.backplane.publish(b, message):
+        elif b.backplane.publish(b, message, sender):
             kept += 1  # it reached someone elsewhere: not for the stale queue
     if b.unfinished:  # a durable subscription's pump stopped over an outbox's limit: the rest follows it
         b.unfinished.append((fan_out, (message, subs, kept, False)))

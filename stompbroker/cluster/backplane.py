@@ -4,9 +4,8 @@
 a topic subscription comes or goes (``subscribed``/``unsubscribed``: the bridge keeps the node's
 NATS subscriptions and its entry in the interest bucket), a topic message was published here
 (``publish``: it goes to NATS only when another node has matching interest), a ``#`` worker
-message picks local or remote (``worker``), a SEND or COMMIT's messages that wait for NATS are its
-session's (``claim``), and a reply to that session waits behind them (``hold_reply``, asked by
-receipts.emit). Records from the bridge come in through ``on_record``. Local deliveries never wait
+message picks local or remote (``worker``); a message that waits for NATS holds its sender's
+replies behind it (``hold_reply``, asked by receipts.emit). Records from the bridge come in through ``on_record``. Local deliveries never wait
 for the network: the bridge gets records, sent after the writers' batches.
 
 While the bridge reports NATS unreachable, a message that needs it (remote interest known from
@@ -59,7 +58,6 @@ class Backplane:
         self.connected = False           # the bridge's last word: NATS reachable
         self.status: dict = {}           # the bridge's last STATUS
         self.tokens = itertools.count(1)
-        self.unclaimed: list[int] = []   # tokens of the PUBLISHes made by the SEND or COMMIT being handled
         self.owners: dict[int, tuple] = {}   # token -> (session, deadline)
         self.waiting: dict = {}          # session -> [[token, receipt, done], ...] in SEND order
         self.worker_pos: dict[str, int] = {}
@@ -87,14 +85,14 @@ class Backplane:
         return sum(r.count for r in self.remote.match(destination))
 
     # -- publishing ------------------------------------------------------------------------------
-    def publish(self, b, message) -> bool:
+    def publish(self, b, message, sender=None) -> bool:
         """A topic message published on this node: to NATS if another node wants it. True if sent."""
         if not self.remote.match(message.destination) or not shared(message.destination):
             return False
-        self._send(b, topic_subject(self.cluster, message.destination), message, 0)
+        self._send(b, topic_subject(self.cluster, message.destination), message, 0, sender)
         return True
 
-    def worker(self, b, message, subs: tuple) -> bool:
+    def worker(self, b, message, subs: tuple, sender=None) -> bool:
         """A ``#`` worker message: True if it goes to another node (NATS picks one of its queue group),
         False if a local subscription takes it. Round-robin over the cluster's subscriptions: local
         ones by count, remote ones by the counts their nodes announce."""
@@ -108,35 +106,23 @@ class Backplane:
             self.worker_pos[destination] = (pos + 1) % (local + remote.count)
             if pos < local:
                 return False
-        self._send(b, worker_subject(self.cluster, destination), message, C.PUBLISH_WORKER)
+        self._send(b, worker_subject(self.cluster, destination), message, C.PUBLISH_WORKER, sender)
         return True
 
-    def _send(self, b, subject: str, message, flags: int) -> None:
+    def _send(self, b, subject: str, message, flags: int, sender=None) -> None:
         headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
         expires_ms = max(int((message.expires - b.now) * 1000), 1) if message.expires else 0
         payload = C.pack_publish(subject, C.pack_message(message.id, message.destination, headers, message.body,
                                                          expires_ms))
         token = 0
-        if not self.connected:  # the bridge answers for it: its sender waits, and hears if it failed
+        if not self.connected:  # the bridge answers for it: its sender's replies wait, and it hears if it failed
             token = next(self.tokens)
-            self.unclaimed.append(token)
-            self.owners[token] = (None, b.now + self.timeout + 2)
+            self.owners[token] = (sender, b.now + self.timeout + 2)
+            if sender is not None:
+                self.waiting.setdefault(sender, []).append([token, None, False, message.headers.get("receipt")])
             self.stats["held"] += 1
         self.out.add(C.PUBLISH, token, payload, flags)
         self.stats["published"] += 1
-
-    def claim(self, b, session, receipt=None) -> None:
-        """A SEND (or a COMMIT of SENDs) was published: its messages that wait for NATS are the
-        session's, and its replies from now on wait behind them, in order (``hold_reply``); an
-        ERROR for one names ``receipt``. Behind unfinished deliveries of its event this waits its
-        turn, as its publishes did."""
-        if b.unfinished:
-            b.unfinished.append((_claim, (session, receipt)))
-            return
-        for token in self.unclaimed:
-            self.owners[token] = (session, self.owners[token][1])
-            self.waiting.setdefault(session, []).append([token, None, False, receipt])
-        self.unclaimed.clear()
 
     def hold_reply(self, session, kind: int, payload: bytes) -> bool:
         """Any reply to a session with a message waiting for NATS (receipts of later frames, an
@@ -261,14 +247,12 @@ class Backplane:
     def _stale_to(self, b, pattern: str) -> None:
         """Another node has a new subscription: it takes this node's stale messages it matches."""
         prefix = SubscriptionIndex.wildcard_prefix(pattern)
-        mark = len(self.unclaimed)
         for message in b.stale.take(pattern if prefix is None else None, prefix, b.now, lambda headers: True):
             if message.destination.startswith(WORKER_PREFIX):
                 self._send(b, worker_subject(self.cluster, message.destination), message, C.PUBLISH_WORKER)
             else:
                 self._send(b, topic_subject(self.cluster, message.destination), message, 0)
             self.stats["stale_sent"] += 1
-        del self.unclaimed[mark:]  # nobody waits for these
 
     # -- diagnostics -----------------------------------------------------------------------------
     def diag(self) -> dict:
@@ -292,10 +276,6 @@ class Backplane:
             "failed": self.stats["failed"],
             "streams": s.get("streams", []),
         }
-
-
-def _claim(b, session, receipt) -> None:  # (a step of Broker.unfinished: called with the broker)
-    b.backplane.claim(b, session, receipt)
 
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).
