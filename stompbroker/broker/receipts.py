@@ -26,6 +26,8 @@ def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | No
     if b.unfinished:
         b.unfinished.append((emit, (session, kind, payload, receipt)))
         return
+    if b.backplane is not None and b.backplane.hold_reply(session, kind, payload):
+        return  # behind a message of this session's that waits for NATS (cluster/backplane.py)
     store = b.store
     if store is not None and store.sync_receipts and (session.held or store.ops != b.ops_mark):
         if session.held:

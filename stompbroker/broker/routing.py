@@ -37,7 +37,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
     expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
-    publish(b, destination, headers, body, expires)
+    publish(b, destination, headers, body, expires, sender=session)
     if receipt is not None:
         receipts.send_receipt(b, session, receipt)
 
@@ -70,17 +70,21 @@ def expiry(b, headers: dict, receipt) -> float:
     return 0.0
 
 
-def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
-    """Route one message; returns the number of deliveries made now.
+def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
+            sender=None) -> int:
+    """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
+    another node of the cluster published (delivered here only, never kept or sent on). ``sender``:
+    its sender's session, whose replies wait while the message waits for the cluster (cluster mode).
 
     While an earlier part of the event is unfinished (stopped over an outbox's limit), the whole
     publish waits its turn in ``Broker.unfinished``, so no delivery overtakes an earlier one.
     """
     if b.unfinished:
-        b.unfinished.append((publish, (destination, headers, body, expires)))
+        b.unfinished.append((publish, (destination, headers, body, expires, origin, sender)))
         return 0
-    b.stats["messages_published"] += 1
-    message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
+    if origin is None:
+        b.stats["messages_published"] += 1
+    message = Message(origin or f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
     if expires and message.expired(b.now):
         b.stats["messages_expired"] += 1
         return 0
@@ -105,6 +109,15 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             pump(b, durable.queue)
             kept += 1
     subs = b.index.match(destination)
+    if origin is not None:
+        kept += 1  # from another node: delivered here or nowhere, never kept nor sent on
+    elif b.backplane is not None:
+        # other nodes' share, as a record for the bridge (local deliveries never wait for it)
+        if destination.startswith(WORKER_PREFIX):
+            if b.backplane.worker(b, message, subs, sender):
+                return 0  # another node's subscription takes it
+        elif b.backplane.publish(b, message, sender):
+            kept += 1  # it reached someone elsewhere: not for the stale queue
     if b.unfinished:  # a durable subscription's pump stopped over an outbox's limit: the rest follows it
         b.unfinished.append((fan_out, (message, subs, kept, False)))
         return 0
