@@ -56,6 +56,7 @@ class Broker:
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
         self.diag = diag                 # the statistics provider (diag.stats.Statistics); it needs the broker
         self.store = store               # the durable store (store.sqlite.Store), or set by recover()
+        self.backplane = None            # cluster mode: the backplane (cluster/backplane.py); None on one node
         self.auth = auth                 # the Authenticator (broker/auth.py): who may log in, read, write
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
         self.failures: dict[str, int] = {}        # failed logins per client address

@@ -151,7 +151,7 @@ class Puller:
         return sum(left for left, _ in self.requests.values())
 
     async def ask(self) -> None:
-        if self.closed or self.nc.is_closed:
+        if self.closed or self.sub is None or self.nc.is_closed:
             return
         more = self.want - self.asked()
         if more <= 0 or not self.nc.is_connected:
@@ -216,3 +216,162 @@ async def replay(js, stream: str, filter_subject: str, since_s: float, limit: in
             await js.delete_consumer(stream, name)
         except nats.js.errors.Error:
             pass
+
+
+class QueueBridge:
+    """The bridge's half of ``cluster/queuing.py``: runs its commands on JetStream and sends its
+    events back with ``emit(tuple)``. Pulled messages are held by a number (``ref``) until the
+    dispatcher settles them; while held, JetStream is told they are in progress, so only the
+    messages of a node that is gone come back after ack_wait."""
+
+    def __init__(self, nc, js, config, emit):
+        self.nc = nc
+        self.js = js
+        self.config = config
+        self.emit = emit
+        name = config.cluster_name
+        self.queue_stream = queue_stream(name)
+        self.topic_stream = topic_stream(name)
+        self.ack_wait = config.cluster_ack_wait_ms / 1000
+        self.pullers: dict[str, Puller] = {}
+        self.held: dict[int, tuple] = {}      # ref -> (message, when it was last touched)
+        self.refs = itertools.count(1)
+        self.ready = asyncio.Event()
+        self.tasks: set = set()
+        self.replicas = 0
+
+    def spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def start(self) -> None:
+        self.spawn(self._declare())
+        self.spawn(self._keeper())
+
+    async def _declare(self) -> None:
+        name = self.config.cluster_name
+        retention = getattr(self.config, "replay_retention", 3600.0) or 3600.0
+        while True:
+            try:
+                self.replicas = await declare_stream(self.js, self.queue_stream, [f"{name}.q.>"],
+                                                     self.config.cluster_replicas, work_queue=True)
+                await declare_stream(self.js, self.topic_stream, [f"{name}.d.>"], self.replicas or 1,
+                                     work_queue=False, max_age=retention)
+                self.ready.set()
+                log.info("JetStream streams %s and %s ready (%d replicas)", self.queue_stream, self.topic_stream,
+                         self.replicas)
+                return
+            except Exception as exc:  # NATS not there yet, no meta leader yet: try again
+                log.info("JetStream streams not declared yet: %s", exc)
+                await asyncio.sleep(0.5)
+
+    async def _keeper(self) -> None:
+        """Held messages stay ours (in progress) while the node lives; lost pull requests are
+        asked again."""
+        every = max(min(self.ack_wait / 3, 1.0), 0.05)
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for ref, (msg, touched) in list(self.held.items()):
+                if now - touched > self.ack_wait / 3:
+                    self.held[ref] = (msg, now)
+                    try:
+                        await msg.in_progress()
+                    except Exception:
+                        pass
+            for puller in list(self.pullers.values()):
+                await puller.ask()
+
+    def handle(self, command: tuple) -> None:
+        kind = command[0]
+        if kind in ("ack", "nak", "term"):
+            held = self.held.pop(command[1], None)
+            if held is not None:
+                self.spawn(self._settle(held[0], kind))
+        elif kind == "publish":
+            _, token, subject, msg_id, payload, timeout_ms = command
+            self.spawn(self._publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000))
+        elif kind == "credit":
+            puller = self.pullers.get(command[1])
+            if puller is not None:
+                puller.want += command[2]
+                self.spawn(puller.ask())
+        elif kind == "bind":
+            _, key, stream_kind, consumer, filter_subject, start_ms, replace = command
+            old = self.pullers.pop(key, None)
+            if old is not None:
+                self.spawn(old.close())
+            stream = self.queue_stream if stream_kind == "q" else self.topic_stream
+            puller = self.pullers[key] = Puller(self.nc, stream, consumer,
+                                                lambda msg, key=key: self._arrived(key, msg))
+            self.spawn(self._bind(puller, stream, consumer, filter_subject, start_ms, replace))
+        elif kind == "unbind":
+            _, key, delete = command
+            puller = self.pullers.pop(key, None)
+            if puller is not None:
+                self.spawn(puller.close())
+            if delete:
+                self.spawn(self._delete(delete))
+        elif kind == "replay":
+            _, token, filter_subject, since_ms = command
+            self.spawn(self._replay(token, filter_subject, since_ms))
+
+    async def _settle(self, msg, kind: str) -> None:
+        try:
+            await (msg.ack() if kind == "ack" else msg.nak() if kind == "nak" else msg.term())
+        except Exception as exc:  # gone with the connection: JetStream redelivers after ack_wait
+            log.info("JetStream %s failed: %s", kind, exc)
+
+    async def _publish(self, token: int, subject: str, msg_id: str, payload: bytes, deadline: float) -> None:
+        try:
+            await asyncio.wait_for(self.ready.wait(), max(deadline - time.monotonic(), 0.001))
+            await publish(self.js, subject, payload, msg_id, deadline)
+        except Exception as exc:
+            reason = "JetStream did not store it in time" if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) \
+                else f"JetStream refused it: {exc}"
+            self.emit(("failed", token, reason))
+            return
+        self.emit(("stored", token))
+
+    async def _bind(self, puller: Puller, stream: str, consumer: str, filter_subject: str, start_ms: int,
+                    replace: bool) -> None:
+        while not puller.closed:
+            try:
+                await self.ready.wait()
+                if replace:
+                    await delete_consumer(self.js, stream, consumer)
+                    replace = False
+                await declare_consumer(self.js, stream, consumer, filter_subject, self.ack_wait,
+                                       start_time=start_ms / 1000 if start_ms else None)
+                await puller.start()
+                await puller.ask()
+                return
+            except Exception as exc:
+                log.info("JetStream consumer %s not ready yet: %s", consumer, exc)
+                await asyncio.sleep(0.5)
+
+    async def _delete(self, consumer: str) -> None:
+        try:
+            await self.ready.wait()
+            await delete_consumer(self.js, self.topic_stream, consumer)
+        except Exception as exc:
+            log.warning("durable consumer %s not deleted: %s", consumer, exc)
+
+    def _arrived(self, key: str, msg) -> None:
+        ref = next(self.refs)
+        self.held[ref] = (msg, time.monotonic())
+        try:
+            delivered = msg.metadata.num_delivered
+        except Exception:
+            delivered = 1
+        self.emit(("message", key, ref, delivered, msg.data))
+
+    async def _replay(self, token: int, filter_subject: str, since_ms: float) -> None:
+        try:
+            await asyncio.wait_for(self.ready.wait(), self.config.cluster_timeout_ms / 1000)
+            async for msg in replay(self.js, self.topic_stream, filter_subject, since_ms / 1000):
+                self.emit(("replayed", token, msg.data))
+        except Exception as exc:
+            log.warning("replay of %s failed: %s", filter_subject, exc)
+        self.emit(("replay_end", token))
