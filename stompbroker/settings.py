@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -108,6 +109,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("diag_dump_max_bytes", _int, 64 * MB, "rotate the dump file past this size"),
     Setting("diag_dump_backups", _int, 5, "rotated dump files kept (path.1 ... path.N)"),
     Setting("node_id", str, "", "this broker's name in dump lines (broker.node), to analyse several brokers as a fleet (empty = none: the analysis names it after the dump's directory)"),
+    Setting("cluster", _list, "", "cluster mode: comma list of NATS servers (nats://host:4222 or tls://host:4222) every node of the cluster connects to (empty = single node, no NATS); see docs/cluster.md"),
+    Setting("cluster_name", str, "stompbroker", "prefix of every NATS subject, stream and key-value bucket of this cluster, so two clusters can share one NATS"),
+    Setting("cluster_token", str, "", "NATS token for the cluster connection", secret=True),
+    Setting("cluster_user", str, "", "NATS user for the cluster connection"),
+    Setting("cluster_password", str, "", "NATS password for cluster_user", secret=True),
+    Setting("cluster_tls_ca", str, "", "CA bundle to verify the NATS servers (tls:// URLs; default: the system's)"),
+    Setting("cluster_tls_cert", str, "", "PEM client certificate for the NATS connection (with cluster_tls_key)"),
+    Setting("cluster_tls_key", str, "", "PEM private key for cluster_tls_cert"),
+    Setting("cluster_replicas", _int, 0, "copies JetStream keeps of queue and durable streams (0 = 3 when the NATS cluster has at least 3 servers, else 1)"),
+    Setting("cluster_ack_wait_ms", _int, 30_000, "a queue message delivered by a node and not acknowledged within this is redelivered elsewhere (a dead node's unacked messages come back after it)"),
+    Setting("cluster_timeout_ms", _int, 5_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
@@ -194,7 +206,7 @@ def validate(values: dict) -> None:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
-                 "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms"):
+                 "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
     if values["ssl_port"] and not (values["ssl_cert"] and values["ssl_key"]):
@@ -217,6 +229,23 @@ def validate(values: dict) -> None:
         raise ValueError(f"port must be at most 65535, got {values['port']}")
     if values["heartbeat_min_ms"] > values["heartbeat_max_ms"]:
         raise ValueError("heartbeat_min_ms must not exceed heartbeat_max_ms")
+    for url in values["cluster"]:
+        if not url.startswith(("nats://", "tls://")):
+            raise ValueError(f"cluster: expected nats://host:port or tls://host:port URLs, got {url!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", values["cluster_name"]):
+        raise ValueError(f"cluster_name may hold only letters, digits, _ and - (it names NATS subjects and "
+                         f"streams), got {values['cluster_name']!r}")
+    for name in ("cluster_ack_wait_ms", "cluster_timeout_ms"):
+        if values[name] <= 0:
+            raise ValueError(f"{name} must be positive, got {values[name]}")
+    if bool(values["cluster_tls_cert"]) != bool(values["cluster_tls_key"]):
+        raise ValueError("cluster_tls_cert and cluster_tls_key go together")
+    if values["cluster"] and not values["node_id"]:
+        raise ValueError("cluster mode needs a node_id (unique per node: it names the node's interest and its "
+                         "NATS connection)")
+    if not re.fullmatch(r"[A-Za-z0-9_=-]*", values["node_id"]) and values["cluster"]:
+        raise ValueError(f"node_id may hold only letters, digits, _, = and - in cluster mode, got "
+                         f"{values['node_id']!r}")
     if values["log_format"] not in ("text", "json"):
         raise ValueError(f"log_format must be text or json, got {values['log_format']!r}")
     if values["log_level"].upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
