@@ -169,6 +169,8 @@ class Broker:
                 queues.pump(self, queue)
         if self.delayed:
             sessions.refuse_delayed(self, now)
+        if self.backplane is not None:
+            self.backplane.queues.on_tick(self, now, queues)
         if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
             diagnostics.monitor(self, now)
 
