@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ./build.sh run ARGS    run the broker, e.g. ./build.sh run processors=4 port=61613 TTL=5000
-#                        (installs only the broker: seconds, ~30 MB; nothing when nothing changed)
+#                        (installs only the broker: seconds, ~30 MB; nothing when nothing changed;
+#                        with a cluster=nats://... argument also the `cluster` extra: nats-py, nats-server)
 # ./build.sh test [ARGS] run every test suite: Python (pytest ARGS), then the Node.js suite in js-examples/
 # ./build.sh analysis    install the diagnostics analysis (PySpark, Java) and JupyterLab for the notebook
 # ./build.sh [setup]     install everything for development (what `test` needs), run nothing
@@ -81,7 +82,11 @@ case "${1:-setup}" in
         echo "build.sh: analysis ready: .venv/bin/stompbroker-diag-report, .venv/bin/jupyter lab scripts/" >&2 ;;
     run)
         shift
-        install "" >&2
+        extras=""
+        for arg in "$@"; do  # cluster mode needs nats-py (and brings the nats-server binary)
+            case "$arg" in cluster=?*|--cluster=?*) extras=cluster ;; esac
+        done
+        install "$extras" >&2
         exec .venv/bin/stompbroker "$@" ;;
     *)
         echo "usage: ./build.sh [setup | run [broker settings] | test [pytest args] | analysis]" >&2

@@ -116,3 +116,39 @@ def broker():
     b = BrokerProcess("processors=4")
     yield b
     b.close()
+
+
+# --- cluster mode: a real NATS JetStream cluster (tests/natscluster.py) and broker nodes on it ---
+
+@pytest.fixture(scope="module")
+def nats_cluster():
+    """A 3-server NATS cluster with JetStream shared by a module's tests. A test that kills or stops
+    servers brings them back (``nats_cluster.start_all()``) before it ends."""
+    from tests.natscluster import NatsCluster
+
+    with NatsCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_name() -> str:
+    """A fresh ``cluster_name`` per test, so streams, consumers and KV buckets never collide."""
+    return f"t{os.getpid()}x{time.monotonic_ns() % 10**12}"
+
+
+@pytest.fixture
+def start_nodes(start_broker, nats_cluster, cluster_name):
+    """Factory: start_nodes(3, "TTL=5000") -> [BrokerProcess] (node_id n0, n1, ...) on ``nats_cluster``
+    with this test's ``cluster_name``; started in parallel, stopped after the test. ``nats=`` another
+    NatsCluster, ``name=`` another cluster_name (e.g. a second cluster on the same NATS)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def start(n: int = 3, *settings: str, nats=None, name: str | None = None, first: int = 0,
+              env: dict | None = None) -> list[BrokerProcess]:
+        url = (nats or nats_cluster).url_setting
+        node_settings = [(f"cluster={url}", f"cluster_name={name or cluster_name}", f"node_id=n{i}", *settings)
+                         for i in range(first, first + n)]
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(lambda s: start_broker(*s, env=env), node_settings))
+
+    return start

