@@ -1,14 +1,9 @@
-"""stompbroker/cluster/jetstream.py against a real NATS JetStream server: streams, shared durable
+"""stompbroker/cluster/jetstream.py against a real 3-server NATS JetStream cluster: streams, shared durable
 pull consumers with credits, ack / nak / term, de-duplication, redelivery after ack_wait, replay."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 import uuid
 
@@ -17,42 +12,19 @@ import pytest
 
 from stompbroker.cluster import jetstream as J
 
-NATS_SERVER = shutil.which("nats-server") or os.path.join(os.path.dirname(os.path.realpath(
-    __import__("sys").executable)), "nats-server")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def nats_url():
-    store = tempfile.mkdtemp(prefix="js-test-")
-    port = free_port()
-    proc = subprocess.Popen([NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", store],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield f"nats://127.0.0.1:{port}"
-    proc.kill()
-    proc.wait()
-    shutil.rmtree(store, ignore_errors=True)
+@pytest.fixture
+def nats_url(nats_cluster):
+    return nats_cluster.urls
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-async def connect(url):
-    nc = await nats.connect(url)
-    return nc, nc.jetstream()
+async def connect(urls, i=0):
+    nc = await nats.connect(urls[i % len(urls)])
+    return nc, nc.jetstream(timeout=15)
 
 
 async def setup_queue(js, name, ack_wait=30.0):
@@ -74,9 +46,9 @@ def test_competing_pullers_take_each_message_once_within_their_credit(nats_url):
     async def main():
         name = "t" + uuid.uuid4().hex[:8]
         nc1, js1 = await connect(nats_url)
-        nc2, js2 = await connect(nats_url)
+        nc2, js2 = await connect(nats_url, 1)
         stream, replicas = await setup_queue(js1, name)
-        assert replicas == 1  # one server: three copies are refused
+        assert replicas == 3  # three servers: three copies
         await J.declare_consumer(js2, stream, "c1", f"{name}.q.a", 30.0)  # the same again: fine
         got1, got2 = [], []
         p1 = J.Puller(nc1, stream, "c1", got1.append)
@@ -156,7 +128,7 @@ def test_unacked_message_of_a_closed_connection_comes_back_after_ack_wait(nats_u
         await p1.credit(1)
         await until(lambda: len(got1) == 1)
         await nc1.close()  # a node gone with the message unacknowledged
-        nc2, _ = await connect(nats_url)
+        nc2, _ = await connect(nats_url, 2)
         p2 = J.Puller(nc2, stream, "c1", got2.append)
         await p2.start()
         await p2.credit(1)
