@@ -239,6 +239,7 @@ class QueueBridge:
         self.ready = asyncio.Event()
         self.tasks: set = set()
         self.replicas = 0
+        self.replicas_hint = config.cluster_replicas   # 0: 3 if the NATS cluster takes them, else 1
 
     def spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -249,13 +250,20 @@ class QueueBridge:
         self.spawn(self._declare())
         self.spawn(self._keeper())
 
+    def status(self) -> dict:
+        return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas}
+
+    async def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
     async def _declare(self) -> None:
         name = self.config.cluster_name
         retention = getattr(self.config, "replay_retention", 3600.0) or 3600.0
         while True:
             try:
                 self.replicas = await declare_stream(self.js, self.queue_stream, [f"{name}.q.>"],
-                                                     self.config.cluster_replicas, work_queue=True)
+                                                     self.replicas_hint, work_queue=True)
                 await declare_stream(self.js, self.topic_stream, [f"{name}.d.>"], self.replicas or 1,
                                      work_queue=False, max_age=retention)
                 self.ready.set()
@@ -327,10 +335,11 @@ class QueueBridge:
         try:
             await asyncio.wait_for(self.ready.wait(), max(deadline - time.monotonic(), 0.001))
             await publish(self.js, subject, payload, msg_id, deadline)
+        except (TimeoutError, asyncio.TimeoutError):
+            self.emit(("failed", token, "JetStream did not store it in time", False))
+            return
         except Exception as exc:
-            reason = "JetStream did not store it in time" if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) \
-                else f"JetStream refused it: {exc}"
-            self.emit(("failed", token, reason))
+            self.emit(("failed", token, str(exc) or type(exc).__name__, True))
             return
         self.emit(("stored", token))
 
@@ -375,3 +384,38 @@ class QueueBridge:
         except Exception as exc:
             log.warning("replay of %s failed: %s", filter_subject, exc)
         self.emit(("replay_end", token))
+
+
+class QueuesPart:
+    """The bridge part (``processes/cluster.py``) for queues, durables and replay: one record kind
+    each way, carrying ``cluster/queuing.py``'s packed commands and events."""
+
+    def __init__(self, bridge):
+        from . import queuing
+        from . import records as C
+        self.bridge = bridge
+        self.unpack = queuing.unpack
+        self.pack = queuing.pack
+        self.kind_event = C.QUEUE_EVENT
+        self.queues = QueueBridge(bridge.nc, None, bridge.config, self._emit)
+        self.handlers = {C.QUEUE_CMD: self._command}
+        self.started = False
+
+    def _emit(self, event: tuple) -> None:
+        self.bridge.emit(self.kind_event, 0, self.pack(event))
+
+    async def _command(self, conn: int, aux: int, payload) -> None:
+        self.queues.handle(self.unpack(payload))
+
+    async def connected(self) -> None:
+        self.queues.js = self.bridge.nc.jetstream(timeout=10)  # (stream and consumer calls on a loaded machine)
+        self.queues.replicas_hint = self.bridge.replicas()
+        if not self.started:
+            self.started = True
+            await self.queues.start()
+
+    def status(self) -> dict:
+        return self.queues.status()
+
+    async def stop(self) -> None:
+        await self.queues.stop()

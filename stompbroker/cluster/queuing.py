@@ -15,7 +15,7 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
   ("ack" | "nak" | "term", ref)                             settle a pulled message
   ("replay", token, filter_subject, since_ms)               stored topic messages since then
 
-and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason),
+and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused),
 ("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
 Both travel as one record each, packed by ``pack``/``unpack``.
 
@@ -179,7 +179,7 @@ class ClusterQueues:
         self.tokens += 1
         token = self.tokens
         dedup = message.headers.get("dedup-id")
-        msg_id = f"{message.destination}\x1f{dedup}" if dedup else f"{self.run}-{token}"
+        msg_id = f"{message.destination} {dedup}" if dedup else f"{self.run}-{token}"
         wall_ms = int((message.expires - b.now + b.clock()) * 1000) if message.expires else 0
         deadline = b.now + self.config.cluster_timeout_ms / 1000
         self.pending[token] = Pending(token, session, deadline, then)
@@ -230,7 +230,7 @@ class ClusterQueues:
         if not held:
             b.holding.discard(session)
 
-    def failed_publish(self, b, token: int, reason: str) -> None:
+    def failed_publish(self, b, token: int, reason: str, refused: bool = False) -> None:
         """JetStream could not store it in time: its sender gets an ERROR (with the receipt it
         waits for); a dead letter that could not be stored stays where it was (nak)."""
         pending = self.pending.pop(token, None)
@@ -250,9 +250,12 @@ class ClusterQueues:
         receipt = next((r for _, _, _, r in session.held if r is not None), None)
         session.held.clear()
         b.holding.discard(session)
-        receipts.error(b, session, "cluster unavailable", f"the cluster could not store this message within "
-                       f"cluster_timeout_ms ({reason}); it may still have been stored: a retry with the same "
-                       "dedup-id header is not stored twice", receipt)
+        if refused:
+            receipts.error(b, session, "message not stored", f"the cluster refused this message: {reason}", receipt)
+        else:
+            receipts.error(b, session, "cluster unavailable", f"the cluster could not store this message within "
+                           f"cluster_timeout_ms ({reason}); it may still have been stored: a retry with the same "
+                           "dedup-id header is not stored twice", receipt)
 
     def expire(self, b, now: float) -> None:
         """Publishes past their deadline (the bridge is gone or stuck) fail here."""
@@ -331,7 +334,7 @@ class ClusterQueues:
         elif kind == "stored":
             self.stored(b, item[1])
         elif kind == "failed":
-            self.failed_publish(b, item[1], item[2])
+            self.failed_publish(b, item[1], item[2], bool(item[3]) if len(item) > 3 else False)
         elif kind == "replayed":
             self.replayed(b, item[1], item[2], queues)
         elif kind == "replay_end":
