@@ -32,8 +32,9 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
-    publish(b, destination, headers, body, expiry(b, headers, receipt), session)
-    receipts.send_receipt(b, session, receipt)
+    publish(b, destination, headers, body, expiry(b, headers, receipt), sender=session)
+    if b.backplane is None or not b.backplane.hold(b, session, receipt):
+        receipts.send_receipt(b, session, receipt)
 
 
 def check_send(headers: dict, receipt) -> str:
@@ -64,17 +65,20 @@ def expiry(b, headers: dict, receipt) -> float:
     return 0.0
 
 
-def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, session=None) -> int:
-    """Route one message; returns the number of deliveries made now. ``session``: its sender, whose
-    replies wait for the cluster to store it (cluster mode)."""
-    b.stats["messages_published"] += 1
-    message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
+def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
+            sender=None) -> int:
+    """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
+    another node of the cluster published (delivered here only, never kept or sent on). ``sender``:
+    its sender, whose replies wait for the cluster to store it (cluster mode)."""
+    if origin is None:
+        b.stats["messages_published"] += 1
+    message = Message(origin or f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
     if expires and message.expired(b.now):
         b.stats["messages_expired"] += 1
         return 0
     if destination.startswith(REPLY_PREFIXES):
         return temporary.publish(b, destination, message)
-    if b.backplane is not None and b.backplane.queues.takes(b, message, session):
+    if b.backplane is not None and origin is None and b.backplane.queues.takes(b, message, sender):
         return 0  # a queue message: JetStream has it now, and the node with room will deliver it
     if destination.startswith(QUEUE_PREFIX):
         queue = get_queue(b, destination)
@@ -94,7 +98,10 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             pump(b, durable.queue)
             kept += 1
     subs = b.index.match(destination)
+    remote = False
     if destination.startswith(WORKER_PREFIX):
+        if b.backplane is not None and origin is None and b.backplane.worker(b, message, subs):
+            return 0  # another node's subscription takes it
         delivered = deliver_round_robin(b, destination, subs, message)
     else:
         delivered = 0
@@ -114,10 +121,14 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
                     plain_part = message.shared(False)
                 session.outbox.add2(session.conn, sub.prefix, plain_part)
             delivered += 1
+        if b.backplane is not None and origin is None:
+            remote = b.backplane.publish(b, message)  # after the local deliveries: they never wait for it
     if delivered:
         b.stats["messages_delivered"] += delivered
-    elif kept:
+    elif kept or remote:
         pass
+    elif origin is not None:
+        b.stats["messages_dropped"] += 1
     elif b.stale is not None:
         b.stale.add(message, b.now)
     else:

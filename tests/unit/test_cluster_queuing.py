@@ -8,14 +8,10 @@ from __future__ import annotations
 from collections import deque
 
 from stompbroker.broker import queues as Q
-from stompbroker.cluster.queuing import ClusterQueues, decode, pack, topic_filter, topic_subject, unpack
+from stompbroker.cluster.backplane import Backplane
+from stompbroker.cluster.queuing import decode, pack, topic_filter, topic_subject, unpack
 
 from broker_harness import Rig
-
-
-class Backplane:
-    def __init__(self, config):
-        self.queues = ClusterQueues(config)
 
 
 class FakeJetStream:
