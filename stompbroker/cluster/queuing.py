@@ -4,7 +4,7 @@ The bridge (``cluster/jetstream.py``) stores and pulls; this decides. It is fed 
 (a queue SEND, an ACK, a delivery written, a pulled message arriving, a PubAck) and appends
 commands for the bridge to ``out`` as plain tuples (the backplane turns them into records):
 
-  ("bind", key, kind, consumer, filter_subject, start_ms, replace)
+  ("bind", key, kind, consumer, filter_subjects, start_ms, replace)
                                                             pull a shared durable consumer
                                                             (kind "q": queue stream, "d": topic
                                                             stream; replace: delete it first)
@@ -13,7 +13,7 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
   ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
   ("publish", token, subject, msg_id, payload, deadline_ms) store it; answer stored/failed(token)
   ("ack" | "nak" | "term", ref)                             settle a pulled message
-  ("replay", token, filter_subject, since_ms)               stored topic messages since then
+  ("replay", token, filter_subjects, since_ms)              stored topic messages since then
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused),
 ("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
@@ -46,6 +46,8 @@ import orjson
 from ..broker.model import Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
+from . import subjects
+from .subjects import queue_subject
 
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
 MAGIC = b"SBq1"
@@ -62,10 +64,6 @@ def escape_token(text: str) -> str:
     return "".join(out) or "%"
 
 
-def queue_subject(cluster_name: str, destination: str) -> str:
-    return f"{cluster_name}.q.{escape_token(destination)}"
-
-
 def consumer_name(prefix: str, text: str) -> str:
     """A durable consumer name: readable when short, else a digest (JetStream names are file names)."""
     token = escape_token(text)
@@ -79,20 +77,15 @@ def durable_consumer(key: str) -> str:
 
 
 def topic_subject(cluster_name: str, destination: str) -> str:
-    """The durable-stream subject of a topic destination: one token per ``/`` segment."""
-    return f"{cluster_name}.d." + ".".join(escape_token(part) for part in destination.split("/"))
+    """The subject of a topic message kept for durables and replay: the topic subject
+    (``cluster/subjects.py``) under ``<cluster_name>.d``."""
+    return f"{cluster_name}.d.{subjects.topic_subject(cluster_name, destination)[len(cluster_name) + 1:]}"
 
 
-def topic_filter(cluster_name: str, pattern: str) -> str:
-    """The subject filter covering a topic subscription pattern (``*`` is a text prefix match):
-    the whole segments before the ``*`` and ``.>``; the broker filters exactly."""
-    star = pattern.find("*")
-    if star < 0:
-        return topic_subject(cluster_name, pattern)
-    whole = pattern[:star].rpartition("/")[0]
-    head = f"{cluster_name}.d." + ".".join(escape_token(part) for part in whole.split("/")) if whole else \
-        f"{cluster_name}.d"
-    return head + ".>"
+def topic_filters(cluster_name: str, pattern: str) -> list[str]:
+    """The subject filters covering a topic subscription pattern in the kept-topics stream (``*``
+    is a text prefix match: the broker filters exactly)."""
+    return [f"{cluster_name}.d.{f[len(cluster_name) + 1:]}" for f in subjects.pattern_filters(cluster_name, pattern)]
 
 
 # -- the message on the wire ------------------------------------------------------------------
@@ -289,7 +282,7 @@ class ClusterQueues:
         if durable_key is not None:
             existing = b.durables.get(durable_key)
             self.bind(b, f"durable:{durable_key}", "d", durable_consumer(durable_key),
-                      topic_filter(self.name, destination), int(b.clock() * 1000),
+                      topic_filters(self.name, destination), int(b.clock() * 1000),
                       replace=existing is not None and existing.pattern != destination)
         elif destination.startswith(QUEUE_PREFIX) and destination != MONITOR:
             if "*" in destination:
@@ -306,7 +299,7 @@ class ClusterQueues:
     def replay(self, b, sub, since_ms: float) -> None:
         self.tokens += 1
         self.replays[self.tokens] = sub
-        self.out.append(("replay", self.tokens, topic_filter(self.name, sub.destination), since_ms))
+        self.out.append(("replay", self.tokens, topic_filters(self.name, sub.destination), since_ms))
 
     def replayed(self, b, token: int, payload: bytes, queues) -> None:
         sub = self.replays.get(token)
@@ -343,7 +336,7 @@ class ClusterQueues:
             self.replay_end(item[1])
 
     # -- pulling -------------------------------------------------------------------------------
-    def bind(self, b, key: str, kind: str = "q", consumer: str = "", filter_subject: str = "",
+    def bind(self, b, key: str, kind: str = "q", consumer: str = "", filters: list | None = None,
              start_ms: int = 0, replace: bool = False) -> None:
         """A local subscription reads this queue (or durable): pull its shared consumer."""
         self.dirty.add(key)
@@ -351,7 +344,7 @@ class ClusterQueues:
             return
         self.bound[key] = 0
         command = ("bind", key, kind, consumer or consumer_name("q", key),
-                   filter_subject or queue_subject(self.name, key), start_ms, replace)
+                   filters or [queue_subject(self.name, key)], start_ms, replace)
         self.binds[key] = command[:-1] + (False,)
         self.out.append(command)
 

@@ -9,7 +9,7 @@ from collections import deque
 
 from stompbroker.broker import queues as Q
 from stompbroker.cluster.backplane import Backplane
-from stompbroker.cluster.queuing import decode, pack, topic_filter, topic_subject, unpack
+from stompbroker.cluster.queuing import decode, pack, topic_filters, topic_subject, unpack
 
 from broker_harness import Rig
 
@@ -84,9 +84,9 @@ class FakeJetStream:
     def deliver(self) -> bool:
         moved = False
         for rig in self.nodes:
-            for key, wanted in list(rig.binds.items()):
+            for key, filters in list(rig.binds.items()):
                 for subject, waiting in self.stream.items():
-                    if subject == wanted or (wanted.endswith(".>") and subject.startswith(wanted[:-1])):
+                    if any(subject == f or (f.endswith(".>") and subject.startswith(f[:-1])) for f in filters):
                         moved |= self.take(rig, key, subject, waiting)
         return moved
 
@@ -276,7 +276,7 @@ def test_durable_subscription_reads_its_consumer_and_filters_its_pattern_exactly
     a.subscribe(1, "/topic/a*", sub_id="d1", durable="true", ack="client-individual")
     js.run()
     key = next(iter(a.binds))
-    assert key.startswith("durable:") and a.binds[key] == topic_filter("stompbroker", "/topic/a*") == "stompbroker.d.%.topic.>"
+    assert key.startswith("durable:") and a.binds[key] == topic_filters("stompbroker", "/topic/a*") == ["stompbroker.d.t.topic.>"]
     for dest in ("/topic/ab", "/topic/b"):
         a.send(1, dest, dest.encode(), persistent="true")
     js.run()
