@@ -439,7 +439,7 @@ class ClusterQueues:
             consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
             want = self.room(b, name, consumers) - (queue.depth() if queue is not None else 0)
             want = max(want, 0)
-            if want > given:
+            if want > given or (want == 0 and given > 0):  # (a consumer left: stop asking for its share)
                 self.out.append(("credit", name, want - given))
                 self.bound[name] = want
 
@@ -451,6 +451,7 @@ class ClusterQueues:
         for name in list(self.bound):
             queue = b.queues.get(name)
             consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
+            self.dirty.add(name)  # (credit for consumers that left is taken back by the next refill)
             if consumers:
                 if queue is not None and queue.parked:
                     for message in queue.parked:
