@@ -43,7 +43,7 @@ HANDLERS = {
 
 class Broker:
     def __init__(self, config, outboxes: list[Outbox], clock=time.time, *, auth=None, logins=None, diag=None,
-                 store=None):
+                 store=None, backplane=None):
         self.config = config
         self.outboxes = outboxes
         self.clock = clock               # wall clock, for the absolute `expires` header
@@ -58,6 +58,7 @@ class Broker:
         self.store = store               # the durable store (store.sqlite.Store), or set by recover()
         self.auth = auth                 # the Authenticator (broker/auth.py): who may log in, read, write
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
+        self.backplane = backplane       # cluster mode: the other nodes, through the bridge (cluster/backplane.py)
         self.failures: dict[str, int] = {}        # failed logins per client address
         self.delayed: list[tuple[float, int]] = []  # refused logins, answered after a delay
         self.ops_mark = 0                # the store's op count when the current event began
@@ -168,13 +169,15 @@ class Broker:
                 queues.pump(self, queue)
         if self.delayed:
             sessions.refuse_delayed(self, now)
+        if self.backplane is not None and self.backplane.owners:
+            self.backplane.tick(self, now)
         if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
             diagnostics.monitor(self, now)
 
     def needs_tick(self) -> bool:
         return bool(self.timed or self.stale or self.delayed or self.rescan or self.index.exact.get(MONITOR)
                     or (self.holding and self.store is not None and self.store.failing_since)
-                    or self.unconfirmed)
+                    or self.unconfirmed or (self.backplane is not None and self.backplane.needs_tick()))
 
     def on_auth(self, conn: int, user: str | None, now: float) -> None:
         """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""

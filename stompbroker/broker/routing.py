@@ -33,7 +33,8 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
     publish(b, destination, headers, body, expiry(b, headers, receipt))
-    receipts.send_receipt(b, session, receipt)
+    if b.backplane is None or not b.backplane.hold(b, session, receipt):
+        receipts.send_receipt(b, session, receipt)
 
 
 def check_send(headers: dict, receipt) -> str:
@@ -64,10 +65,12 @@ def expiry(b, headers: dict, receipt) -> float:
     return 0.0
 
 
-def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
-    """Route one message; returns the number of deliveries made now."""
-    b.stats["messages_published"] += 1
-    message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
+def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None) -> int:
+    """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
+    another node of the cluster published (delivered here only, never kept or sent on)."""
+    if origin is None:
+        b.stats["messages_published"] += 1
+    message = Message(origin or f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
     if expires and message.expired(b.now):
         b.stats["messages_expired"] += 1
         return 0
@@ -91,7 +94,10 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             pump(b, durable.queue)
             kept += 1
     subs = b.index.match(destination)
+    remote = False
     if destination.startswith(WORKER_PREFIX):
+        if b.backplane is not None and origin is None and b.backplane.worker(b, message, subs):
+            return 0  # another node's subscription takes it
         delivered = deliver_round_robin(b, destination, subs, message)
     else:
         delivered = 0
@@ -111,10 +117,14 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
                     plain_part = message.shared(False)
                 session.outbox.add2(session.conn, sub.prefix, plain_part)
             delivered += 1
+        if b.backplane is not None and origin is None:
+            remote = b.backplane.publish(b, message)  # after the local deliveries: they never wait for it
     if delivered:
         b.stats["messages_delivered"] += delivered
-    elif kept:
+    elif kept or remote:
         pass
+    elif origin is not None:
+        b.stats["messages_dropped"] += 1
     elif b.stale is not None:
         b.stale.add(message, b.now)
     else:

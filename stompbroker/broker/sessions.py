@@ -125,6 +125,8 @@ def closed(b, conn: int, tell_writer: bool = True) -> None:
     if session.pending is not None and b.logins is not None:
         b.logins.cancel(conn)
     end_session(b, session)
+    if b.backplane is not None:
+        b.backplane.session_ended(session)
     if session.inflight and not session.written_final:
         # The writer may still be sending them: wait for its last count for this connection.
         b.unconfirmed[conn] = (session, b.now + b.config.shutdown_timeout_ms / 1000 + 2)

@@ -51,6 +51,8 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
         durables.attach(b, sub, durable_name)
     else:
         b.index.add(destination, sub)
+        if b.backplane is not None:
+            b.backplane.subscribed(destination)
     receipts.send_receipt(b, session, receipt)
     if replay_from is not None:
         durables.replay(b, sub, replay_from)
@@ -139,6 +141,8 @@ def remove_subscription(b, session: Session, sub: Subscription) -> None:
     """Forget a subscription; its unacknowledged queue messages go back to the head of their queue."""
     session.subs.pop(sub.id, None)
     b.index.remove(sub.destination, sub)
+    if b.backplane is not None and sub.durable is None and sub.temp is None:
+        b.backplane.unsubscribed(sub.destination)
     if sub.durable is not None:  # detach: its messages wait for the client to come back
         sub.durable.sub = None
     if sub.temp is not None and sub.temp.sub is sub:  # a temporary queue's messages wait too

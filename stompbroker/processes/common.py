@@ -108,6 +108,8 @@ class Resources:
         self.writer_stats = [SharedStats(WRITER_STATS) for _ in range(config.writers)]
         self.writer_latency = [SharedHistogram(latency.BUCKETS) for _ in range(config.writers)]
         self.supervisor_stats = SharedStats(SUPERVISOR_STATS)
+        # cluster mode: dispatcher -> bridge and bridge -> dispatcher (cluster/records.py)
+        self.bridge_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(2)] if config.cluster else []
         self.diag_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # dispatcher -> dump file
         for sock in self.diag_channel:  # room for a few large lines (many queues) before one is dropped
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -126,14 +128,14 @@ class Resources:
         return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
     def close(self) -> None:
-        for ring in [self.input_ring, *self.output_rings]:
+        for ring in [self.input_ring, *self.output_rings, *self.bridge_rings]:
             ring.close()
         for stats in [self.reader_stats, *self.writer_stats, *self.writer_latency, self.supervisor_stats]:
             stats.close()
 
     def reset(self) -> None:
         self.input_ring.reset()
-        for ring in self.output_rings:
+        for ring in [*self.output_rings, *self.bridge_rings]:
             ring.reset()
         for i, pair in enumerate(self.fd_pairs):  # drop fds queued for the dead generation
             for sock in pair:

@@ -23,6 +23,7 @@ from ..security import passwd
 from ..diag.stats import Statistics
 from ..store.sqlite import Store
 from ..ipc import records as R
+from ..cluster import records as C
 from ..ipc.outbox import Outbox
 from . import common
 from .login_checker import LoginChecker, load_users
@@ -48,7 +49,15 @@ class Dispatcher:
         if config.auth != "off" or config.secret or config.acl_file:
             self.auth = Authenticator(config, load_users(config))
             self.logins = LoginChecker(self.auth, config.auth_fail_delay_ms / 1000)
-        self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth, logins=self.logins)
+        self.backplane = None
+        if config.cluster:  # the bridge process speaks to NATS; this side stays pure (cluster/backplane.py)
+            from ..cluster.backplane import Backplane
+            self.backplane = Backplane(config)
+            self.to_bridge, self.from_bridge = resources.bridge_rings
+            self.to_bridge.resume_producer()
+            self.bridge_backlog: list[tuple[bytearray, int]] = []  # batches waiting for room in its ring
+        self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth, logins=self.logins,
+                             backplane=self.backplane)
         self.broker.diag = self.statistics = Statistics(self.broker, resources, config)  # (it reads the broker)
         self.site = http.Site(config, self.statistics)
         self.http_pending: dict[int, tuple] = {}              # HTTP requests whose login is being checked
@@ -61,6 +70,8 @@ class Dispatcher:
         self.writers_done: set[int] = set()
         if self.auth is not None:
             self.wait_fds.append(self.logins.done_fd)
+        if self.backplane is not None:
+            self.wait_fds.append(self.from_bridge.data_fd)
         # SIGHUP (relayed by the supervisor) re-reads the passwd file
         self.signal_r, signal_w = os.pipe()
         os.set_blocking(signal_w, False)
@@ -90,6 +101,8 @@ class Dispatcher:
                 deadlines.append(self.next_dump)
             if self.http_delayed:
                 deadlines.append(self.http_delayed[0][0])
+            if self.backplane is not None and self.bridge_backlog:
+                deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
             if not ring.used_bytes:
                 select.select(self.wait_fds, [], [], timeout)
@@ -106,6 +119,8 @@ class Dispatcher:
                     else:
                         self.broker.on_auth(conn, user, now)
                 self.commit()
+            if self.backplane is not None:
+                self.from_cluster()
             self.flush()  # receipts released by the store, replies to checked logins: out now
             self.signals()
             while running:
@@ -136,6 +151,8 @@ class Dispatcher:
             self.broker.release(self.store.finished())
         for box in self.outboxes:
             box.add(R.STOP, 0)
+        if self.backplane is not None:
+            self.backplane.out.add(C.STOP)
         self.flush()
         if self.store is not None:
             # What the writers manage to send before their deadline leaves the store; the rest stays
@@ -316,6 +333,40 @@ class Dispatcher:
         for box in self.outboxes:
             if box.count:
                 self.flush_one(box)
+        if self.backplane is not None and (self.backplane.out.count or self.bridge_backlog):
+            self.to_cluster()
+
+    # -- cluster mode: the bridge's rings ----------------------------------------------------------
+    def from_cluster(self) -> None:
+        """Records from the bridge: messages from other nodes, interest, NATS status, answers."""
+        ring = self.from_bridge
+        ring.clear_wakeup()
+        while True:
+            blob = ring.read(READ_BYTES)
+            if not blob:
+                return
+            self.backplane.on_records(self.broker, blob, time.monotonic())
+            self.flush()
+
+    def to_cluster(self) -> None:
+        """Hand the bridge its records without ever waiting for it: local traffic must not depend on
+        the network. What its ring cannot take now waits here, in order (bounded: past it the
+        oldest batches go, and what they held times out as unpublished)."""
+        if self.backplane.out.count:
+            self.bridge_backlog.append(self.backplane.out.take())
+        ring = self.to_bridge
+        sent = False
+        while self.bridge_backlog:
+            buf, count = self.bridge_backlog[0]
+            if not ring.try_write(buf, count):
+                break
+            self.bridge_backlog.pop(0)
+            sent = True
+        if sent:
+            ring.notify()
+        if len(self.bridge_backlog) > 1024:
+            del self.bridge_backlog[:len(self.bridge_backlog) - 1024]
+            log.warning("cluster: the bridge is not taking records; older ones dropped")
 
     def flush_one(self, box: Outbox) -> None:
         buf, count = box.take()

@@ -28,7 +28,7 @@ import psutil
 from setproctitle import setproctitle
 
 from .. import __version__
-from . import dispatcher, reader, writer
+from . import cluster, dispatcher, reader, writer
 from ..diag.dump import DumpWriter
 from ..ipc import control
 from ..ipc.control import Control
@@ -145,6 +145,8 @@ class Supervisor:
             target, args = reader.run, (self.config, self.resources)
         elif role == "dispatcher":
             target, args = dispatcher.run, (self.config, self.resources)
+        elif role == "cluster":
+            target, args = cluster.run, (self.config, self.resources)
         else:
             index = int(role.split("-")[1])
             target, args = writer.run, (index, self.config, self.resources)
@@ -154,7 +156,8 @@ class Supervisor:
         log.info("started %s (pid %d)", role, proc.pid)
 
     def roles(self) -> list[str]:
-        return ["dispatcher"] + [f"writer-{i}" for i in range(self.config.writers)] + ["reader"]
+        return (["dispatcher"] + [f"writer-{i}" for i in range(self.config.writers)]
+                + (["cluster"] if self.config.cluster else []) + ["reader"])
 
     def start_all(self) -> bool:
         """Start every child; True once the reader accepts, False when a signal stopped the start.
@@ -206,7 +209,11 @@ class Supervisor:
             self.stopping = "fast"
             self.exit_code = 1
             return
-        if role.startswith("writer-"):
+        if role == "cluster":
+            # The bridge holds no broker state: a new one re-reads the interest bucket, takes the
+            # dispatcher's records where the dead one stopped, and the dispatcher re-declares its interest.
+            self.spawn(role)
+        elif role.startswith("writer-"):
             # The new writer takes over the same ring and fd channel (the reader and dispatcher
             # hold the other ends); records and fds meant for the dead one are for connections the
             # reader now closes, and are dropped as those closes come through.

@@ -1,0 +1,281 @@
+"""The broker's side of cluster mode, pure: what goes to the bridge, and what the bridge's records do.
+
+``Broker`` gets one at construction (``None`` in single-node mode). Its hooks are one-line calls:
+a topic subscription comes or goes (``subscribed``/``unsubscribed``: the bridge keeps the node's
+NATS subscriptions and its entry in the interest bucket), a topic message was published here
+(``publish``: it goes to NATS only when another node has matching interest), a ``#`` worker
+message picks local or remote (``worker``), a SEND's receipt waits while NATS is unreachable
+(``hold``). Records from the bridge come in through ``on_records``. Local deliveries are made
+before any of this and never wait for the network.
+
+While the bridge reports NATS unreachable, a message that needs it (remote interest known from
+before) goes to the bridge with a token; the bridge publishes it when NATS is back, or after
+``cluster_timeout_ms`` answers FAILED and its sender gets an ERROR ``cluster unavailable``. The
+sender's receipts wait meanwhile, in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import orjson
+
+from ..broker.names import DIAG_PREFIX, QUEUE_PREFIX, TEMP_PREFIXES, REPLY_PREFIXES, WORKER_PREFIX
+from ..broker.subscriptions import SubscriptionIndex
+from . import records as C
+from .subjects import topic_subject, worker_subject
+
+log = logging.getLogger("stompbroker.cluster")
+
+UNAVAILABLE = "cluster unavailable"
+LOCAL_ONLY = (QUEUE_PREFIX, DIAG_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES
+
+
+class Remote:
+    """Another node's interest in one pattern: how many subscriptions, summed over the nodes."""
+
+    __slots__ = ("pattern", "count")
+
+    def __init__(self, pattern: str, count: int):
+        self.pattern = pattern
+        self.count = count
+
+
+def shared(destination: str) -> bool:
+    """Does a subscription pattern or destination take part in cross-node topics and worker queues?"""
+    return not destination.startswith(LOCAL_ONLY)
+
+
+class Backplane:
+    def __init__(self, config):
+        self.config = config
+        self.cluster = config.cluster_name
+        self.out = C.Records()           # records for the bridge, handed over by the dispatcher each round
+        self.local: dict[str, int] = {}  # pattern -> local subscriptions (topics and #workers)
+        self.remote = SubscriptionIndex()  # other nodes' patterns (Remote entries)
+        self.remote_by: dict[str, Remote] = {}
+        self.connected = False           # the bridge's last word: NATS reachable
+        self.status: dict = {}           # the bridge's last STATUS
+        self.tokens = itertools.count(1)
+        self.unclaimed = 0               # token of the PUBLISH made by the SEND being handled
+        self.owners: dict[int, tuple] = {}   # token -> (session, deadline)
+        self.waiting: dict = {}          # session -> [[token, receipt, done], ...] in SEND order
+        self.worker_pos: dict[str, int] = {}
+        self.timeout = config.cluster_timeout_ms / 1000
+        self.stats = {"published": 0, "received": 0, "held": 0, "failed": 0, "unrouted_remote": 0,
+                      "stale_sent": 0, "bridge_starts": 0}
+
+    # -- interest --------------------------------------------------------------------------------
+    def subscribed(self, pattern: str) -> None:
+        if shared(pattern):
+            n = self.local[pattern] = self.local.get(pattern, 0) + 1
+            self.out.add(C.INTEREST, 0, pattern.encode(), n)
+
+    def unsubscribed(self, pattern: str) -> None:
+        n = self.local.get(pattern)
+        if n is None:
+            return
+        if n > 1:
+            self.local[pattern] = n - 1
+        else:
+            del self.local[pattern]
+        self.out.add(C.INTEREST, 0, pattern.encode(), n - 1)
+
+    def remote_count(self, destination: str) -> int:
+        return sum(r.count for r in self.remote.match(destination))
+
+    # -- publishing ------------------------------------------------------------------------------
+    def publish(self, b, message) -> bool:
+        """A topic message published on this node: to NATS if another node wants it. True if sent."""
+        if not self.remote.match(message.destination) or not shared(message.destination):
+            return False
+        self._send(b, topic_subject(self.cluster, message.destination), message, 0)
+        return True
+
+    def worker(self, b, message, subs: tuple) -> bool:
+        """A ``#`` worker message: True if it goes to another node (NATS picks one of its queue group),
+        False if a local subscription takes it. Round-robin over the cluster's subscriptions: local
+        ones by count, remote ones by the counts their nodes announce."""
+        destination = message.destination
+        remote = self.remote_by.get(destination)
+        if remote is None or not remote.count:
+            return False
+        local = len(subs)
+        if local:
+            pos = self.worker_pos.get(destination, 0)
+            self.worker_pos[destination] = (pos + 1) % (local + remote.count)
+            if pos < local:
+                return False
+        self._send(b, worker_subject(self.cluster, destination), message, C.PUBLISH_WORKER)
+        return True
+
+    def _send(self, b, subject: str, message, flags: int) -> None:
+        headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
+        expires_ms = max(int((message.expires - b.now) * 1000), 1) if message.expires else 0
+        payload = C.pack_publish(subject, C.pack_message(message.id, message.destination, headers, message.body,
+                                                         expires_ms))
+        token = 0
+        if not self.connected:  # the bridge answers for it: its sender waits, and hears if it failed
+            token = self.unclaimed = next(self.tokens)
+            self.owners[token] = (None, b.now + self.timeout + 2)
+            self.stats["held"] += 1
+        self.out.add(C.PUBLISH, token, payload, flags)
+        self.stats["published"] += 1
+
+    def hold(self, b, session, receipt) -> bool:
+        """After a SEND's publish: True if its receipt must wait (its message waits for NATS, or an
+        earlier one of this session's does)."""
+        token, self.unclaimed = self.unclaimed, 0
+        queue = self.waiting.get(session)
+        if not token and not queue:
+            return False
+        if token:
+            self.owners[token] = (session, self.owners[token][1])
+        self.waiting.setdefault(session, []).append([token, receipt, not token])
+        return True
+
+    def _release(self, b, session) -> None:
+        from ..broker import receipts
+        queue = self.waiting.get(session)
+        while queue and queue[0][2]:
+            _, receipt, _ = queue.pop(0)
+            if not session.closing:
+                receipts.send_receipt(b, session, receipt)
+        if not queue:
+            self.waiting.pop(session, None)
+
+    def _published(self, b, token: int) -> None:
+        owner = self.owners.pop(token, None)
+        if owner is None or owner[0] is None:
+            return
+        session = owner[0]
+        for entry in self.waiting.get(session, ()):
+            if entry[0] == token:
+                entry[2] = True
+        self._release(b, session)
+
+    def _failed(self, b, token: int) -> None:
+        from ..broker import receipts
+        owner = self.owners.pop(token, None)
+        self.stats["failed"] += 1
+        if owner is None or owner[0] is None:
+            return
+        session = owner[0]
+        queue = self.waiting.pop(session, [])
+        receipt = next((e[1] for e in queue if e[0] == token), None)
+        for entry in queue:
+            self.owners.pop(entry[0], None)
+        if not session.closing:
+            receipts.error(b, session, UNAVAILABLE, f"the cluster's NATS servers were unreachable for "
+                           f"{self.config.cluster_timeout_ms} ms (cluster_timeout_ms); the message was "
+                           f"delivered on this node only, not to the other nodes", receipt)
+
+    # -- timers ----------------------------------------------------------------------------------
+    def needs_tick(self) -> bool:
+        return bool(self.owners)
+
+    def tick(self, b, now: float) -> None:
+        """A held message the bridge never answered for (it died holding it) fails on the broker's clock."""
+        for token, (session, deadline) in list(self.owners.items()):
+            if now >= deadline:
+                self._failed(b, token)
+
+    def session_ended(self, session) -> None:
+        for entry in self.waiting.pop(session, ()):
+            self.owners.pop(entry[0], None)
+
+    # -- records from the bridge -------------------------------------------------------------------
+    def on_records(self, b, blob: bytes, now: float) -> None:
+        from ..broker import routing
+        b.now = now
+        for kind, conn, aux, _, payload in C.iter_records(blob):
+            try:
+                if kind == C.MESSAGE:
+                    message_id, destination, headers, body, expires_ms = C.unpack_message(payload)
+                    self.stats["received"] += 1
+                    if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms
+                                           else 0.0, origin=message_id):
+                        self.stats["unrouted_remote"] += 1
+                elif kind == C.REMOTE:
+                    self._remote(b, payload.decode(), aux)
+                elif kind == C.REMOTE_RESET:
+                    self.remote, self.remote_by = SubscriptionIndex(), {}
+                elif kind == C.STATUS:
+                    self.status = orjson.loads(payload)
+                    connected = bool(self.status.get("connected"))
+                    if connected != self.connected:
+                        if connected:
+                            log.info("cluster: NATS connected (%s)", self.status.get("server"))
+                        else:
+                            log.warning("cluster: NATS unreachable: topics keep flowing on this node")
+                    self.connected = connected
+                elif kind == C.PUBLISHED:
+                    self._published(b, conn)
+                elif kind == C.FAILED:
+                    self._failed(b, conn)
+                elif kind == C.BRIDGE_START:
+                    self.stats["bridge_starts"] += 1
+                    for pattern, n in self.local.items():
+                        self.out.add(C.INTEREST, 0, pattern.encode(), n)
+                else:
+                    extra = EXTRA_HANDLERS.get(kind)
+                    if extra is not None:
+                        extra(self, b, conn, aux, payload)
+            except Exception:
+                log.exception("cluster record %s could not be handled", kind)
+
+    def _remote(self, b, pattern: str, count: int) -> None:
+        entry = self.remote_by.get(pattern)
+        if count <= 0:
+            if entry is not None:
+                del self.remote_by[pattern]
+                self.remote.remove(pattern, entry)
+            return
+        if entry is not None:
+            entry.count = count
+            return
+        entry = self.remote_by[pattern] = Remote(pattern, count)
+        self.remote.add(pattern, entry)
+        if b.stale is not None and shared(pattern):
+            self._stale_to(b, pattern)
+
+    def _stale_to(self, b, pattern: str) -> None:
+        """Another node has a new subscription: it takes this node's stale messages it matches."""
+        prefix = SubscriptionIndex.wildcard_prefix(pattern)
+        for message in b.stale.take(pattern if prefix is None else None, prefix, b.now, lambda headers: True):
+            if message.destination.startswith(WORKER_PREFIX):
+                self._send(b, worker_subject(self.cluster, message.destination), message, C.PUBLISH_WORKER)
+            else:
+                self._send(b, topic_subject(self.cluster, message.destination), message, 0)
+            self.unclaimed = 0
+            self.stats["stale_sent"] += 1
+
+    # -- diagnostics -----------------------------------------------------------------------------
+    def diag(self) -> dict:
+        """The ``cluster`` section of DIAG, /queue/monitor and the dump line."""
+        s = self.status
+        return {
+            "node": self.config.node_id,
+            "server": s.get("server", ""),
+            "connected": 1 if self.connected else 0,
+            "rtt_ms": s.get("rtt_ms", 0.0),
+            "messages_in": s.get("messages_in", 0),
+            "messages_out": s.get("messages_out", 0),
+            "bytes_in": s.get("bytes_in", 0),
+            "bytes_out": s.get("bytes_out", 0),
+            "reconnects": s.get("reconnects", 0),
+            "subscriptions": s.get("subscriptions", 0),
+            "local_patterns": len(self.local),
+            "remote_patterns": len(self.remote_by),
+            "held": len(self.owners),
+            "failed": self.stats["failed"],
+            "streams": s.get("streams", []),
+        }
+
+
+# Headers that stay on this node (the broker's own, or meaningless elsewhere).
+NOT_SENT = frozenset(("receipt", "transaction", "content-length", "destination"))
+
+# record kind -> handler(backplane, broker, conn, aux, payload), for kinds other parts add
+EXTRA_HANDLERS: dict = {}

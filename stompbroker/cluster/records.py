@@ -1,0 +1,112 @@
+"""The dispatcher <-> bridge records, and the payload of a topic message on NATS. Defined once,
+used by both sides (``cluster/backplane.py`` in the dispatcher, ``processes/cluster.py`` and its
+parts in the bridge).
+
+A record is the rings' usual one (``ipc/records.py``: a 24-byte header of length, kind, conn, aux,
+stamp, then the payload); ``conn`` carries a token where a reply is expected, ``aux`` a count or
+flags. New kinds go in :class:`Kind` (dispatcher -> bridge 100-139, bridge -> dispatcher 140-179),
+with what they carry, and get a handler on the side that reads them.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+import orjson
+
+from ..ipc.records import HEADER_SIZE, iter_records, pack_header, unpack_header
+
+__all__ = ["Kind", "record", "iter_records", "unpack_header", "HEADER_SIZE", "Records", "pack_publish",
+           "unpack_publish", "pack_message", "unpack_message", "wire", "unwire"]
+
+
+class Kind(enum.IntEnum):
+    # dispatcher -> bridge
+    INTEREST = 100     # payload: a topic pattern or #worker name; aux: local subscriptions for it now (0 = gone)
+    PUBLISH = 101      # payload: pack_publish(subject, message); conn: token (0 = none) the bridge answers with
+                       # PUBLISHED/FAILED; aux: PUBLISH_WORKER for a worker queue's subject (a queue group)
+    STOP = 102         # the dispatcher is stopping: leave the cluster cleanly and exit
+    # bridge -> dispatcher
+    BRIDGE_START = 140  # a bridge (re)started: tell it the whole local interest again
+    STATUS = 141       # payload: JSON of the bridge's figures (connected, server, rtt_ms, ...); at least every second
+    REMOTE = 142       # payload: a pattern other nodes subscribe; aux: their subscriptions for it (0 = none left)
+    MESSAGE = 143      # payload: a message from another node (pack_message); aux: PUBLISH_WORKER if for a worker
+    PUBLISHED = 144    # conn: the token of a PUBLISH held while NATS was unreachable: it went out now
+    FAILED = 145       # conn: that token: NATS stayed unreachable for cluster_timeout_ms, it was not published
+    REMOTE_RESET = 146  # forget every remote pattern (the bridge lost the interest bucket's view; REMOTEs follow)
+
+
+INTEREST, PUBLISH, STOP = Kind.INTEREST.value, Kind.PUBLISH.value, Kind.STOP.value
+BRIDGE_START, STATUS, REMOTE, MESSAGE = (Kind.BRIDGE_START.value, Kind.STATUS.value, Kind.REMOTE.value,
+                                          Kind.MESSAGE.value)
+PUBLISHED, FAILED, REMOTE_RESET = Kind.PUBLISHED.value, Kind.FAILED.value, Kind.REMOTE_RESET.value
+PUBLISH_WORKER = 1
+
+
+def record(kind: int, conn: int = 0, payload: bytes = b"", aux: int = 0) -> bytes:
+    return pack_header(HEADER_SIZE + len(payload), kind, conn, aux, 0) + payload
+
+
+class Records:
+    """Records gathered for the other side, handed over in batches (``take``)."""
+
+    __slots__ = ("buf", "count")
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.count = 0
+
+    def add(self, kind: int, conn: int = 0, payload: bytes = b"", aux: int = 0) -> None:
+        self.buf += pack_header(HEADER_SIZE + len(payload), kind, conn, aux, 0)
+        self.buf += payload
+        self.count += 1
+
+    def take(self) -> tuple[bytearray, int]:
+        buf, count = self.buf, self.count
+        self.buf, self.count = bytearray(), 0
+        return buf, count
+
+
+_SUBJECT = struct.Struct("<H")
+
+
+def pack_publish(subject: str, message: bytes) -> bytes:
+    s = subject.encode()
+    return _SUBJECT.pack(len(s)) + s + message
+
+
+def unpack_publish(payload) -> tuple[str, bytes]:
+    (n,) = _SUBJECT.unpack_from(payload)
+    return bytes(payload[2:2 + n]).decode(), bytes(payload[2 + n:])
+
+
+def pack_message(message_id: str, destination: str, headers: dict, body: bytes, expires_ms: int = 0) -> bytes:
+    """A topic message as it travels: one JSON line (id, destination, headers, ms left to live), the body."""
+    meta = {"i": message_id, "d": destination, "h": headers}
+    if expires_ms:
+        meta["e"] = expires_ms
+    return orjson.dumps(meta) + b"\n" + body
+
+
+def unpack_message(data) -> tuple[str, str, dict, bytes, int]:
+    data = bytes(data)
+    cut = data.index(b"\n")
+    meta = orjson.loads(data[:cut])
+    return meta["i"], meta["d"], meta["h"], data[cut + 1:], meta.get("e", 0)
+
+
+# On NATS every message the bridge publishes starts with its origin (node and bridge run) and a
+# sequence number, so a receiving bridge drops a second copy (two of its subscriptions matched it
+# while it was changing them) without ever dropping a first one.
+_SEQ = struct.Struct("<BQ")
+
+
+def wire(origin: bytes, seq: int, message: bytes) -> bytes:
+    return _SEQ.pack(len(origin), seq) + origin + message
+
+
+def unwire(data: bytes) -> tuple[bytes, int, bytes]:
+    n, seq = _SEQ.unpack_from(data)
+    start = _SEQ.size
+    return data[start:start + n], seq, data[start + n:]

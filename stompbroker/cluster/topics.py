@@ -1,0 +1,277 @@
+"""The bridge's topics part: the node's NATS subscriptions, its interest in the bucket, and topic
+and ``#`` worker messages in and out (runs in ``processes/cluster.py``; imports nats through it).
+
+- Interest: the dispatcher says how many local subscriptions each pattern has (INTEREST). The
+  bridge subscribes the cover set of their subjects (``subjects.cover``: never two overlapping
+  subscriptions, so NATS sends each message once), and then writes the node's patterns to the
+  key-value bucket ``<cluster>_interest`` (key = node id). Subscribing first means a node that
+  learns of the interest can publish at once. Every node watches the bucket and tells its
+  dispatcher the other nodes' patterns (REMOTE), so it publishes only what someone elsewhere wants.
+- Entries are rewritten every REFRESH seconds; the bucket keeps them TTL seconds, and a node not
+  heard of for that long (killed) is forgotten.
+- Out: PUBLISH records go to NATS in order; while NATS is unreachable they wait here, in order,
+  for at most cluster_timeout_ms (then FAILED for the ones the dispatcher holds a sender for).
+- In: messages are handled as the connection reads them, in wire order (``Inline``), and a second
+  copy (two subscriptions matched while the cover was changing) is dropped by its sequence number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+import orjson
+
+from . import records as C
+from .subjects import cover, pattern_filters, worker_subject
+
+log = logging.getLogger("stompbroker.cluster")
+
+REFRESH = 10.0   # seconds between rewrites of this node's interest entry
+TTL = 30.0       # seconds the bucket keeps an entry; a node silent this long is forgotten
+
+
+class Inline:
+    """Stands in for a nats-py subscription's pending queue, so each message is handled as the
+    connection reads it: in wire order across subscriptions (nats-py gives each subscription with a
+    callback a task of its own, which would reorder them), with no copy queued."""
+
+    def __init__(self, handler, worker: bool):
+        self.handler = handler
+        self.worker = worker
+
+    def put_nowait(self, msg) -> None:
+        self.handler(msg, self.worker)
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        pass
+
+    async def join(self) -> None:
+        pass
+
+    async def get(self):
+        await asyncio.Future()  # never: messages do not wait here
+
+
+class Topics:
+    def __init__(self, bridge):
+        self.bridge = bridge
+        self.cluster = bridge.cluster
+        self.handlers = {C.INTEREST: self.interest, C.PUBLISH: self.publish}
+        self.local: dict[str, int] = {}       # pattern -> local subscriptions
+        self.subs: dict[str, object] = {}     # subject -> nats subscription (the cover)
+        self.held: deque = deque()            # (deadline, subject, message, token) while NATS is unreachable
+        self.seq = 0
+        self.last: dict[bytes, int] = {}      # origin -> last sequence number received
+        self.nodes: dict[str, dict] = {}      # other node -> {pattern: count}
+        self.heard: dict[str, float] = {}     # other node -> when its entry was last written (monotonic)
+        self.totals: dict[str, int] = {}      # pattern -> subscriptions on other nodes
+        self.kv = None
+        self.watch_task = None
+        self.changed = asyncio.Event()        # the local interest changed: write the entry
+        self.put_task = None
+        self.next_refresh = 0.0
+        self.inline_topic = Inline(self.received, False)
+        self.inline_worker = Inline(self.received, True)
+        self.stats = {"messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0, "duplicates": 0,
+                      "unpublished": 0, "publish_errors": 0}
+
+    # -- interest --------------------------------------------------------------------------------
+    async def interest(self, conn: int, aux: int, payload: bytes) -> None:
+        pattern = payload.decode()
+        if aux > 0:
+            self.local[pattern] = aux
+        else:
+            self.local.pop(pattern, None)
+        if self.bridge.connected:
+            await self.resubscribe()
+        self.changed.set()
+
+    def wanted(self) -> dict[str, str]:
+        """subject -> queue group ("" for topics) the local interest needs."""
+        filters = []
+        workers = {}
+        for pattern in self.local:
+            if pattern.startswith("#"):
+                if "*" not in pattern:  # worker wildcards stay local
+                    subject = worker_subject(self.cluster, pattern)
+                    workers[subject] = subject
+            else:
+                filters.extend(pattern_filters(self.cluster, pattern))
+        return {**{s: "" for s in cover(filters)}, **workers}
+
+    async def resubscribe(self) -> None:
+        nc = self.bridge.nc
+        wanted = self.wanted()
+        for subject, group in wanted.items():
+            if subject not in self.subs:
+                sub = await nc.subscribe(subject, queue=group, pending_bytes_limit=0, pending_msgs_limit=0)
+                sub._pending_queue = self.inline_worker if group else self.inline_topic
+                self.subs[subject] = sub
+        for subject in [s for s in self.subs if s not in wanted]:
+            sub = self.subs.pop(subject)
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:
+                log.debug("cluster: unsubscribe %s: %r", subject, exc)
+
+    async def writer(self) -> None:
+        """Write this node's entry when its interest changes (after its subscriptions reached the
+        server), and every REFRESH seconds."""
+        while True:
+            try:
+                await asyncio.wait_for(self.changed.wait(), REFRESH)
+            except asyncio.TimeoutError:
+                pass
+            self.changed.clear()
+            if not self.bridge.connected or self.kv is None:
+                continue
+            try:
+                await self.bridge.nc.flush(timeout=2)
+                await self.kv.put(self.bridge.node, orjson.dumps(self.local))
+            except Exception as exc:
+                log.warning("cluster: cannot write this node's interest (%r); retrying", exc)
+                await asyncio.sleep(0.5)
+                self.changed.set()
+
+    async def open_bucket(self) -> None:
+        js = self.bridge.js
+        bucket = f"{self.cluster}_interest"
+        try:
+            self.kv = await js.key_value(bucket)
+        except Exception:
+            self.kv = await js.create_key_value(bucket=bucket, history=1, ttl=TTL,
+                                                replicas=self.bridge.replicas(),
+                                                description="stompbroker: each node's topic interest")
+
+    async def watch(self) -> None:
+        """Every entry of the bucket, then each change: the other nodes' interest."""
+        watcher = await self.kv.watchall()
+        try:
+            async for entry in watcher:
+                if entry is None:  # the end of what was there already
+                    continue
+                node = entry.key
+                if node == self.bridge.node:
+                    continue
+                if entry.operation in ("DEL", "PURGE") or not entry.value:
+                    self.node_interest(node, {})
+                else:
+                    self.node_interest(node, orjson.loads(entry.value))
+                    self.heard[node] = time.monotonic()
+                self.bridge.flush()
+        finally:
+            try:
+                await watcher.stop()
+            except Exception:
+                pass
+
+    def node_interest(self, node: str, patterns: dict) -> None:
+        old = self.nodes.pop(node, {})
+        if patterns:
+            self.nodes[node] = patterns
+        else:
+            self.heard.pop(node, None)
+        for pattern in old.keys() | patterns.keys():
+            delta = patterns.get(pattern, 0) - old.get(pattern, 0)
+            if delta:
+                total = self.totals.get(pattern, 0) + delta
+                if total > 0:
+                    self.totals[pattern] = total
+                else:
+                    self.totals.pop(pattern, None)
+                self.bridge.emit(C.REMOTE, 0, pattern.encode(), max(total, 0))
+
+    # -- the connection's life -------------------------------------------------------------------
+    async def connected(self) -> None:
+        if self.kv is None:
+            await self.open_bucket()
+        await self.resubscribe()
+        await self.drain()
+        # The watch is started again on each connection: what changed meanwhile comes whole.
+        if self.watch_task is not None:
+            self.watch_task.cancel()
+        self.nodes, self.totals, self.heard = {}, {}, {}
+        self.bridge.emit(C.REMOTE_RESET)
+        self.watch_task = asyncio.create_task(self.watch())
+        if self.put_task is None:
+            self.put_task = asyncio.create_task(self.writer())
+        self.changed.set()
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        held = self.held
+        while held and held[0][0] <= now:
+            _, _, _, token = held.popleft()
+            self.stats["unpublished"] += 1
+            if token:
+                self.bridge.emit(C.FAILED, token)
+        if held and self.bridge.connected:
+            await self.drain()
+        for node, when in list(self.heard.items()):
+            if now - when > TTL + REFRESH:  # it stopped writing: killed, or cut off
+                log.warning("cluster: node %s has not renewed its interest for %.0f s; forgetting it", node,
+                            now - when)
+                self.node_interest(node, {})
+
+    async def stop(self) -> None:
+        if self.kv is not None and self.bridge.connected:
+            await self.kv.delete(self.bridge.node)  # the others stop sending at once
+
+    def status(self) -> dict:
+        return {**self.stats, "subscriptions": len(self.subs), "remote_nodes": len(self.nodes),
+                "held": len(self.held)}
+
+    # -- messages out ----------------------------------------------------------------------------
+    async def publish(self, token: int, aux: int, payload: bytes) -> None:
+        subject, message = C.unpack_publish(payload)
+        if self.held or not self.bridge.connected:
+            self.held.append((time.monotonic() + self.bridge.config.cluster_timeout_ms / 1000, subject, message,
+                              token))
+            return
+        await self.send(subject, message, token)
+
+    async def send(self, subject: str, message: bytes, token: int) -> None:
+        self.seq += 1
+        data = C.wire(self.bridge.origin, self.seq, message)
+        try:
+            await self.bridge.nc.publish(subject, data)
+        except Exception as exc:  # too large for the server's max_payload, or the connection just went
+            self.stats["publish_errors"] += 1
+            log.warning("cluster: cannot publish to %s (%d bytes): %r", subject, len(data), exc)
+            if token:
+                self.bridge.emit(C.FAILED, token)
+            return
+        self.stats["messages_out"] += 1
+        self.stats["bytes_out"] += len(data)
+        if token:
+            self.bridge.emit(C.PUBLISHED, token)
+
+    async def drain(self) -> None:
+        """NATS is back: what waited goes out first, in order (new PUBLISHes queue behind it)."""
+        held = self.held
+        while held and self.bridge.connected:
+            _, subject, message, token = held.popleft()
+            await self.send(subject, message, token)
+
+    # -- messages in -----------------------------------------------------------------------------
+    def received(self, msg, worker: bool) -> None:
+        origin, seq, message = C.unwire(msg.data)
+        if not worker:
+            if seq <= self.last.get(origin, 0):
+                self.stats["duplicates"] += 1
+                return
+            if len(self.last) > 10_000:
+                self.last.clear()
+            self.last[origin] = seq
+        self.stats["messages_in"] += 1
+        self.stats["bytes_in"] += len(msg.data)
+        self.bridge.emit(C.MESSAGE, 0, message, C.PUBLISH_WORKER if worker else 0)

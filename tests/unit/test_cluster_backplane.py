@@ -1,0 +1,208 @@
+"""The broker's cluster side (stompbroker/cluster/backplane.py), driven through Broker with a Rig:
+records to the bridge decoded, records from it fed in, no NATS."""
+
+from __future__ import annotations
+
+import orjson
+
+from stompbroker.cluster import records as C
+from stompbroker.cluster.backplane import Backplane
+
+from broker_harness import Rig
+
+
+def rig(**settings) -> Rig:
+    r = Rig(cluster="nats://127.0.0.1:4222", node_id="n1", cluster_name="c", **settings)
+    r.broker.backplane = Backplane(r.config)
+    return r
+
+
+def to_bridge(r: Rig) -> list[tuple]:
+    """Records the backplane made for the bridge since the last call: (kind name, conn, aux, payload)."""
+    buf, _ = r.broker.backplane.out.take()
+    return [(C.Kind(kind).name, conn, aux, bytes(payload)) for kind, conn, aux, _, payload in C.iter_records(bytes(buf))]
+
+
+def feed(r: Rig, *records: bytes) -> None:
+    r.broker.backplane.on_records(r.broker, b"".join(records), r.now)
+
+
+def status(connected: bool) -> bytes:
+    return C.record(C.STATUS, 0, orjson.dumps({"connected": connected, "server": "nats://x:1"}))
+
+
+def remote(pattern: str, count: int = 1) -> bytes:
+    return C.record(C.REMOTE, 0, pattern.encode(), count)
+
+
+def published(records) -> list[tuple]:
+    out = []
+    for name, conn, aux, payload in records:
+        if name == "PUBLISH":
+            subject, message = C.unpack_publish(payload)
+            mid, destination, headers, body, expires = C.unpack_message(message)
+            out.append((subject, destination, body, conn, aux))
+    return out
+
+
+def test_interest_counts_topic_and_worker_subscriptions_only():
+    r = rig()
+    r.connect(1)
+    r.subscribe(1, "/topic/a", "s1")
+    r.subscribe(1, "/topic/a", "s2")
+    r.subscribe(1, "/queue/q", "s3")
+    r.subscribe(1, "#jobs", "s4")
+    r.subscribe(1, "/topic/*", "s5")
+    assert to_bridge(r) == [("INTEREST", 0, 1, b"/topic/a"), ("INTEREST", 0, 2, b"/topic/a"),
+                            ("INTEREST", 0, 1, b"#jobs"), ("INTEREST", 0, 1, b"/topic/*")]
+    r.frame(1, "UNSUBSCRIBE", id="s1")
+    r.frame(1, "UNSUBSCRIBE", id="s3")
+    assert to_bridge(r) == [("INTEREST", 0, 1, b"/topic/a")]
+    r.frame(1, "DISCONNECT")
+    r.broker.on_closed(1)
+    assert sorted(to_bridge(r)) == [("INTEREST", 0, 0, b"#jobs"), ("INTEREST", 0, 0, b"/topic/*"),
+                                    ("INTEREST", 0, 0, b"/topic/a")]
+
+
+def test_a_message_goes_to_nats_only_when_another_node_wants_it():
+    r = rig()
+    r.connect(1)
+    r.subscribe(1, "/topic/a")
+    to_bridge(r)
+    feed(r, status(True))
+    r.send(1, "/topic/a", b"local only")
+    assert r.bodies(1) == [b"local only"]
+    assert published(to_bridge(r)) == []
+    feed(r, remote("/topic/*"))
+    r.send(1, "/topic/a", b"both", receipt="r1", colour="red")
+    # the local delivery and the receipt are out at once; the message goes to the bridge
+    assert r.commands(1) == ["MESSAGE", "RECEIPT"]
+    assert published(to_bridge(r)) == [("c.t.topic.a", "/topic/a", b"both", 0, 0)]
+    feed(r, remote("/topic/*", 0))
+    r.send(1, "/topic/a", b"gone")
+    assert published(to_bridge(r)) == []
+
+
+def test_headers_and_expiry_travel_the_broker_ones_do_not():
+    r = rig()
+    r.connect(1)
+    feed(r, status(True), remote("/topic/a"))
+    r.send(1, "/topic/a", b"x", receipt="r1", colour="red", expiration="5000")
+    ((_, _, _, payload),) = [x for x in to_bridge(r) if x[0] == "PUBLISH"]
+    _, message = C.unpack_publish(payload)
+    mid, destination, headers, body, expires_ms = C.unpack_message(message)
+    assert headers == {"colour": "red", "expiration": "5000"}
+    assert 4990 <= expires_ms <= 5000
+    assert mid.endswith("-1")
+
+
+def test_a_message_from_another_node_reaches_each_matching_subscription_once_and_goes_no_further():
+    r = rig(TTL=10_000)
+    r.connect(1)
+    r.subscribe(1, "/topic/a/b", "exact")
+    r.subscribe(1, "/topic/a*", "wild")
+    r.subscribe(1, "/topic/a/b", "picky", selector="colour = 'blue'")
+    feed(r, status(True), remote("/topic/*"))
+    to_bridge(r)
+    message = C.pack_message("n2-7", "/topic/a/b", {"colour": "red"}, b"hello")
+    feed(r, C.record(C.MESSAGE, 0, message))
+    got = r.messages(1)
+    assert sorted(m["subscription"] for m in got) == ["exact", "wild"]
+    assert {m["message-id"] for m in got} == {"n2-7"}
+    assert published(to_bridge(r)) == []          # never sent on, even with remote interest
+    feed(r, C.record(C.MESSAGE, 0, C.pack_message("n2-8", "/topic/nobody", {}, b"x")))
+    assert len(r.broker.stale) == 0                # nor kept for late subscribers here
+
+
+def test_stale_messages_go_to_the_first_node_that_announces_interest():
+    r = rig(TTL=10_000)
+    r.connect(1)
+    feed(r, status(True))
+    r.send(1, "/topic/late", b"one")
+    r.send(1, "/topic/late", b"two")
+    r.send(1, "/topic/other", b"three")
+    assert len(r.broker.stale) == 3
+    feed(r, remote("/topic/la*"))
+    assert [(d, b) for _, d, b, _, _ in published(to_bridge(r))] == [("/topic/late", b"one"),
+                                                                     ("/topic/late", b"two")]
+    assert len(r.broker.stale) == 1
+    feed(r, remote("/topic/late/x"))  # a second node's interest finds nothing left for it
+    assert published(to_bridge(r)) == []
+
+
+def test_worker_messages_go_round_the_clusters_subscriptions():
+    r = rig()
+    r.connect(1)
+    r.subscribe(1, "#jobs")
+    feed(r, status(True), remote("#jobs", 2))
+    to_bridge(r)
+    for i in range(6):
+        r.send(1, "#jobs", str(i).encode())
+    local = r.bodies(1)
+    remote_sent = published(to_bridge(r))
+    assert local == [b"0", b"3"]
+    assert [(s, b, aux) for s, _, b, _, aux in remote_sent] == [
+        ("c.w.jobs", b"1", C.PUBLISH_WORKER), ("c.w.jobs", b"2", C.PUBLISH_WORKER),
+        ("c.w.jobs", b"4", C.PUBLISH_WORKER), ("c.w.jobs", b"5", C.PUBLISH_WORKER)]
+    # one from another node goes to a local subscription
+    feed(r, C.record(C.MESSAGE, 0, C.pack_message("n2-1", "#jobs", {}, b"in"), C.PUBLISH_WORKER))
+    assert r.bodies(1) == [b"in"]
+
+
+def test_nats_unreachable_a_send_that_needs_it_waits_then_gets_an_error():
+    r = rig(cluster_timeout_ms=1000)
+    r.connect(1)
+    feed(r, status(True), remote("/topic/a"))
+    r.subscribe(1, "/topic/a")
+    feed(r, status(False))
+    to_bridge(r)
+    r.send(1, "/topic/a", b"held", receipt="r1")
+    assert r.bodies(1) == [b"held"]       # local delivery at once, no receipt yet
+    r.send(1, "/topic/local-only", b"x", receipt="r2")
+    assert r.frames(1) == []              # its receipt waits behind r1
+    ((_, _, _, token, _),) = published(to_bridge(r))
+    assert token
+    feed(r, C.record(C.FAILED, token))
+    error = r.error(1)
+    assert error["message"] == "cluster unavailable" and error["receipt-id"] == "r1"
+
+
+def test_nats_back_in_time_the_receipts_follow_in_order():
+    r = rig()
+    r.connect(1)
+    feed(r, status(False), remote("/topic/a"))
+    r.send(1, "/topic/a", b"1", receipt="r1")
+    r.send(1, "/topic/b", b"2", receipt="r2")
+    r.send(1, "/topic/a", b"3", receipt="r3")
+    tokens = [conn for _, _, _, conn, _ in published(to_bridge(r))]
+    assert len(tokens) == 2 and all(tokens)
+    assert r.frames(1) == []
+    feed(r, C.record(C.PUBLISHED, tokens[0]))
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r1", "r2"]
+    feed(r, status(True), C.record(C.PUBLISHED, tokens[1]))
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r3"]
+    r.send(1, "/topic/a", b"4", receipt="r4")
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r4"]
+
+
+def test_a_bridge_that_never_answers_fails_on_the_brokers_clock():
+    r = rig(cluster_timeout_ms=1000)
+    r.connect(1)
+    feed(r, status(False), remote("/topic/a"))
+    r.send(1, "/topic/a", b"1", receipt="r1")
+    assert r.broker.needs_tick()
+    r.tick(2.5)
+    assert r.frames(1) == []
+    r.tick(1.0)
+    assert r.error(1)["message"] == "cluster unavailable"
+
+
+def test_a_new_bridge_is_told_the_whole_interest():
+    r = rig()
+    r.connect(1)
+    r.subscribe(1, "/topic/a", "s1")
+    r.subscribe(1, "/topic/a", "s2")
+    r.subscribe(1, "/topic/b*", "s3")
+    to_bridge(r)
+    feed(r, C.record(C.BRIDGE_START))
+    assert sorted(to_bridge(r)) == [("INTEREST", 0, 1, b"/topic/b*"), ("INTEREST", 0, 2, b"/topic/a")]
