@@ -21,12 +21,9 @@ def written(b, conn: int, total: int, final: bool = False) -> None:
         n = total - session.written
         session.written = total
         inflight = session.inflight
-        store = b.store
         for _ in range(min(n, len(inflight))):
-            message, _ = inflight.popleft()
-            if message.seq:
-                store.delete(message.seq)
-                message.seq = 0
+            message, queue = inflight.popleft()
+            queues.discard(b, queue, message)
     if final:
         session.written_final = True
         if ended is not None:

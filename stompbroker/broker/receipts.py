@@ -22,6 +22,10 @@ def send_receipt(b, session: Session, receipt: str | None) -> None:
 
 def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | None = None) -> None:
     """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk)."""
+    if b.backplane is not None and b.backplane.queues.holds(session):  # its messages are not stored yet
+        session.held.append((b.backplane.queues.due(session), kind, payload, receipt))
+        b.holding.add(session)
+        return
     store = b.store
     if store is not None and store.sync_receipts and (session.held or store.ops != b.ops_mark):
         session.held.append((store.generation, kind, payload, receipt))

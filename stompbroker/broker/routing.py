@@ -32,7 +32,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
-    publish(b, destination, headers, body, expiry(b, headers, receipt))
+    publish(b, destination, headers, body, expiry(b, headers, receipt), sender=session)
     if b.backplane is None or not b.backplane.hold(b, session, receipt):
         receipts.send_receipt(b, session, receipt)
 
@@ -65,9 +65,11 @@ def expiry(b, headers: dict, receipt) -> float:
     return 0.0
 
 
-def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None) -> int:
+def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
+            sender=None) -> int:
     """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
-    another node of the cluster published (delivered here only, never kept or sent on)."""
+    another node of the cluster published (delivered here only, never kept or sent on). ``sender``:
+    its sender, whose replies wait for the cluster to store it (cluster mode)."""
     if origin is None:
         b.stats["messages_published"] += 1
     message = Message(origin or f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
@@ -76,6 +78,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         return 0
     if destination.startswith(REPLY_PREFIXES):
         return temporary.publish(b, destination, message)
+    if b.backplane is not None and origin is None and b.backplane.queues.takes(b, message, sender):
+        return 0  # a queue message: JetStream has it now, and the node with room will deliver it
     if destination.startswith(QUEUE_PREFIX):
         queue = get_queue(b, destination)
         persist(b, queue, message)
@@ -83,7 +87,7 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         queue.enqueued += 1
         return pump(b, queue)
     kept = 0
-    if b.durables:
+    if b.durables and b.backplane is None:  # (in cluster mode durables read JetStream)
         for durable in b.durable_index.match(destination):
             copy = Message(message.id, destination, headers, body, expires)
             persist(b, durable.queue, copy)

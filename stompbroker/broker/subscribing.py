@@ -44,6 +44,8 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
     sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
     durable_name = None if temp is not None else durables.durable_key(b, session, headers, sub_id, destination,
                                                                       receipt)
+    if b.backplane is not None:
+        b.backplane.queues.subscribing(b, sub, durable_name, receipt)
     session.subs[sub_id] = sub
     if temp is not None:
         temp.sub, sub.temp = sub, temp
@@ -55,7 +57,10 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
             b.backplane.subscribed(destination)
     receipts.send_receipt(b, session, receipt)
     if replay_from is not None:
-        durables.replay(b, sub, replay_from)
+        if b.backplane is not None:
+            b.backplane.queues.replay(b, sub, replay_from)
+        else:
+            durables.replay(b, sub, replay_from)
     take_waiting(b, sub)
 
 
@@ -134,6 +139,8 @@ def unsubscribe(b, session: Session, command: str, headers: dict, body: bytes) -
         remove_subscription(b, session, sub)
         if durable is not None:  # an explicit UNSUBSCRIBE ends a durable subscription
             durables.drop(b, durable)
+            if b.backplane is not None:
+                b.backplane.queues.drop_durable(b, durable)
     receipts.send_receipt(b, session, receipt)
 
 

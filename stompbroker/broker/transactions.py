@@ -67,7 +67,7 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
     for cmd, h, frame_body, expires in frames:
         h.pop("receipt", None)  # already answered when the frame was accepted
         if cmd == "SEND":
-            routing.publish(b, h["destination"], h, frame_body, expires)
+            routing.publish(b, h["destination"], h, frame_body, expires, sender=session)
         else:
             acks.ack(b, session, cmd, h, frame_body, committed=True)
     receipts.send_receipt(b, session, receipt)

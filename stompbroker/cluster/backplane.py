@@ -24,6 +24,7 @@ import orjson
 from ..broker.names import DIAG_PREFIX, QUEUE_PREFIX, TEMP_PREFIXES, REPLY_PREFIXES, WORKER_PREFIX
 from ..broker.subscriptions import SubscriptionIndex
 from . import records as C
+from .queuing import ClusterQueues, pack, unpack
 from .subjects import topic_subject, worker_subject
 
 log = logging.getLogger("stompbroker.cluster")
@@ -65,6 +66,7 @@ class Backplane:
         self.timeout = config.cluster_timeout_ms / 1000
         self.stats = {"published": 0, "received": 0, "held": 0, "failed": 0, "unrouted_remote": 0,
                       "stale_sent": 0, "bridge_starts": 0}
+        self.queues = ClusterQueues(config)  # queues, durables and replay-from on JetStream (cluster/queuing.py)
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -173,13 +175,25 @@ class Backplane:
 
     # -- timers ----------------------------------------------------------------------------------
     def needs_tick(self) -> bool:
-        return bool(self.owners)
+        return bool(self.owners or self.queues.pending or self.queues.bound)
 
     def tick(self, b, now: float) -> None:
         """A held message the bridge never answered for (it died holding it) fails on the broker's clock."""
+        from ..broker import queues
         for token, (session, deadline) in list(self.owners.items()):
             if now >= deadline:
                 self._failed(b, token)
+        self.queues.on_tick(b, now, queues)
+
+    def queues_out(self, b) -> None:
+        """Once per dispatcher round: the queues' credits, and their commands as records for the bridge."""
+        from ..broker import queues
+        cq = self.queues
+        cq.refill(b, queues)
+        if cq.out:
+            for command in cq.out:
+                self.out.add(C.QUEUE_CMD, 0, pack(command))
+            cq.out.clear()
 
     def session_ended(self, session) -> None:
         for entry in self.waiting.pop(session, ()):
@@ -187,7 +201,7 @@ class Backplane:
 
     # -- records from the bridge -------------------------------------------------------------------
     def on_records(self, b, blob: bytes, now: float) -> None:
-        from ..broker import routing
+        from ..broker import queues, routing
         b.now = now
         for kind, conn, aux, _, payload in C.iter_records(blob):
             try:
@@ -214,8 +228,11 @@ class Backplane:
                     self._published(b, conn)
                 elif kind == C.FAILED:
                     self._failed(b, conn)
+                elif kind == C.QUEUE_EVENT:
+                    self.queues.event(b, unpack(payload), queues)
                 elif kind == C.BRIDGE_START:
                     self.stats["bridge_starts"] += 1
+                    self.queues.bridge_started(b)
                     for pattern, n in self.local.items():
                         self.out.add(C.INTEREST, 0, pattern.encode(), n)
                 else:

@@ -333,8 +333,10 @@ class Dispatcher:
         for box in self.outboxes:
             if box.count:
                 self.flush_one(box)
-        if self.backplane is not None and (self.backplane.out.count or self.bridge_backlog):
-            self.to_cluster()
+        if self.backplane is not None:
+            self.backplane.queues_out(self.broker)  # pulls the queues' consumers have room for
+            if self.backplane.out.count or self.bridge_backlog:
+                self.to_cluster()
 
     # -- cluster mode: the bridge's rings ----------------------------------------------------------
     def from_cluster(self) -> None:

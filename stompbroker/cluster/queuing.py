@@ -1,0 +1,481 @@
+"""Queues and durable subscriptions across the cluster, on JetStream: the dispatcher's side, pure.
+
+The bridge (``cluster/jetstream.py``) stores and pulls; this decides. It is fed broker events
+(a queue SEND, an ACK, a delivery written, a pulled message arriving, a PubAck) and appends
+commands for the bridge to ``out`` as plain tuples (the backplane turns them into records):
+
+  ("bind", key, kind, consumer, filter_subject, start_ms, replace)
+                                                            pull a shared durable consumer
+                                                            (kind "q": queue stream, "d": topic
+                                                            stream; replace: delete it first)
+  ("unbind", key, delete)                                   stop pulling it (delete: the consumer
+                                                            of that name goes too)
+  ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
+  ("publish", token, subject, msg_id, payload, deadline_ms) store it; answer stored/failed(token)
+  ("ack" | "nak" | "term", ref)                             settle a pulled message
+  ("replay", token, filter_subject, since_ms)               stored topic messages since then
+
+and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused),
+("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
+Both travel as one record each, packed by ``pack``/``unpack``.
+
+Rules:
+- A node pulls only what its local subscriptions have room for: each subscription's prefetch
+  room (``AUTO_WINDOW`` for auto-ack ones and prefetch 0, less what its connection has not
+  written yet), less what waits locally, less credit already given.
+- A pulled message is a plain ``Message`` in the local queue of its destination, delivered by the
+  broker's usual pump; ``redelivered`` when JetStream delivered it before (to any node).
+- It is acknowledged to JetStream when it leaves the node for good: ACK (``client`` cumulative or
+  ``client-individual``), or for auto-ack when the writer reports it written, or expiry.
+- NACK: ``nak`` (JetStream redelivers it, on any node) unless it has been delivered more than
+  ``max_redeliveries`` times: then it is published to the dead-letter queue and, once that is
+  stored, ``term``ed. A message this node cannot hand to anyone (its consumers left) is nak'ed.
+- A SEND's receipt (and every later reply to that connection) waits until JetStream stored its
+  message; past ``cluster_timeout_ms`` the sender gets an ERROR ``cluster unavailable``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections import deque
+
+import orjson
+
+from ..broker.model import Message
+from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
+from ..protocol.stomp import ProtocolError
+
+AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
+MAGIC = b"SBq1"
+
+
+# -- names ------------------------------------------------------------------------------------
+def escape_token(text: str) -> str:
+    """One NATS subject token (also a valid stream consumer name): bytes outside [A-Za-z0-9_-]
+    become %XX; an empty text is ``%``."""
+    out = []
+    for byte in text.encode():
+        ch = chr(byte)
+        out.append(ch if (ch.isascii() and (ch.isalnum() or ch in "_-")) else f"%{byte:02X}")
+    return "".join(out) or "%"
+
+
+def queue_subject(cluster_name: str, destination: str) -> str:
+    return f"{cluster_name}.q.{escape_token(destination)}"
+
+
+def consumer_name(prefix: str, text: str) -> str:
+    """A durable consumer name: readable when short, else a digest (JetStream names are file names)."""
+    token = escape_token(text)
+    if len(token) > 120:
+        token = token[:60] + "_" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    return f"{prefix}_{token}"
+
+
+def durable_consumer(key: str) -> str:
+    return consumer_name("d", key.replace(OWNER_SEP, "/"))
+
+
+def topic_subject(cluster_name: str, destination: str) -> str:
+    """The durable-stream subject of a topic destination: one token per ``/`` segment."""
+    return f"{cluster_name}.d." + ".".join(escape_token(part) for part in destination.split("/"))
+
+
+def topic_filter(cluster_name: str, pattern: str) -> str:
+    """The subject filter covering a topic subscription pattern (``*`` is a text prefix match):
+    the whole segments before the ``*`` and ``.>``; the broker filters exactly."""
+    star = pattern.find("*")
+    if star < 0:
+        return topic_subject(cluster_name, pattern)
+    whole = pattern[:star].rpartition("/")[0]
+    head = f"{cluster_name}.d." + ".".join(escape_token(part) for part in whole.split("/")) if whole else \
+        f"{cluster_name}.d"
+    return head + ".>"
+
+
+# -- the message on the wire ------------------------------------------------------------------
+def encode(message: Message, wall_expires_ms: int) -> bytes:
+    meta = orjson.dumps({"id": message.id, "d": message.destination, "h": message.headers, "x": wall_expires_ms})
+    return MAGIC + struct.pack(">I", len(meta)) + meta + message.body
+
+
+def decode(payload: bytes) -> tuple[str, str, dict, bytes, int]:
+    """(message id, destination, headers, body, expiry in wall ms or 0); ValueError if not ours."""
+    if payload[:4] != MAGIC or len(payload) < 8:
+        raise ValueError("not a stompbroker message")
+    (n,) = struct.unpack_from(">I", payload, 4)
+    meta = orjson.loads(payload[8:8 + n])
+    return meta["id"], meta["d"], meta["h"], bytes(payload[8 + n:]), meta["x"]
+
+
+def pack(item: tuple) -> bytes:
+    """A command or event as bytes: its plain fields as JSON, its one bytes field (if any) raw after."""
+    raw = b""
+    fields = []
+    for value in item:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raw = bytes(value)
+            fields.append(None)
+        else:
+            fields.append(value)
+    head = orjson.dumps(fields)
+    return struct.pack(">I", len(head)) + head + raw
+
+
+def unpack(blob) -> tuple:
+    blob = bytes(blob)
+    (n,) = struct.unpack_from(">I", blob, 0)
+    fields = orjson.loads(blob[4:4 + n])
+    if None in fields:
+        fields[fields.index(None)] = blob[4 + n:]
+    return tuple(fields)
+
+
+def matches(pattern: str, destination: str) -> bool:
+    """A subscription pattern's match (``*``: a prefix match on the text before it)."""
+    star = pattern.find("*")
+    return destination == pattern if star < 0 else destination.startswith(pattern[:star])
+
+
+# -- state ------------------------------------------------------------------------------------
+class Pending:
+    __slots__ = ("token", "session", "deadline", "then")
+
+    def __init__(self, token: int, session, deadline: float, then):
+        self.token = token
+        self.session = session     # who waits for it (None: the broker's own, a dead letter)
+        self.deadline = deadline   # monotonic
+        self.then = then           # a JetStream ref to term once stored (the dead letter's original)
+
+
+class Pulled:
+    __slots__ = ("ref", "key", "delivered")
+
+    def __init__(self, ref: int, key: str, delivered: int):
+        self.ref = ref              # the bridge's handle of the JetStream message
+        self.key = key              # the local queue it came for
+        self.delivered = delivered  # JetStream's delivery count
+
+
+class ClusterQueues:
+    def __init__(self, config, out: list | None = None):
+        self.config = config
+        self.name = config.cluster_name
+        self.out = out if out is not None else []
+        self.run = os.urandom(6).hex()    # Nats-Msg-Id prefix: unique per node and start
+        self.tokens = 0
+        self.pending: dict[int, Pending] = {}               # publishes waiting for their PubAck
+        self.unstored: dict[object, deque] = {}              # session -> its pending tokens, in order
+        self.pulled: dict[Message, Pulled] = {}             # messages pulled and not settled
+        self.bound: dict[str, int] = {}                     # local queue name -> credit given
+        self.dirty: set[str] = set()                        # queues whose credit may have to change
+        self.replays: dict[int, object] = {}                # replay token -> the subscription
+
+    # -- sending -------------------------------------------------------------------------------
+    def publish(self, b, message: Message, session=None, subject: str | None = None, then: int = 0) -> int:
+        """Hand a queue message to JetStream; ``session`` waits for it (its replies are held)."""
+        self.tokens += 1
+        token = self.tokens
+        dedup = message.headers.get("dedup-id")
+        msg_id = f"{message.destination} {dedup}" if dedup else f"{self.run}-{token}"
+        wall_ms = int((message.expires - b.now + b.clock()) * 1000) if message.expires else 0
+        deadline = b.now + self.config.cluster_timeout_ms / 1000
+        self.pending[token] = Pending(token, session, deadline, then)
+        if session is not None:
+            self.unstored.setdefault(session, deque()).append(token)
+        self.out.append(("publish", token, subject or queue_subject(self.name, message.destination),
+                         msg_id.replace("\r", " ").replace("\n", " "), encode(message, wall_ms),
+                         int(self.config.cluster_timeout_ms)))
+        return token
+
+    def holds(self, session) -> bool:
+        return bool(session.held) or session in self.unstored
+
+    def due(self, session) -> int:
+        """The token a reply to ``session`` waits for: its latest unstored publish."""
+        tokens = self.unstored.get(session)
+        return tokens[-1] if tokens else 0
+
+    def stored(self, b, token: int) -> None:
+        pending = self.pending.pop(token, None)
+        if pending is None:
+            return
+        if pending.then:
+            self.out.append(("term", pending.then))
+        session = pending.session
+        if session is not None:
+            tokens = self.unstored.get(session)
+            if tokens is not None:
+                try:
+                    tokens.remove(token)
+                except ValueError:
+                    pass
+                if not tokens:
+                    del self.unstored[session]
+            self.release(b, session)
+
+    def release(self, b, session) -> None:
+        tokens = self.unstored.get(session)
+        first = tokens[0] if tokens else None
+        held = session.held
+        done = 0
+        for due, kind, payload, _ in held:
+            if first is not None and due >= first:
+                break
+            session.outbox.add(kind, session.conn, payload)
+            done += 1
+        del held[:done]
+        if not held:
+            b.holding.discard(session)
+
+    def failed_publish(self, b, token: int, reason: str, refused: bool = False) -> None:
+        """JetStream could not store it in time: its sender gets an ERROR (with the receipt it
+        waits for); a dead letter that could not be stored stays where it was (nak)."""
+        pending = self.pending.pop(token, None)
+        if pending is None:
+            return
+        if pending.then:
+            self.out.append(("nak", pending.then))
+        session = pending.session
+        if session is None:
+            return
+        self.unstored.pop(session, None)
+        for other in [t for t, p in self.pending.items() if p.session is session]:
+            self.pending[other].session = None
+        if session.closing or b.sessions.get(session.conn) is not session:
+            return
+        from ..broker import receipts
+        receipt = next((r for _, _, _, r in session.held if r is not None), None)
+        session.held.clear()
+        b.holding.discard(session)
+        if refused:
+            receipts.error(b, session, "message not stored", f"the cluster refused this message: {reason}", receipt)
+        else:
+            receipts.error(b, session, "cluster unavailable", f"the cluster could not store this message within "
+                           f"cluster_timeout_ms ({reason}); it may still have been stored: a retry with the same "
+                           "dedup-id header is not stored twice", receipt)
+
+    def expire(self, b, now: float) -> None:
+        """Publishes past their deadline (the bridge is gone or stuck) fail here."""
+        late = [t for t, p in self.pending.items() if now > p.deadline + 1.0]
+        for token in late:
+            self.failed_publish(b, token, "no answer from the cluster bridge")
+
+    # -- broker hooks --------------------------------------------------------------------------
+    def takes(self, b, message: Message, session) -> bool:
+        """A SEND being published: a queue message goes to JetStream only (True); a topic message
+        sent with persistent:true is also kept in the topic stream for durable subscriptions and
+        replay-from, and goes on to live subscribers (False)."""
+        destination = message.destination
+        persistent = message.headers.get("persistent")
+        if destination.startswith(QUEUE_PREFIX):
+            if destination == MONITOR:
+                return False
+            self.publish(b, message, session if persistent != "false" else None)
+            return True
+        if persistent == "true" and not destination.startswith(
+                (DIAG_PREFIX, WORKER_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES):
+            self.publish(b, message, session, subject=topic_subject(self.name, destination))
+        return False
+
+    def subscribing(self, b, sub, durable_key: str | None, receipt) -> None:
+        """A SUBSCRIBE about to be registered: pull the queue's (or the durable's) consumer."""
+        destination = sub.destination
+        if destination.startswith(TEMP_PREFIXES):
+            return
+        if durable_key is not None:
+            existing = b.durables.get(durable_key)
+            self.bind(b, f"durable:{durable_key}", "d", durable_consumer(durable_key),
+                      topic_filter(self.name, destination), int(b.clock() * 1000),
+                      replace=existing is not None and existing.pattern != destination)
+        elif destination.startswith(QUEUE_PREFIX) and destination != MONITOR:
+            if "*" in destination:
+                raise ProtocolError("wildcard queue subscription", "in cluster mode a queue subscription names "
+                                    "one queue (queues live in JetStream, one consumer each)", receipt)
+            self.bind(b, destination)
+
+    def drop_durable(self, b, durable) -> None:
+        """An UNSUBSCRIBE ended a durable subscription: its consumer goes, on every node."""
+        self.bound.pop(durable.queue.name, None)
+        self.out.append(("unbind", durable.queue.name, durable_consumer(durable.name)))
+
+    def replay(self, b, sub, since_ms: float) -> None:
+        self.tokens += 1
+        self.replays[self.tokens] = sub
+        self.out.append(("replay", self.tokens, topic_filter(self.name, sub.destination), since_ms))
+
+    def replayed(self, b, token: int, payload: bytes, queues) -> None:
+        sub = self.replays.get(token)
+        if sub is None or sub.session.subs.get(sub.id) is not sub:
+            return
+        try:
+            message_id, destination, headers, body, _ = decode(payload)
+        except (ValueError, orjson.JSONDecodeError, struct.error, KeyError):
+            return
+        if matches(sub.destination, destination) and (sub.accepts is None or sub.accepts(headers)):
+            queues.deliver(b, sub, Message(message_id, destination, {**headers, "replayed": "true"}, body), None)
+
+    def replay_end(self, token: int) -> None:
+        self.replays.pop(token, None)
+
+    def on_tick(self, b, now: float, queues) -> None:
+        if self.pending:
+            self.expire(b, now)
+        if self.bound:
+            self.sweep(b, queues)
+
+    def event(self, b, item: tuple, queues) -> None:
+        """One answer from the bridge."""
+        kind = item[0]
+        if kind == "message":
+            self.arrived(b, item[1], item[2], item[3], item[4], queues)
+        elif kind == "stored":
+            self.stored(b, item[1])
+        elif kind == "failed":
+            self.failed_publish(b, item[1], item[2], bool(item[3]) if len(item) > 3 else False)
+        elif kind == "replayed":
+            self.replayed(b, item[1], item[2], queues)
+        elif kind == "replay_end":
+            self.replay_end(item[1])
+
+    # -- pulling -------------------------------------------------------------------------------
+    def bind(self, b, key: str, kind: str = "q", consumer: str = "", filter_subject: str = "",
+             start_ms: int = 0, replace: bool = False) -> None:
+        """A local subscription reads this queue (or durable): pull its shared consumer."""
+        self.dirty.add(key)
+        if key in self.bound and not replace:
+            return
+        self.bound[key] = 0
+        self.out.append(("bind", key, kind, consumer or consumer_name("q", key),
+                         filter_subject or queue_subject(self.name, key), start_ms, replace))
+
+    def arrived(self, b, key: str, ref: int, delivered: int, payload: bytes, queues) -> None:
+        """A pulled message: into the local queue, delivered by the usual pump."""
+        if key in self.bound:
+            self.bound[key] -= 1
+        try:
+            message_id, destination, headers, body, wall_ms = decode(payload)
+        except (ValueError, orjson.JSONDecodeError, struct.error, KeyError):
+            self.out.append(("term", ref))  # not a stompbroker message: nobody could read it
+            return
+        expires = (b.now + (wall_ms / 1000 - b.clock()) or 1e-9) if wall_ms else 0.0
+        message = Message(message_id, destination, headers, body, expires)
+        message.redelivered = delivered > 1
+        self.pulled[message] = Pulled(ref, key, delivered)
+        queue = b.queues.get(key)
+        if queue is not None and queue.owner is not None and not matches(queue.owner.pattern, destination):
+            self.settled(message)  # the durable's stream filter is wider than its pattern
+            return
+        if queue is None:
+            if key not in self.bound or key.startswith("durable:"):
+                self.pulled.pop(message)
+                self.out.append(("nak", ref))
+                return
+            queue = queues.get_queue(b, key)
+        queue.messages.append(message)
+        queue.enqueued += 1
+        self.dirty.add(key)
+        queues.pump(b, queue)
+
+    def settled(self, message: Message) -> None:
+        """The message left this node for good (acknowledged, written auto-ack, expired)."""
+        pulled = self.pulled.pop(message, None)
+        if pulled is not None:
+            self.out.append(("ack", pulled.ref))
+            self.dirty.add(pulled.key)
+
+    def nacked(self, b, message: Message) -> bool:
+        """A NACK of a pulled message: redelivered by JetStream, or dead-lettered past
+        max_redeliveries. False for a message that is not a cluster one."""
+        pulled = self.pulled.pop(message, None)
+        if pulled is None:
+            return False
+        self.dirty.add(pulled.key)
+        if pulled.delivered > self.config.max_redeliveries:
+            dlq = self.config.dead_letter_queue
+            b.stats["dead_lettered"] += 1
+            if message.destination == dlq:
+                b.stats["messages_dropped"] += 1   # never loop in the dead-letter queue itself
+                self.out.append(("term", pulled.ref))
+                return True
+            headers = dict(message.headers)
+            headers["original-destination"] = message.destination
+            headers["dead-letter-reason"] = f"rejected {pulled.delivered} times"
+            headers.pop("dedup-id", None)
+            dead = Message(message.id, dlq, headers, message.body, message.expires)
+            self.publish(b, dead, None, then=pulled.ref)   # the original goes once the copy is stored
+        else:
+            self.out.append(("nak", pulled.ref))
+        return True
+
+    def give_back(self, message: Message) -> None:
+        pulled = self.pulled.pop(message, None)
+        if pulled is not None:
+            self.out.append(("nak", pulled.ref))
+
+    def is_pulled(self, message: Message) -> bool:
+        return message in self.pulled
+
+    def room(self, b, queue_name: str, consumers: tuple) -> int:
+        room = 0
+        for sub in consumers:
+            if sub.session.closing:
+                continue
+            if sub.tracked and sub.prefetch:
+                room += max(sub.prefetch - len(sub.unacked), 0)
+            else:
+                room += max(AUTO_WINDOW - len(sub.session.inflight) - len(sub.unacked), 0)
+        return room
+
+    def refill(self, b, queues) -> None:
+        """Once per dispatcher round: give the credit the dirty queues' consumers have room for."""
+        if not self.dirty:
+            return
+        dirty, self.dirty = self.dirty, set()
+        for name in dirty:
+            given = self.bound.get(name)
+            if given is None:
+                continue
+            queue = b.queues.get(name)
+            consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
+            want = self.room(b, name, consumers) - (queue.depth() if queue is not None else 0)
+            want = max(want, 0)
+            if want > given:
+                self.out.append(("credit", name, want - given))
+                self.bound[name] = want
+
+    def sweep(self, b, queues) -> None:
+        """On the tick: a bound queue nobody here reads any more gives its messages and credit
+        back and stops being pulled; parked messages (no local selector takes them) go back too."""
+        for name, given in list(self.bound.items()):
+            queue = b.queues.get(name)
+            consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
+            if queue is not None:
+                if not consumers:
+                    for source in (queue.messages, queue.parked, queue.blocked):
+                        for message in source:
+                            self.give_back(message)
+                        source.clear()
+                elif queue.parked:
+                    for message in queue.parked:
+                        self.give_back(message)
+                    queue.parked.clear()
+            if consumers:
+                continue
+            if queue is not None and queue.unacked:
+                continue   # deliveries out: wait for their ACKs or for the session to end
+            del self.bound[name]
+            self.out.append(("unbind", name, ""))
+            if queue is not None:
+                queues.drop_if_idle(b, queue)
+
+    def bridge_started(self, b) -> None:
+        """A new bridge knows no consumer, credit or pulled message: bind again from scratch.
+        What was pulled comes back from JetStream after ack_wait (at least once)."""
+        self.pulled.clear()
+        names = list(self.bound)
+        self.bound.clear()
+        for name in names:
+            self.bind(b, name)
