@@ -154,7 +154,13 @@ class Topics:
 
     async def watch(self) -> None:
         """Every entry of the bucket, then each change: the other nodes' interest."""
-        watcher = await self.kv.watchall()
+        while True:  # just after NATS (re)starts JetStream may not answer yet: keep trying
+            try:
+                watcher = await self.kv.watchall()
+                break
+            except Exception as exc:
+                log.warning("cluster: cannot watch the other nodes' interest (%r); retrying", exc)
+                await asyncio.sleep(0.5)
         try:
             async for entry in watcher:
                 if entry is None:  # the end of what was there already
