@@ -285,6 +285,7 @@ class Backplane:
             "subscriptions": s.get("subscriptions", 0),
             "local_patterns": len(self.local),
             "remote_patterns": len(self.remote_by),
+            "remote_subscriptions": sum(r.count for r in self.remote_by.values()),
             "held": len(self.owners),
             "failed": self.stats["failed"],
             "streams": s.get("streams", []),

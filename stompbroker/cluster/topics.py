@@ -30,6 +30,7 @@ from .subjects import cover, pattern_filters, worker_subject
 log = logging.getLogger("stompbroker.cluster")
 
 REFRESH = 10.0   # seconds between rewrites of this node's interest entry
+RETIRE = 2.0     # seconds a NATS subscription no longer wanted is kept (see resubscribe)
 TTL = 30.0       # seconds the bucket keeps an entry; a node silent this long is forgotten
 
 
@@ -68,6 +69,7 @@ class Topics:
         self.handlers = {C.INTEREST: self.interest, C.PUBLISH: self.publish}
         self.local: dict[str, int] = {}       # pattern -> local subscriptions
         self.subs: dict[str, object] = {}     # subject -> nats subscription (the cover)
+        self.retiring: dict[str, tuple] = {}  # subject -> (subscription, when it goes): no longer wanted
         self.held: deque = deque()            # (deadline, subject, message, token) while NATS is unreachable
         self.seq = 0
         self.last: dict[bytes, int] = {}      # origin -> last sequence number received
@@ -75,6 +77,7 @@ class Topics:
         self.heard: dict[str, float] = {}     # other node -> when its entry was last written (monotonic)
         self.totals: dict[str, int] = {}      # pattern -> subscriptions on other nodes
         self.kv = None
+        self.started = False                  # the first complete view of the bucket went to the dispatcher
         self.watch_task = None
         self.changed = asyncio.Event()        # the local interest changed: write the entry
         self.put_task = None
@@ -112,16 +115,31 @@ class Topics:
         nc = self.bridge.nc
         wanted = self.wanted()
         for subject, group in wanted.items():
-            if subject not in self.subs:
-                sub = await nc.subscribe(subject, queue=group, pending_bytes_limit=0, pending_msgs_limit=0)
-                sub._pending_queue = self.inline_worker if group else self.inline_topic
-                self.subs[subject] = sub
+            if subject in self.subs:
+                continue
+            retired = self.retiring.pop(subject, None)
+            if retired is not None:  # wanted again before it went
+                self.subs[subject] = retired[0]
+                continue
+            sub = await nc.subscribe(subject, queue=group, pending_bytes_limit=0, pending_msgs_limit=0)
+            sub._pending_queue = self.inline_worker if group else self.inline_topic
+            self.subs[subject] = sub
+        # A subscription no longer wanted goes RETIRE seconds later: nats-py drops what arrives for a
+        # subscription it no longer has, and the server may still be sending messages it matched to
+        # it alone just before the new ones were in place. Meanwhile both may match: the second
+        # copy is dropped by its sequence number.
+        deadline = time.monotonic() + RETIRE
         for subject in [s for s in self.subs if s not in wanted]:
-            sub = self.subs.pop(subject)
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:
-                log.debug("cluster: unsubscribe %s: %r", subject, exc)
+            self.retiring[subject] = (self.subs.pop(subject), deadline)
+
+    async def retire(self, now: float) -> None:
+        for subject, (sub, deadline) in list(self.retiring.items()):
+            if now >= deadline:
+                del self.retiring[subject]
+                try:
+                    await sub.unsubscribe()
+                except Exception as exc:
+                    log.debug("cluster: unsubscribe %s: %r", subject, exc)
 
     async def writer(self) -> None:
         """Write this node's entry when its interest changes (after its subscriptions reached the
@@ -153,7 +171,9 @@ class Topics:
                                                 description="stompbroker: each node's topic interest")
 
     async def watch(self) -> None:
-        """Every entry of the bucket, then each change: the other nodes' interest."""
+        """Every entry of the bucket, then each change: the other nodes' interest. Started again on
+        each connection; what it knew before stays until the new view is complete, so an outage
+        never makes the node forget who wanted what."""
         while True:  # just after NATS (re)starts JetStream may not answer yet: keep trying
             try:
                 watcher = await self.kv.watchall()
@@ -161,26 +181,40 @@ class Topics:
             except Exception as exc:
                 log.warning("cluster: cannot watch the other nodes' interest (%r); retrying", exc)
                 await asyncio.sleep(0.5)
+        seen: set[str] | None = set()   # nodes in the initial view, until it is complete
         try:
             async for entry in watcher:
-                if entry is None:  # the end of what was there already
+                if entry is None:  # the end of what was there already: nodes not in it are gone
+                    if seen is not None:
+                        for node in [n for n in self.nodes if n not in seen]:
+                            self.node_interest(node, {})
+                        if not self.started:  # a new bridge: the dispatcher's view is its predecessor's
+                            self.started = True
+                            self.bridge.emit(C.REMOTE_RESET)
+                            for pattern, total in self.totals.items():
+                                self.bridge.emit(C.REMOTE, 0, pattern.encode(), total)
+                        seen = None
+                    self.bridge.flush()
                     continue
                 node = entry.key
                 if node == self.bridge.node:
                     continue
+                if seen is not None:
+                    seen.add(node)
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     self.node_interest(node, {})
                 else:
-                    self.node_interest(node, orjson.loads(entry.value))
+                    self.node_interest(node, orjson.loads(entry.value), announce=seen is None or self.started)
                     self.heard[node] = time.monotonic()
-                self.bridge.flush()
+                if seen is None:
+                    self.bridge.flush()
         finally:
             try:
                 await watcher.stop()
             except Exception:
                 pass
 
-    def node_interest(self, node: str, patterns: dict) -> None:
+    def node_interest(self, node: str, patterns: dict, announce: bool = True) -> None:
         old = self.nodes.pop(node, {})
         if patterns:
             self.nodes[node] = patterns
@@ -194,7 +228,8 @@ class Topics:
                     self.totals[pattern] = total
                 else:
                     self.totals.pop(pattern, None)
-                self.bridge.emit(C.REMOTE, 0, pattern.encode(), max(total, 0))
+                if announce:
+                    self.bridge.emit(C.REMOTE, 0, pattern.encode(), max(total, 0))
 
     # -- the connection's life -------------------------------------------------------------------
     async def connected(self) -> None:
@@ -205,8 +240,6 @@ class Topics:
         # The watch is started again on each connection: what changed meanwhile comes whole.
         if self.watch_task is not None:
             self.watch_task.cancel()
-        self.nodes, self.totals, self.heard = {}, {}, {}
-        self.bridge.emit(C.REMOTE_RESET)
         self.watch_task = asyncio.create_task(self.watch())
         if self.put_task is None:
             self.put_task = asyncio.create_task(self.writer())
@@ -214,6 +247,8 @@ class Topics:
 
     async def tick(self) -> None:
         now = time.monotonic()
+        if self.retiring:
+            await self.retire(now)
         held = self.held
         while held and held[0][0] <= now:
             _, _, _, token = held.popleft()

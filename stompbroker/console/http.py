@@ -215,6 +215,7 @@ class Site:
             "process": processes,
             "latency": stats.latency(),
             "queues": stats.query("queues"),
+            "cluster": stats.query("cluster"),  # {} on a single node
         }
         self._snapshot_at = now
         return self._snapshot

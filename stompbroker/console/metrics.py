@@ -33,6 +33,15 @@ TOTALS = (
     ("dump_dropped", "diag_dump_dropped", "statistics dump lines dropped because the writer could not keep up"),
 )
 
+CLUSTER_TOTALS = (
+    ("messages_in", "cluster_messages_received", "messages received from other nodes"),
+    ("messages_out", "cluster_messages_sent", "messages published for other nodes"),
+    ("bytes_in", "cluster_received_bytes", "bytes received from NATS for other nodes' messages"),
+    ("bytes_out", "cluster_sent_bytes", "bytes published to NATS"),
+    ("reconnects", "cluster_reconnects", "reconnections to NATS"),
+    ("failed", "cluster_unavailable_errors", "SENDs answered with ERROR cluster unavailable"),
+)
+
 QUANTILES = (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms"), ("0.999", "p999_ms"), ("1", "max_ms"))
 
 
@@ -123,6 +132,23 @@ def families(s: dict):
     yield quantiles
     yield GaugeMetricFamily(PREFIX + "delivery_latency_window_deliveries",
                             "deliveries measured over the last diag_interval", value=lat.get("count", 0))
+
+    cluster = s.get("cluster")
+    if cluster:  # cluster mode (docs/cluster.md)
+        info = InfoMetricFamily(PREFIX + "cluster_node", "this node of the cluster and the NATS server it uses")
+        info.add_metric([], {"node": cluster["node"], "server": cluster["server"]})
+        yield info
+        yield GaugeMetricFamily(PREFIX + "cluster_connected", "1 while the node reaches NATS",
+                                value=cluster["connected"])
+        yield GaugeMetricFamily(PREFIX + "cluster_rtt_seconds", "round trip to the NATS server, last measured",
+                                value=cluster["rtt_ms"] / 1000)
+        for key, name, text in CLUSTER_TOTALS:
+            yield CounterMetricFamily(PREFIX + name, text, value=cluster[key])
+        depth = GaugeMetricFamily(PREFIX + "cluster_stream_messages", "messages in the cluster's JetStream stream",
+                                  labels=["stream"])
+        for stream in cluster["streams"]:
+            depth.add_metric([stream["name"]], stream["messages"])
+        yield depth
 
 
 class _Snapshot:

@@ -34,10 +34,16 @@ LINE = {
     "process": [{"role": STRING, **_numbers("pid", "rss", "private", "cpu_seconds")}],
     "queues": [{"destination": STRING, **_numbers("depth", "enqueued", "dequeued", "unacked", "consumers")}],
     "latency": _numbers("count", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"),
+    # cluster mode only (docs/cluster.md): this node, its NATS server and the traffic across nodes
+    "cluster": {"node": STRING, "server": STRING,
+                **_numbers("connected", "rtt_ms", "messages_in", "messages_out", "bytes_in", "bytes_out",
+                           "reconnects", "subscriptions", "local_patterns", "remote_patterns", "remote_subscriptions", "held", "failed"),
+                "streams": [{"name": STRING, **_numbers("messages", "bytes")}]},
 }
 
-# Fields a line written by this broker may leave out: broker.node when the node_id setting is empty.
-OPTIONAL = frozenset({"broker.node"})
+# Fields a line written by this broker may leave out: broker.node when the node_id setting is empty,
+# cluster on a single node.
+OPTIONAL = frozenset({"broker.node", "cluster"})
 
 _PYTHON = {INT: (int,), NUMBER: (int, float), STRING: (str,)}
 

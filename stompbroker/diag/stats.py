@@ -20,7 +20,7 @@ from . import latency, schema
 # stompica's queries; the first three answer with JSON objects, the rest with one value.
 STOMPICA_QUERIES = ("session", "ws_buffer", "stale", "session-size", "session-encoded-size",
                     "session-connected-size", "pubsub-size", "subs")
-QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals")
+QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals", "cluster")
 
 
 class Statistics:
@@ -66,6 +66,8 @@ class Statistics:
             return self.latency()
         if name == "totals":
             return self.totals()
+        if name == "cluster":  # cluster mode only: {} on a single node
+            return self.broker.backplane.diag() if self.broker.backplane is not None else {}
         raise KeyError(name)
 
     def text(self, name: str) -> str:
@@ -158,6 +160,12 @@ class Statistics:
         for q in self.broker.queue_stats():
             lines.append(f"Queue: {q['destination']}\nsize: {q['depth']}\nenqueued: {q['enqueued']}\n"
                          f"dequeued: {q['dequeued']}\n\n")
+        if self.broker.backplane is not None:
+            c = self.broker.backplane.diag()
+            lines.append(f"Cluster: {c['node']}\nserver: {c['server'] or '(unreachable)'}\nrtt_ms: {c['rtt_ms']}\n"
+                         f"messages_in: {c['messages_in']}\nmessages_out: {c['messages_out']}\n"
+                         f"reconnects: {c['reconnects']}\n"
+                         + "".join(f"stream {s['name']}: {s['messages']}\n" for s in c["streams"]) + "\n")
         return "".join(lines).encode()
 
     # -- dump lines ----------------------------------------------------------------------------
@@ -193,6 +201,7 @@ class Statistics:
             "process": processes,
             "queues": self.broker.queue_stats(),
             "latency": self.latency(),
+            **({"cluster": self.query("cluster")} if self.broker.backplane is not None else {}),
         }
 
 

@@ -123,6 +123,10 @@ SNAPSHOT = {
                  "pending_bytes": 0}],
     "process": [{"role": "reader", "pid": 5, "rss": 1000, "cpu_seconds": 0.5}],
     "latency": {"count": 8, "p50_ms": 0.5, "p90_ms": 1.0, "p99_ms": 2.0, "p999_ms": 2.0, "max_ms": 4.0},
+    "cluster": {"node": "n1", "server": "nats://127.0.0.1:4222", "connected": 1, "rtt_ms": 0.25, "messages_in": 3,
+                "messages_out": 4, "bytes_in": 30, "bytes_out": 40, "reconnects": 1, "subscriptions": 2,
+                "local_patterns": 2, "remote_patterns": 5, "remote_subscriptions": 6, "held": 0, "failed": 0,
+                "streams": [{"name": "c_QUEUES", "messages": 6, "bytes": 600}]},
 }
 
 
@@ -145,6 +149,10 @@ def test_metric_families_parse_with_prometheus_names_and_units():
     assert samples[("stompbroker_process_resident_memory_bytes", (("role", "reader"),))] == 1000
     assert samples[("stompbroker_delivery_latency_seconds", (("quantile", "0.99"),))] == pytest.approx(0.002)
     assert samples[("stompbroker_build_info", (("version", "9.9"),))] == 1
+    assert samples[("stompbroker_cluster_node_info", (("node", "n1"), ("server", "nats://127.0.0.1:4222")))] == 1
+    assert samples[("stompbroker_cluster_messages_sent_total", ())] == 4
+    assert samples[("stompbroker_cluster_rtt_seconds", ())] == pytest.approx(0.00025)
+    assert samples[("stompbroker_cluster_stream_messages", (("stream", "c_QUEUES"),))] == 6
     for name in types_:
         assert name.startswith("stompbroker_"), name
 

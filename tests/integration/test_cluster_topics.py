@@ -1,0 +1,309 @@
+"""Topics across the nodes of a cluster: a real 3-server NATS JetStream cluster, three broker nodes,
+stomp.py clients. Every count is exact: each matching subscription gets each message once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import stomp
+
+from tests.stompwire import Wire
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class Got(stomp.ConnectionListener):
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.messages: list[tuple[str, str, str]] = []   # (subscription, destination, body)
+        self.ids: list[tuple[str, str]] = []             # (subscription, message-id)
+        self.errors: list[dict] = []
+        self.receipts: list[str] = []
+
+    def on_message(self, frame):
+        with self.lock:
+            self.messages.append((frame.headers["subscription"], frame.headers["destination"], frame.body))
+            self.ids.append((frame.headers["subscription"], frame.headers["message-id"]))
+
+    def on_error(self, frame):
+        self.errors.append(dict(frame.headers, body=frame.body))
+
+    def on_receipt(self, frame):
+        self.receipts.append(frame.headers["receipt-id"])
+
+    def by_sub(self) -> dict[str, list]:
+        with self.lock:
+            out: dict[str, list] = {}
+            for sub, dest, body in self.messages:
+                out.setdefault(sub, []).append((dest, body))
+            return out
+
+
+def client(node) -> tuple[stomp.Connection12, Got]:
+    conn = stomp.Connection12([node.address], heartbeats=(0, 0))
+    got = Got()
+    conn.set_listener("", got)
+    conn.connect(wait=True)
+    return conn, got
+
+
+def cluster_diag(node) -> dict:
+    """The node's DIAG ``cluster`` figures (the answer is a DIAG frame with a ``cluster:<JSON>`` header)."""
+    w = Wire(node.connect())
+    try:
+        w.send(b"DIAG\n\ncluster\0")
+        command, headers, _ = w.read()
+        assert command == "DIAG", (command, headers)
+        return json.loads(headers["cluster"])
+    finally:
+        w.close()
+
+
+def wait_for(condition, timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.05)
+
+
+def wait_interest(node, patterns: int, subscriptions: int | None = None, timeout: float = 15.0) -> None:
+    """Until ``node`` knows the other nodes' interest (distinct patterns, and their subscriptions)."""
+    def known():
+        c = cluster_diag(node)
+        return c["connected"] and c["remote_patterns"] == patterns and (
+            subscriptions is None or c["remote_subscriptions"] == subscriptions)
+    wait_for(known, timeout, f"{patterns} remote patterns on {node.address}")
+
+
+def test_topics_and_wildcards_reach_each_matching_subscription_once_in_producer_order(start_nodes):
+    n0, n1, n2 = start_nodes(3)
+    c0, g0 = client(n0)
+    c1, g1 = client(n1)
+    c2, g2 = client(n2)
+    c0.subscribe("/topic/price/eu", id="A")
+    c1.subscribe("/topic/price/*", id="B")
+    c1.subscribe("/topic/price/eu", id="C")
+    c1.subscribe("/topic/*", id="D")        # overlaps B and C on the same node: one NATS subscription
+    c2.subscribe("/topic/price/us", id="E")
+    c2.subscribe("/topic/pr*", id="F")
+    wait_interest(n0, 5)  # B, C, D, E, F
+    wait_interest(n1, 3)  # A (= C's pattern), E, F
+    wait_interest(n2, 3)  # A, B, D
+    n = 40
+    destinations = ["/topic/price/eu", "/topic/price/us", "/topic/other", "/topic/price/a.b c>%"]
+    producers = [("p0", c0), ("p1", c1), ("p2", c2)]
+    for i in range(n):
+        for name, conn in producers:
+            for d in destinations:
+                conn.send(d, f"{name}:{i}")
+    for name, conn in producers:
+        conn.send("/topic/other", "end", receipt=f"end-{name}")
+    eu, us, other, odd = (3 * n,) * 4
+    expected = {"A": eu, "B": eu + us + odd, "C": eu, "D": eu + us + other + odd + 3, "E": us,
+                "F": eu + us + odd}
+    gots = {"A": g0, "B": g1, "C": g1, "D": g1, "E": g2, "F": g2}
+
+    def counts():
+        return {sub: len(g.by_sub().get(sub, [])) for sub, g in gots.items()}
+    try:
+        wait_for(lambda: counts() == expected, 30, "every delivery")
+    finally:
+        print("counts", counts(), "expected", expected)
+    time.sleep(0.5)  # nothing more arrives: no duplicates
+    assert counts() == expected
+    for sub, g in gots.items():
+        ids = [mid for s, mid in g.ids if s == sub]
+        assert len(ids) == len(set(ids)), f"duplicates on {sub}"
+        for d in destinations:
+            for name, _ in producers:
+                seq = [int(body.split(":")[1]) for dest, body in g.by_sub().get(sub, [])
+                       if dest == d and body.startswith(name + ":")]
+                assert seq == sorted(seq), f"{sub} {d} {name} out of order"
+    assert {m[1] for m in g1.messages if m[0] == "B"} == {"/topic/price/eu", "/topic/price/us", "/topic/price/a.b c>%"}
+    # a node publishes only what another node wants, and receives only what it wants, once:
+    # n1 (D: /topic/*) wants everything; n0 only eu (A); n2 eu, us and the odd one (E, F), plus
+    # n0's /topic/other: F's NATS subscription is the superset `.t.topic.>` (n1 does not publish
+    # /topic/other: nobody elsewhere matches it)
+    def crossed():  # (the bridge reports its figures every second)
+        stats = [cluster_diag(node) for node in (n0, n1, n2)]
+        return [c["messages_out"] for c in stats], [c["messages_in"] for c in stats]
+    expected_crossed = ([4 * n + 1, 3 * n, 4 * n + 1], [2 * n, 8 * n + 2, 6 * n + n + 1])
+    try:
+        wait_for(lambda: crossed() == expected_crossed, 5, "the bridges' figures")
+    finally:
+        print("crossed", crossed(), "expected", expected_crossed)
+    for _, conn in producers:
+        conn.disconnect()
+
+
+def test_a_late_subscriber_on_another_node_gets_the_stale_message(start_nodes):
+    n0, n1, n2 = start_nodes(3, "TTL=20000")
+    c0, g0 = client(n0)
+    for i in range(3):
+        c0.send("/topic/late", f"stale-{i}")
+    c0.send("/topic/late-other", "other", receipt="sent")
+    wait_for(lambda: "sent" in g0.receipts, 5)
+    c1, g1 = client(n1)
+    c1.subscribe("/topic/late", id="late")
+    wait_for(lambda: len(g1.messages) >= 3, 15, "stale messages on n1")
+    time.sleep(0.3)
+    assert [body for _, _, body in g1.messages] == ["stale-0", "stale-1", "stale-2"]
+    # the first late subscriber took them: nobody else gets them again, on any node
+    c2, g2 = client(n2)
+    c2.subscribe("/topic/late", id="later")
+    c0.subscribe("/topic/late", id="local-later")
+    wait_interest(n0, 1, 2)
+    time.sleep(0.5)
+    assert g2.messages == [] and g0.messages == []
+    # a wildcard late subscriber on another node takes what it matches
+    c2.subscribe("/topic/late-*", id="wild")
+    wait_for(lambda: g2.messages, 15, "stale message for the wildcard")
+    time.sleep(0.3)
+    assert g2.messages == [("wild", "/topic/late-other", "other")]
+    for c in (c0, c1, c2):
+        c.disconnect()
+
+
+def test_worker_queue_messages_go_once_each_across_the_cluster(start_nodes):
+    n0, n1, n2 = start_nodes(3)
+    clients = [client(n) for n in (n0, n1, n2)]
+    for i, (conn, _) in enumerate(clients):
+        conn.subscribe("#jobs", id=f"w{i}")
+    wait_interest(n0, 1, 2)
+    wait_interest(n1, 1, 2)
+    sender, sent_to = clients[0][0], 60
+    for i in range(sent_to):
+        sender.send("#jobs", f"job-{i}")
+    other = clients[1][0]
+    for i in range(30):
+        other.send("#jobs", f"job-b{i}")
+
+    def total():
+        return sum(len(g.messages) for _, g in clients)
+    wait_for(lambda: total() >= 90, 20, "every job")
+    time.sleep(0.5)
+    bodies = [body for _, g in clients for _, _, body in g.messages]
+    assert len(bodies) == 90 and len(set(bodies)) == 90
+    shares = [len(g.messages) for _, g in clients]
+    assert all(s >= 10 for s in shares), shares  # round-robin over 3 subscriptions: about 30 each
+    for conn, _ in clients:
+        conn.disconnect()
+
+
+def test_backplane_down_local_topics_flow_remote_sends_get_an_error_and_it_recovers(start_nodes, nats_cluster):
+    n0, n1, _ = start_nodes(3, "cluster_timeout_ms=1500")
+    c1, g1 = client(n1)
+    c1.subscribe("/topic/remote", id="far")
+    c0, g0 = client(n0)
+    c0.subscribe("/topic/local", id="near")
+    wait_interest(n0, 1)
+    c0.send("/topic/remote", "before", receipt="r-before")
+    wait_for(lambda: g1.messages, 10, "the first cross-node message")
+    try:
+        nats_cluster.stop_all()
+        wait_for(lambda: not cluster_diag(n0)["connected"], 15, "n0 to see NATS down")
+        # local traffic keeps flowing, receipts at once
+        started = time.monotonic()
+        for i in range(50):
+            c0.send("/topic/local", f"local-{i}", receipt=f"l{i}")
+        wait_for(lambda: len(g0.messages) == 50 and "l49" in g0.receipts, 5, "local deliveries")
+        assert time.monotonic() - started < 1.5  # never waited for the network
+        # a SEND that needs another node: an ERROR after cluster_timeout_ms, not silence
+        p, gp = client(n0)
+        started = time.monotonic()
+        p.send("/topic/remote", "during", receipt="r-during")
+        wait_for(lambda: gp.errors, 10, "ERROR cluster unavailable")
+        waited = time.monotonic() - started
+        assert gp.errors[0]["message"] == "cluster unavailable"
+        assert gp.errors[0].get("receipt-id") == "r-during"
+        assert "r-during" not in gp.receipts
+        assert 1.0 < waited < 6, waited
+    finally:
+        nats_cluster.start_all()
+    # it comes back by itself
+    wait_for(lambda: cluster_diag(n0)["connected"], 30, "n0 to reconnect")
+    wait_interest(n0, 1, timeout=30)
+    before = len(g1.messages)
+    q, _ = client(n0)
+    q.send("/topic/remote", "after", receipt="r-after")
+    wait_for(lambda: len(g1.messages) > before, 15, "a cross-node message after recovery")
+    time.sleep(0.3)
+    assert [body for _, _, body in g1.messages] == ["before", "after"]
+    assert cluster_diag(n0)["reconnects"] >= 1
+    for c in (c0, c1, q):
+        c.disconnect()
+
+
+def test_changing_subscriptions_never_duplicate_or_lose_for_a_steady_one(start_nodes):
+    """While another subscription on the receiving node keeps widening and narrowing its NATS
+    subscriptions (exact -> `.>` -> exact), a steady subscription gets every message exactly once."""
+    n0, n1 = start_nodes(2)
+    c1, g1 = client(n1)
+    c1.subscribe("/topic/steady/a", id="steady")
+    wait_interest(n0, 1)
+    c0, g0 = client(n0)
+    flipper, _ = client(n1)
+    total = 600
+    stop = threading.Event()
+
+    def flip():
+        i = 0
+        while not stop.is_set() and i < 200:
+            flipper.subscribe("/topic/*", id=f"w{i}")
+            time.sleep(0.01)
+            flipper.unsubscribe(id=f"w{i}")
+            time.sleep(0.01)
+            i += 1
+    t = threading.Thread(target=flip)
+    t.start()
+    try:
+        for i in range(total):
+            c0.send("/topic/steady/a", str(i))
+            if i % 50 == 0:
+                time.sleep(0.02)
+    finally:
+        stop.set()
+        t.join()
+    c0.send("/topic/steady/a", "end", receipt="end")
+    wait_for(lambda: any(b == "end" for s, _, b in g1.messages if s == "steady"), 15, "the last message")
+    bodies = [b for s, _, b in g1.messages if s == "steady"]
+    assert bodies == [str(i) for i in range(total)] + ["end"]
+    for c in (c0, c1, flipper):
+        c.disconnect()
+
+
+def test_a_restarted_bridge_takes_up_the_nodes_interest_again(start_nodes):
+    import psutil
+    from stompbroker.processes.titles import process_role
+    n0, n1 = start_nodes(2)
+    c1, g1 = client(n1)
+    c1.subscribe("/topic/r", id="r")
+    wait_interest(n0, 1)
+    (bridge,) = [p for p in psutil.Process(n1.proc.pid).children() if process_role(p) == "cluster"]
+    bridge.kill()
+    bridge.wait(5)
+    wait_for(lambda: [p for p in psutil.Process(n1.proc.pid).children() if process_role(p) == "cluster"
+                      and p.pid != bridge.pid], 10, "a new bridge")
+    wait_for(lambda: cluster_diag(n1)["connected"] and cluster_diag(n1)["subscriptions"] == 1, 15,
+             "the new bridge subscribed")
+    c0, _ = client(n0)
+    # the new bridge's subscription reaches n0's NATS server a moment after it is made: probe until one arrives
+    deadline = time.monotonic() + 10
+    i = 0
+    while not g1.messages and time.monotonic() < deadline:
+        c0.send("/topic/r", f"probe-{i}")
+        i += 1
+        time.sleep(0.05)
+    assert g1.messages, "no message through the new bridge"
+    c0.send("/topic/r", "after", receipt="x")
+    wait_for(lambda: any(b == "after" for _, _, b in g1.messages), 10, "a message through the new bridge")
+    time.sleep(0.3)
+    bodies = [b for _, _, b in g1.messages]
+    assert bodies[-1] == "after" and len(bodies) == len(set(bodies))
+    assert "started cluster" in n1.log() and "cluster (pid" in n1.log()
+    for c in (c0, c1):
+        c.disconnect()
