@@ -232,7 +232,7 @@ class Backplane:
                     self.queues.event(b, unpack(payload), queues)
                 elif kind == C.BRIDGE_START:
                     self.stats["bridge_starts"] += 1
-                    self.queues.bridge_started(b)
+                    self.queues.bridge_started(b, first=self.stats["bridge_starts"] == 1)
                     for pattern, n in self.local.items():
                         self.out.add(C.INTEREST, 0, pattern.encode(), n)
                 else:

@@ -79,10 +79,14 @@ async def declare_consumer(js, stream: str, name: str, filter_subject: str, ack_
         deliver_policy=api.DeliverPolicy.ALL if start_time is None else api.DeliverPolicy.BY_START_TIME,
         opt_start_time=None if start_time is None else _rfc3339(start_time))
     try:
+        await js.consumer_info(stream, name)
+        return  # made by another node (or this one before): as it is, its start time included
+    except nats.js.errors.NotFoundError:
+        pass
+    try:
         await js.add_consumer(stream, config)
-    except nats.js.errors.BadRequestError as exc:
-        if exc.err_code not in (10148, 10013):  # exists with another config / name in use: keep it
-            raise
+    except nats.js.errors.APIError:
+        await js.consumer_info(stream, name)  # another node made it meanwhile: fine; else the first error
 
 
 async def delete_consumer(js, stream: str, name: str) -> None:
@@ -165,6 +169,9 @@ class Puller:
             self.requests.pop(reply, None)
 
     async def _arrived(self, msg) -> None:
+        if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
+            await msg.nak()
+            return
         status = msg.headers.get(STATUS) if msg.headers else None
         if status:  # status messages come on the request's own inbox subject
             if status != "100":  # 404 no messages, 408 expired, 409 over a limit: that request ended
@@ -355,6 +362,7 @@ class QueueBridge:
                                        start_time=start_ms / 1000 if start_ms else None)
                 await puller.start()
                 await puller.ask()
+                log.debug("pulling %s (%s) from %s, credit %d", consumer, filter_subject, stream, puller.want)
                 return
             except Exception as exc:
                 log.info("JetStream consumer %s not ready yet: %s", consumer, exc)
@@ -368,6 +376,7 @@ class QueueBridge:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
     def _arrived(self, key: str, msg) -> None:
+        log.debug("pulled for %s: %s", key, msg.subject)
         ref = next(self.refs)
         self.held[ref] = (msg, time.monotonic())
         try:

@@ -170,6 +170,7 @@ class ClusterQueues:
         self.unstored: dict[object, deque] = {}              # session -> its pending tokens, in order
         self.pulled: dict[Message, Pulled] = {}             # messages pulled and not settled
         self.bound: dict[str, int] = {}                     # local queue name -> credit given
+        self.binds: dict[str, tuple] = {}                   # local queue name -> its bind command
         self.dirty: set[str] = set()                        # queues whose credit may have to change
         self.replays: dict[int, object] = {}                # replay token -> the subscription
 
@@ -299,6 +300,7 @@ class ClusterQueues:
     def drop_durable(self, b, durable) -> None:
         """An UNSUBSCRIBE ended a durable subscription: its consumer goes, on every node."""
         self.bound.pop(durable.queue.name, None)
+        self.binds.pop(durable.queue.name, None)
         self.out.append(("unbind", durable.queue.name, durable_consumer(durable.name)))
 
     def replay(self, b, sub, since_ms: float) -> None:
@@ -348,8 +350,10 @@ class ClusterQueues:
         if key in self.bound and not replace:
             return
         self.bound[key] = 0
-        self.out.append(("bind", key, kind, consumer or consumer_name("q", key),
-                         filter_subject or queue_subject(self.name, key), start_ms, replace))
+        command = ("bind", key, kind, consumer or consumer_name("q", key),
+                   filter_subject or queue_subject(self.name, key), start_ms, replace)
+        self.binds[key] = command[:-1] + (False,)
+        self.out.append(command)
 
     def arrived(self, b, key: str, ref: int, delivered: int, payload: bytes, queues) -> None:
         """A pulled message: into the local queue, delivered by the usual pump."""
@@ -447,35 +451,44 @@ class ClusterQueues:
                 self.bound[name] = want
 
     def sweep(self, b, queues) -> None:
-        """On the tick: a bound queue nobody here reads any more gives its messages and credit
-        back and stops being pulled; parked messages (no local selector takes them) go back too."""
-        for name, given in list(self.bound.items()):
+        """On the tick: a bound queue nobody here reads any more stops being pulled and gives its
+        waiting messages back; parked messages (no local selector takes them) go back too. The
+        unbind goes first: JetStream then redelivers them to a pull still waiting, never to one of
+        this node's it has not dropped yet."""
+        for name in list(self.bound):
             queue = b.queues.get(name)
             consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
-            if queue is not None:
-                if not consumers:
-                    for source in (queue.messages, queue.parked, queue.blocked):
-                        for message in source:
-                            self.give_back(message)
-                        source.clear()
-                elif queue.parked:
+            if consumers:
+                if queue is not None and queue.parked:
                     for message in queue.parked:
                         self.give_back(message)
                     queue.parked.clear()
-            if consumers:
                 continue
-            if queue is not None and queue.unacked:
-                continue   # deliveries out: wait for their ACKs or for the session to end
             del self.bound[name]
+            del self.binds[name]
             self.out.append(("unbind", name, ""))
             if queue is not None:
+                for source in (queue.messages, queue.parked, queue.blocked):
+                    for message in source:
+                        self.give_back(message)
+                    source.clear()
                 queues.drop_if_idle(b, queue)
 
-    def bridge_started(self, b) -> None:
+    def bridge_started(self, b, first: bool) -> None:
         """A new bridge knows no consumer, credit or pulled message: bind again from scratch.
-        What was pulled comes back from JetStream after ack_wait (at least once)."""
+        What was pulled comes back from JetStream after ack_wait (at least once): the pulled
+        messages still waiting here go. The first bridge got every command sent so far already."""
+        if first:
+            return
+        for name in self.bound:
+            queue = b.queues.get(name)
+            if queue is not None:
+                for source in (queue.messages, queue.parked, queue.blocked):
+                    kept = [m for m in source if m not in self.pulled]
+                    source.clear()
+                    source.extend(kept)
         self.pulled.clear()
-        names = list(self.bound)
-        self.bound.clear()
-        for name in names:
-            self.bind(b, name)
+        for name in self.bound:
+            self.bound[name] = 0
+            self.dirty.add(name)
+            self.out.append(self.binds[name])
