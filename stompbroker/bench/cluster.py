@@ -11,7 +11,8 @@ from ``--spawn``), drives them with the bench's producers and consumers, and sto
   (``cluster_replicas`` copies) before its receipt and pulled by one remote node.
 - ``local``: the cost of cluster mode for traffic whose subscribers are all local: the same
   fan-out (producer and ``--fanout`` subscribers on one node) against a single-node broker and
-  against node 0 of a cluster, ``--rounds`` times each, interleaved; compares deliveries/s and
+  against node 0 of a cluster whose other nodes subscribe other topics (so node 0 checks each
+  message against remote interest), ``--rounds`` times each, interleaved; compares deliveries/s and
   deliveries per broker CPU-second (the steadier figure on a shared machine). Target: < 10 % cost.
 """
 
@@ -99,11 +100,11 @@ class Keepers:
     selector test per message, and receives nothing. A probe on the same connection, subscribed
     after it, tells when node 0 knows: a node's interest entry is written whole, in order."""
 
-    def __init__(self, cluster, o, destination: str, nodes: list[int], timeout: float = 20.0):
+    def __init__(self, cluster, o, destinations: list[str], nodes: list[int], timeout: float = 20.0):
         self.socks = []
         try:
             for k in nodes:
-                self.socks.append(self._keep(cluster, o, k, destination, timeout))
+                self.socks.append(self._keep(cluster, o, k, destinations, timeout))
         except BaseException:
             self.close()
             raise
@@ -116,13 +117,14 @@ class Keepers:
         s.sendall(f"CONNECT\naccept-version:1.2\nhost:{t.vhost or '/'}\n{login}\n\0".encode())
         return s
 
-    def _keep(self, cluster, o, k: int, destination: str, timeout: float):
+    def _keep(self, cluster, o, k: int, destinations: list[str], timeout: float):
         from ..tools.client import FrameReader, decode
 
         keeper = self._connect(target_of(cluster.nodes[k], o))
-        probe = f"{destination}-probe-n{k}"
-        keeper.sendall(f"SUBSCRIBE\ndestination:{destination}\nid:keep\nselector:1 = 0\n\n\0"
-                       f"SUBSCRIBE\ndestination:{probe}\nid:probe\n\n\0".encode())
+        probe = f"/topic/bench-probe-n{k}-{time.monotonic_ns()}"
+        keeper.sendall("".join(f"SUBSCRIBE\ndestination:{d}\nid:keep{i}\nselector:1 = 0\n\n\0"
+                               for i, d in enumerate(destinations)).encode()
+                       + f"SUBSCRIBE\ndestination:{probe}\nid:probe\n\n\0".encode())
         pub = self._connect(target_of(cluster.nodes[0], o))
         reader = FrameReader()
         try:
@@ -178,7 +180,7 @@ def cluster_fanout(runner, copts, transport: str) -> dict:
         try:
             dest = f"/topic/bench-{runner.run_id}-xfan"
             where = remote_nodes(copts.nodes, n)
-            keepers = Keepers(cluster, o, dest, sorted(set(where)))
+            keepers = Keepers(cluster, o, [dest], sorted(set(where)))
             consumers = consumers_on(runner, cluster, transport, dest, where)
             p = runner.producer_spec(target_of(cluster.nodes[0], o), transport, dest, fan=n,
                                      max_inflight=runner.inflight_cap(n))
@@ -242,7 +244,8 @@ def cluster_local(runner, copts, transport: str) -> list[dict]:
             name = f"cluster-local-{mode}-{transport}"
             params = {"mode": mode, "round": r, "fanout": n, "size": o.size, "duration": o.duration,
                       "layout": f"producer and {n} subscriber connections on one node"
-                                + (f" of {copts.nodes} (NATS: {copts.nats_servers} servers)" if mode == "cluster" else "")}
+                                + (f" of {copts.nodes} (NATS: {copts.nats_servers} servers; the other nodes "
+                                   "subscribe 21 other topic patterns)" if mode == "cluster" else "")}
 
             def body(mode=mode, name=name, params=params):
                 if mode == "single":
@@ -253,9 +256,15 @@ def cluster_local(runner, copts, transport: str) -> list[dict]:
                     finally:
                         broker.stop()
                 cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args)
+                keepers = None
                 try:
+                    # the other nodes want other topics: node 0 checks every message against their interest
+                    keepers = Keepers(cluster, o, [f"/topic/bench-{runner.run_id}-elsewhere-{i}" for i in range(20)]
+                                      + [f"/topic/bench-{runner.run_id}-other*"], list(range(1, copts.nodes)))
                     return _local_fanout(runner, cluster.nodes[0], name, transport, params)
                 finally:
+                    if keepers:
+                        keepers.close()
                     cluster.close()
 
             res = runner.guarded(name, "cluster-local", transport, params, body)
