@@ -83,6 +83,10 @@ def raise_fd_limit(want: int) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["cluster"]:  # the cluster scenarios (NATS JetStream, several nodes): bench/cluster.py
+        from .cluster import main as cluster_main
+        return cluster_main(argv[1:])
     opts = parse_args(argv)
     if opts.compare:
         table = compare(opts.compare)

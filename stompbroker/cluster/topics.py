@@ -174,7 +174,13 @@ class Topics:
         """Every entry of the bucket, then each change: the other nodes' interest. Started again on
         each connection; what it knew before stays until the new view is complete, so an outage
         never makes the node forget who wanted what."""
-        watcher = await self.kv.watchall()
+        while True:  # just after NATS (re)starts JetStream may not answer yet: keep trying
+            try:
+                watcher = await self.kv.watchall()
+                break
+            except Exception as exc:
+                log.warning("cluster: cannot watch the other nodes' interest (%r); retrying", exc)
+                await asyncio.sleep(0.5)
         seen: set[str] | None = set()   # nodes in the initial view, until it is complete
         try:
             async for entry in watcher:
