@@ -431,6 +431,10 @@ class QueuesPart:
         if not self.started:
             self.started = True
             await self.queues.start()
+            return
+        for puller in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
+            puller.requests.clear()
+            await puller.ask()
 
     def status(self) -> dict:
         return self.queues.status()
