@@ -79,8 +79,11 @@ async def declare_consumer(js, stream: str, name: str, filters, ack_wait_s: floa
         deliver_policy=api.DeliverPolicy.ALL if start_time is None else api.DeliverPolicy.BY_START_TIME,
         opt_start_time=None if start_time is None else _rfc3339(start_time))
     try:
-        await js.consumer_info(stream, name)
-        return  # made by another node (or this one before): as it is, its start time included
+        info = await js.consumer_info(stream, name)
+        have = info.config.filter_subjects or [info.config.filter_subject]
+        if sorted(have) == sorted(config.filter_subjects or [config.filter_subject]):
+            return  # made by another node (or this one before): as it is, its start time included
+        await delete_consumer(js, stream, name)  # a durable subscribed anew to other destinations
     except nats.js.errors.NotFoundError:
         pass
     try:
