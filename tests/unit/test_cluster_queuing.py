@@ -297,3 +297,39 @@ def test_pack_round_trip_and_message_encoding():
     ((payload, _),) = js.stream[next(iter(js.stream))]
     mid, dest, headers, body, expires = decode(payload)
     assert dest == "/queue/e" and headers["x-h"] == "v:1\nnext" and body == b"\x00bin" and expires == 0
+
+
+def test_a_restarted_bridge_gets_every_bind_again_as_it_was_and_drops_what_it_pulled():
+    from stompbroker.cluster import records as C
+
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1, login="u")
+    a.subscribe(1, "/queue/q", sub_id="q", ack="client", prefetch_count="1")
+    a.subscribe(1, "/topic/t", sub_id="d", durable="true")
+    bp = a.broker.backplane
+    bp.on_records(a.broker, C.record(C.BRIDGE_START), a.now)   # the first bridge: it had them all
+    assert [c[0] for c in bp.queues.out].count("bind") == 2
+    js.run()
+    first = dict(a.binds)
+    for i in range(2):
+        a.send(1, "/queue/q", b"%d" % i)
+    js.run()
+    assert len(a.messages(1)) == 1      # one delivered (prefetch 1), one pulled and waiting here
+    a.binds.clear()
+    bp.on_records(a.broker, C.record(C.BRIDGE_START), a.now)   # a new bridge: knows nothing
+    js.run()
+    assert a.binds == first             # the durable is bound to the kept-topics filter again
+    assert a.broker.queues["/queue/q"].depth() == 0   # JetStream redelivers it after ack_wait
+
+
+def test_an_expired_queue_message_is_acknowledged_not_delivered():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.send(1, "/queue/x", b"old", expiration="1000")
+    js.run()
+    a.tick(2.0)
+    a.subscribe(1, "/queue/x")
+    js.run()
+    assert a.frames(1) == [] and js.depth() == 0 and "ack" in js.log
