@@ -238,7 +238,14 @@ class ClusterQueues:
         self.unstored.pop(session, None)
         for other in [t for t, p in self.pending.items() if p.session is session]:
             self.pending[other].session = None
-        if session.closing or b.sessions.get(session.conn) is not session:
+        if b.sessions.get(session.conn) is not session:
+            return
+        if session.closing:  # it already ends with an ERROR and a close: they go now, not the receipts
+            for _, kind, payload, receipt in session.held:
+                if receipt is None:
+                    session.outbox.add(kind, session.conn, payload)
+            session.held.clear()
+            b.holding.discard(session)
             return
         from ..broker import receipts
         receipt = next((r for _, _, _, r in session.held if r is not None), None)

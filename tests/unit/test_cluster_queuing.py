@@ -333,3 +333,17 @@ def test_an_expired_queue_message_is_acknowledged_not_delivered():
     a.subscribe(1, "/queue/x")
     js.run()
     assert a.frames(1) == [] and js.depth() == 0 and "ack" in js.log
+
+
+def test_an_error_and_close_held_behind_an_unstored_message_still_go_when_it_fails():
+    js = FakeJetStream()
+    js.silent = True
+    a = js.join(cluster_timeout_ms=1000)
+    a.connect(1)
+    a.send(1, "/queue/q", receipt="r1")
+    a.frame(1, "BOGUS")                     # an ERROR that must not overtake the receipt
+    js.run()
+    assert a.take(1) == []
+    a.tick(3.0)
+    kinds = [o.command or o.kind for o in a.take(1)]
+    assert kinds == ["ERROR", "CLOSE"], kinds
