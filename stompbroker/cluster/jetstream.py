@@ -315,7 +315,7 @@ class QueueBridge:
         if kind in ("ack", "nak", "term"):
             held = self.held.pop(command[1], None)
             if held is not None:
-                self.spawn(self._settle(held[0], kind))
+                self.spawn(self._settle(held[0], kind, command[2] if len(command) > 2 else None))
         elif kind == "publish":
             _, token, subject, msg_id, payload, timeout_ms = command
             self.spawn(self._publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000))
@@ -344,9 +344,9 @@ class QueueBridge:
             _, token, filter_subject, since_ms = command
             self.spawn(self._replay(token, filter_subject, since_ms))
 
-    async def _settle(self, msg, kind: str) -> None:
+    async def _settle(self, msg, kind: str, delay: float | None = None) -> None:
         try:
-            await (msg.ack() if kind == "ack" else msg.nak() if kind == "nak" else msg.term())
+            await (msg.ack() if kind == "ack" else msg.nak(delay) if kind == "nak" else msg.term())
         except Exception as exc:  # gone with the connection: JetStream redelivers after ack_wait
             log.info("JetStream %s failed: %s", kind, exc)
 

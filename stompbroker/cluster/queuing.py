@@ -12,7 +12,7 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
                                                             of that name goes too)
   ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
   ("publish", token, subject, msg_id, payload, deadline_ms) store it; answer stored/failed(token)
-  ("ack" | "nak" | "term", ref)                             settle a pulled message
+  ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
   ("replay", token, filter_subjects, since_ms)              stored topic messages since then
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused),
@@ -50,6 +50,7 @@ from . import subjects
 from .subjects import queue_subject
 
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
+PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
 MAGIC = b"SBq1"
 
 
@@ -414,10 +415,10 @@ class ClusterQueues:
             self.out.append(("nak", pulled.ref))
         return True
 
-    def give_back(self, message: Message) -> None:
+    def give_back(self, message: Message, delay: float = 0.0) -> None:
         pulled = self.pulled.pop(message, None)
         if pulled is not None:
-            self.out.append(("nak", pulled.ref))
+            self.out.append(("nak", pulled.ref, delay) if delay else ("nak", pulled.ref))
 
     def is_pulled(self, message: Message) -> bool:
         return message in self.pulled
@@ -461,8 +462,8 @@ class ClusterQueues:
             self.dirty.add(name)  # (credit for consumers that left is taken back by the next refill)
             if consumers:
                 if queue is not None and queue.parked:
-                    for message in queue.parked:
-                        self.give_back(message)
+                    for message in queue.parked:  # (not back at once: this node may take it again)
+                        self.give_back(message, PARKED_DELAY)
                     queue.parked.clear()
                 continue
             del self.bound[name]

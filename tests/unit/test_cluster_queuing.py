@@ -26,6 +26,7 @@ class FakeJetStream:
         self.fail = False
         self.silent = False
         self.log = []
+        self.commands = []
 
     def join(self, **settings) -> Rig:
         rig = Rig(cluster="nats://127.0.0.1:4222", node_id=f"n{len(self.nodes)}", **settings)
@@ -53,6 +54,7 @@ class FakeJetStream:
 
     def command(self, rig, command) -> None:
         self.log.append(command[0])
+        self.commands.append(command)
         kind = command[0]
         b = rig.broker
         answer = lambda *event: b.backplane.queues.event(b, unpack(pack(event)), Q)  # noqa: E731
@@ -347,3 +349,17 @@ def test_an_error_and_close_held_behind_an_unstored_message_still_go_when_it_fai
     a.tick(3.0)
     kinds = [o.command or o.kind for o in a.take(1)]
     assert kinds == ["ERROR", "CLOSE"], kinds
+
+
+def test_a_message_no_local_selector_takes_goes_back_to_jetstream_after_a_delay():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.subscribe(1, "/queue/s", selector="x = 1")
+    a.send(1, "/queue/s", b"two", x="2")
+    js.run()
+    assert a.frames(1) == []
+    a.tick(0.2)
+    js.run()
+    (nak,) = [c for c in js.commands if c[0] == "nak"]
+    assert nak[2] > 0 and js.depth() == 1   # offered again later, not hot-looped back to this node
