@@ -363,3 +363,17 @@ def test_a_message_no_local_selector_takes_goes_back_to_jetstream_after_a_delay(
     js.run()
     (nak,) = [c for c in js.commands if c[0] == "nak"]
     assert nak[2] > 0 and js.depth() == 1   # offered again later, not hot-looped back to this node
+
+
+def test_a_transaction_publishes_at_commit_and_its_receipt_waits_for_the_store():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.frame(1, "BEGIN", transaction="t1")
+    a.send(1, "/queue/tx", b"in tx", transaction="t1")
+    js.run()
+    assert js.depth() == 0
+    a.frame(1, "COMMIT", transaction="t1", receipt="c1")
+    assert a.frames(1) == []
+    js.run()
+    assert [o.headers["receipt-id"] for o in a.frames(1)] == ["c1"] and js.depth() == 1
