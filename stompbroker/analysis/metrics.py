@@ -298,6 +298,7 @@ def compute_tables(df: DataFrame, **leak_args) -> dict[str, DataFrame]:
     mem = memory(df)
     tp, ch, lat = throughput(df), churn(df), latency(df)
     leaks = leak_flags(mem, **leak_args)
+    cl = cluster(df)
     return {
         "throughput": tp,
         "queue_depths": queue_depths(df),
@@ -308,7 +309,47 @@ def compute_tables(df: DataFrame, **leak_args) -> dict[str, DataFrame]:
         "leak_flags": leaks,
         "nodes": nodes(tp, ch, lat, mem, leaks),
         "fleet": fleet(df, tp, lat, mem),
+        "cluster": cl,
+        "cluster_nodes": cluster_nodes(cl),
     }
+
+
+CLUSTER_COUNTERS = ["messages_in", "messages_out", "bytes_in", "bytes_out", "reconnects", "failed"]
+
+
+def cluster(df: DataFrame) -> DataFrame:
+    """Cluster mode (lines with a ``cluster`` section): traffic across nodes per interval, the
+    NATS server, round trip, and the messages in the cluster's streams."""
+    base = df.where(F.col("cluster").isNotNull()).select(
+        *KEYS,
+        "dt_s",
+        F.col("cluster.server").alias("server"),
+        F.col("cluster.connected").alias("connected"),
+        F.col("cluster.rtt_ms").alias("rtt_ms"),
+        F.coalesce(F.aggregate("cluster.streams", F.lit(0.0), lambda total, s: total + s["messages"]),
+                   F.lit(0.0)).alias("stream_messages"),
+        *[F.col(f"cluster.{c}").alias(c) for c in CLUSTER_COUNTERS],
+    )
+    return _counter_rates(base, CLUSTER_COUNTERS, ["run"])
+
+
+def cluster_nodes(cl: DataFrame) -> DataFrame:
+    """One row per node in cluster mode: its last NATS server, the share of intervals connected,
+    round trip, messages and bytes across nodes (totals and time-weighted means), reconnects,
+    ERRORs `cluster unavailable`, and the peak of messages in the cluster's streams."""
+    t = cl.groupBy("node").agg(
+        F.count("*").alias("intervals"),
+        F.max_by("server", "ts").alias("server"),
+        F.avg("connected").alias("connected_share"),
+        F.avg("rtt_ms").alias("rtt_ms_mean"),
+        F.max("rtt_ms").alias("rtt_ms_max"),
+        F.sum("dt_s").alias("covered_s"),
+        *[F.sum(f"{c}_delta").alias(f"{c}_total") for c in CLUSTER_COUNTERS],
+        F.max("stream_messages").alias("stream_messages_peak"),
+    )
+    for c in CLUSTER_COUNTERS[:4]:
+        t = t.withColumn(f"{c}_per_s_mean", F.when(F.col("covered_s") > 0, F.col(f"{c}_total") / F.col("covered_s")))
+    return t.orderBy("node")
 
 
 def _utc(ts_ms):

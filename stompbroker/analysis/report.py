@@ -142,6 +142,7 @@ def collect_for_report(tables: dict[str, DataFrame], max_points: int = CHART_MAX
         "latency": to_pandas(downsample(tables["latency"], b, (), ("p90_ms", "p99_ms", "p999_ms", "max_ms"))),
         "churn": to_pandas(downsample(tables["churn"], b)),
         "nodes": to_pandas(tables["nodes"]) if "nodes" in tables else None,
+        "cluster_nodes": to_pandas(tables["cluster_nodes"]) if "cluster_nodes" in tables else None,
         "memory": to_pandas(downsample(tables["memory"], b, ("role", "pid"), ("rss", "rss_mb"))),
         "leak_flags": to_pandas(tables["leak_flags"].orderBy("node", "run_seq", "role", "pid")),
     }
@@ -285,6 +286,8 @@ def _blocks(summ: dict, frames: dict, images: dict, inputs, leak_rule=None) -> l
 
     if _is_fleet(frames):
         b += _fleet_blocks(summ, frames["nodes"], images["fleet"])
+    if frames.get("cluster_nodes") is not None and len(frames["cluster_nodes"]):
+        b += _cluster_blocks(frames["cluster_nodes"])
 
     lf = frames["leak_flags"]
     b += [("h2", "Memory"), ("img", images["memory"]),
@@ -322,6 +325,26 @@ def _fleet_blocks(summ: dict, nodes, image) -> list:
                   "nodes' time-weighted means, the peak is the highest fleet-wide interval (nodes' rates "
                   "summed per time bucket), latency is the worst of any node, and memory is the highest "
                   "total RSS of all nodes' processes at one time. Bytes are per second."),
+            ("table", (head, rows))]
+
+
+def _cluster_blocks(cl) -> list:
+    """Cluster mode, per node: its NATS server and the traffic across nodes (docs/cluster.md)."""
+    head = ["Node", "NATS server (last)", "Connected", "RTT mean", "RTT max", "Messages in /s", "Messages out /s",
+            "Messages in", "Messages out", "Bytes in /s", "Bytes out /s", "Reconnects", "Unavailable ERRORs",
+            "Peak stream messages"]
+    rows = [(r.node, r.server or "-", _num(None if r.connected_share != r.connected_share else 100 * r.connected_share,
+                                            1, " %"),
+             _num(r.rtt_ms_mean, 2, " ms"), _num(r.rtt_ms_max, 2, " ms"), _num(r.messages_in_per_s_mean),
+             _num(r.messages_out_per_s_mean), _num(r.messages_in_total, 0), _num(r.messages_out_total, 0),
+             _bytes(r.bytes_in_per_s_mean), _bytes(r.bytes_out_per_s_mean), _num(r.reconnects_total, 0),
+             _num(r.failed_total, 0), _num(r.stream_messages_peak, 0))
+            for r in cl.itertuples()]
+    return [("h2", f"Cluster ({len(cl)} node{'s' if len(cl) != 1 else ''} in cluster mode)"),
+            ("p", "Traffic between the nodes through NATS, per node: messages a node received from others "
+                  "(in) and published for them (out), its round trip to its NATS server, the share of "
+                  "intervals it could reach NATS, and the most messages the cluster's JetStream streams "
+                  "held at once as this node saw them."),
             ("table", (head, rows))]
 
 

@@ -79,6 +79,8 @@ class Topics:
         self.kv = None
         self.started = False                  # the first complete view of the bucket went to the dispatcher
         self.watch_task = None
+        self.watch_seen = 0.0                 # when the watch last delivered an entry (this node's own included)
+        self.setup_due: float | None = 0.0    # when to (re)open the bucket and its watch; None: done
         self.changed = asyncio.Event()        # the local interest changed: write the entry
         self.put_task = None
         self.next_refresh = 0.0
@@ -197,6 +199,7 @@ class Topics:
                     self.bridge.flush()
                     continue
                 node = entry.key
+                self.watch_seen = time.monotonic()
                 if node == self.bridge.node:
                     continue
                 if seen is not None:
@@ -233,14 +236,29 @@ class Topics:
 
     # -- the connection's life -------------------------------------------------------------------
     async def connected(self) -> None:
-        if self.kv is None:
-            await self.open_bucket()
         await self.resubscribe()
         await self.drain()
-        # The watch is started again on each connection: what changed meanwhile comes whole.
-        if self.watch_task is not None:
-            self.watch_task.cancel()
-        self.watch_task = asyncio.create_task(self.watch())
+        # The bucket's watch is started again on each connection: what changed meanwhile comes
+        # whole. JetStream may not answer yet (electing a leader): tick() retries.
+        self.setup_due = 0.0
+        await self.setup()
+
+    async def setup(self) -> None:
+        now = time.monotonic()
+        if not self.bridge.connected or now < self.setup_due:
+            return
+        self.setup_due = now + 1.0
+        try:
+            if self.kv is None:
+                await self.open_bucket()
+            if self.watch_task is not None:
+                self.watch_task.cancel()
+            self.watch_seen = now
+            self.watch_task = asyncio.create_task(self.watch())
+        except Exception as exc:
+            log.warning("cluster: the interest bucket does not answer yet (%r); retrying", exc)
+            return
+        self.setup_due = None
         if self.put_task is None:
             self.put_task = asyncio.create_task(self.writer())
         self.changed.set()
@@ -249,6 +267,15 @@ class Topics:
         now = time.monotonic()
         if self.retiring:
             await self.retire(now)
+        if self.setup_due is not None:
+            await self.setup()
+        elif self.bridge.connected and (self.watch_task.done() or now - self.watch_seen > 2.5 * REFRESH):
+            # the watch ended (its consumer lost) or stalled: this node's own entry, rewritten every
+            # REFRESH seconds, has not come back through it
+            log.warning("cluster: the interest bucket's watch %s; starting it again",
+                        "ended" if self.watch_task.done() else "stalled")
+            self.setup_due = 0.0
+            await self.setup()
         held = self.held
         while held and held[0][0] <= now:
             _, _, _, token = held.popleft()
@@ -257,8 +284,9 @@ class Topics:
                 self.bridge.emit(C.FAILED, token)
         if held and self.bridge.connected:
             await self.drain()
+        watching = now - self.watch_seen < 2 * REFRESH  # (else silence says nothing about the others)
         for node, when in list(self.heard.items()):
-            if now - when > TTL + REFRESH:  # it stopped writing: killed, or cut off
+            if watching and now - when > TTL + REFRESH:  # it stopped writing: killed, or cut off
                 log.warning("cluster: node %s has not renewed its interest for %.0f s; forgetting it", node,
                             now - when)
                 self.node_interest(node, {})

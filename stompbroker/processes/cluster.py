@@ -70,6 +70,7 @@ class Bridge:
         self.backlog: list[tuple[bytearray, int]] = []
         self.backlog_bytes = 0
         self.flush_soon = False
+        self.logged_errors: dict[str, float] = {}  # error text -> when last logged
         self.wake = asyncio.Event()
         self.handlers: dict = {}
         self.stats = {"reconnects": 0, "disconnects": 0, "rtt_ms": 0.0, "dropped_in": 0}
@@ -157,8 +158,16 @@ class Bridge:
         await self._up()
 
     async def _error(self, exc) -> None:
-        if not self.stopping:
-            log.debug("cluster: NATS: %r", exc)
+        """NATS errors: refused credentials or TLS, servers down while reconnecting. Each kind is
+        logged once, then at most every 30 s, so a wrong setting is seen and a long outage is not a flood."""
+        if self.stopping:
+            return
+        text, now = repr(exc), time.monotonic()
+        if now - self.logged_errors.get(text, -60.0) > 30:
+            if len(self.logged_errors) > 100:
+                self.logged_errors.clear()
+            log.warning("cluster: NATS: %s", text)
+            self.logged_errors[text] = now
 
     async def _closed(self) -> None:
         self.connected = False

@@ -15,6 +15,7 @@ new connections meanwhile.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import multiprocessing
 import os
@@ -77,6 +78,8 @@ def check_files(config) -> None:
             reader.tls_context(config)
         except (ssl.SSLError, OSError) as exc:
             raise StartError(f"ssl_cert {config.ssl_cert} / ssl_key {config.ssl_key}: {exc}") from None
+    if config.cluster and importlib.util.find_spec("nats") is None:
+        raise StartError("cluster mode needs nats-py: pip install 'stompbroker[cluster]'")
     for name in ("ready_file",):
         path = getattr(config, name)
         folder = os.path.dirname(os.path.abspath(path)) if path else None

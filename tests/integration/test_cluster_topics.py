@@ -307,3 +307,66 @@ def test_a_restarted_bridge_takes_up_the_nodes_interest_again(start_nodes):
     assert "started cluster" in n1.log() and "cluster (pid" in n1.log()
     for c in (c0, c1):
         c.disconnect()
+
+
+def test_the_cluster_section_in_dump_lines_monitor_and_metrics(start_nodes, tmp_path):
+    import http.client
+
+    from stompbroker.diag import schema
+    dump = tmp_path / "diag.jsonl"
+    n0, n1 = start_nodes(2, "diag_interval=200", "monitor_interval=200")
+    node = start_nodes(1, "diag_interval=200", f"diag_dump={dump}", first=2)[0]
+    c1, _ = client(n1)
+    c1.subscribe("/topic/d", id="d")
+    wait_interest(node, 1)
+    c, g = client(node)
+    c.subscribe("/queue/monitor", id="m")
+    for i in range(5):
+        c.send("/topic/d", str(i))
+    wait_for(lambda: dump.exists() and any('"messages_out":5' in line for line in dump.read_text().splitlines()),
+             15, "a dump line with the messages sent across")
+    lines = [json.loads(line) for line in dump.read_text().splitlines() if line.strip()]
+    last = lines[-1]
+    assert schema.problems(last) == []
+    assert last["cluster"]["node"] == "n2" and last["cluster"]["server"].startswith("nats://127.0.0.1:")
+    assert last["cluster"]["connected"] == 1 and last["cluster"]["remote_patterns"] == 1
+    assert any(s["name"].startswith("KV_") for s in last["cluster"]["streams"])
+    wait_for(lambda: any("Cluster: n2" in body for s, _, body in g.messages if s == "m"), 10, "/queue/monitor")
+    conn = http.client.HTTPConnection(node.host, node.port, timeout=10)
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    conn.close()
+    assert "stompbroker_cluster_connected 1.0" in body and "stompbroker_cluster_messages_sent_total 5.0" in body
+    assert 'stompbroker_cluster_node_info{node="n2"' in body
+    for x in (c, c1):
+        x.disconnect()
+
+
+def test_the_console_shows_the_cluster(start_nodes):
+    from playwright import sync_api as playwright
+    n0, n1 = start_nodes(2)
+    c1, _ = client(n1)
+    c1.subscribe("/topic/console", id="c")
+    wait_interest(n0, 1)
+    c0, _ = client(n0)
+    errors = []
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"http://{n0.host}:{n0.port}/")
+            deadline = time.monotonic() + 15
+            while not page.is_visible("#cluster-box") and time.monotonic() < deadline:
+                c0.send("/topic/console", "x")
+                time.sleep(0.2)
+            row = page.inner_text("#cluster tbody")
+            assert row.startswith("n0") and "nats://127.0.0.1:" in row, row
+            assert "KV_" in page.inner_text("#streams tbody")
+        finally:
+            browser.close()
+    assert not errors, errors
+    for c in (c0, c1):
+        c.disconnect()

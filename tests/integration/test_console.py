@@ -384,6 +384,7 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
                 # each process has its own colour, the same in the table and the charts
                 colours = page.eval_on_selector_all("#processes .swatch", "els => els.map(e => e.style.background)")
                 assert len(set(colours)) == 5
+                assert not page.is_visible("#cluster-box")  # a single node
                 page.screenshot(path=shot, full_page=True)
                 stop.set()
                 loader.join(10)

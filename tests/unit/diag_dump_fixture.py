@@ -133,6 +133,18 @@ def write_dump(path) -> list[Path]:
 
 
 FLEET_FACTOR = 2  # node "b" runs at twice the rates of node "a"
+CLUSTER_RATES = {"messages_in": 10, "messages_out": 20, "bytes_in": 1000, "bytes_out": 2000}
+
+
+def cluster_section(k: int) -> dict:
+    """Node "b" runs in cluster mode: CLUSTER_RATES across nodes, one reconnect halfway, one
+    interval unreachable, k messages in its queue stream."""
+    sec = elapsed_ms(k) / 1000.0
+    return {"node": "b", "server": "nats://10.0.0.1:4222", "connected": 0 if k == 3 else 1, "rtt_ms": 0.5,
+            **{name: round(rate * sec) for name, rate in CLUSTER_RATES.items()},
+            "reconnects": 1 if k > SAMPLES_PER_RUN // 2 else 0, "subscriptions": 2, "local_patterns": 2,
+            "remote_patterns": 1, "remote_subscriptions": 1, "held": 0, "failed": 0,
+            "streams": [{"name": "c_QUEUES", "messages": k, "bytes": 100 * k}]}
 
 
 def write_fleet(base) -> list[str]:
@@ -147,6 +159,7 @@ def write_fleet(base) -> list[str]:
         for k in range(1, SAMPLES_PER_RUN + 1):
             entry = line(0, k, factor=FLEET_FACTOR, pid_offset=50)
             entry["broker"]["node"] = "b"
+            entry["cluster"] = cluster_section(k)
             f.write(json.dumps(entry) + "\n")
     return [f"{base}/a/diag.jsonl*", f"{base}/b/diag.jsonl*"]
 

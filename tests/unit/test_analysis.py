@@ -304,6 +304,14 @@ def test_fleet_per_node_and_fleet_wide(spark, tmp_path):
     assert s["writer_imbalance_overall"] == pytest.approx(fx.IMBALANCE)
     assert "| b writer 0 |" in text
     assert (tmp_path / "r" / "charts" / "fleet.png").stat().st_size > 1000
+    # cluster mode: node b's traffic across nodes (a ran alone: no row)
+    cl = to_pandas(t["cluster_nodes"]).set_index("node")
+    assert list(cl.index) == ["b"]
+    for c, rate in fx.CLUSTER_RATES.items():
+        assert cl.loc["b", f"{c}_per_s_mean"] == pytest.approx(rate, rel=0.01)
+    assert cl.loc["b", "reconnects_total"] == 1 and cl.loc["b", "stream_messages_peak"] == fx.SAMPLES_PER_RUN
+    assert cl.loc["b", "connected_share"] == pytest.approx(1 - 1 / fx.SAMPLES_PER_RUN)
+    assert "## Cluster (1 node in cluster mode)" in text and "| b | nats://10.0.0.1:4222 |" in text
     for v in t.values():
         v.unpersist()
     df.unpersist()

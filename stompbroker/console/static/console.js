@@ -3,7 +3,7 @@
 "use strict";
 
 (function () {
-  const QUERIES = ["session", "totals", "stale", "queues", "writers", "process", "latency"];
+  const QUERIES = ["session", "totals", "stale", "queues", "writers", "process", "latency", "cluster"];
   const KEEP = 300;          // samples kept: five minutes at one per second
   const MAX_QUEUE_SERIES = 10;
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -173,9 +173,11 @@
       push("cpu:" + p.role, procCpu[p.role]);
       push("rss:" + p.role, p.rss);
     }
+    const c = raw.cluster || {}, pc = previous && previous.cluster;
+    const clusterRates = { in: rate(c.messages_in, pc && pc.messages_in), out: rate(c.messages_out, pc && pc.messages_out) };
     trim();
-    previous = { time: now, totals: t, queues: raw.queues, writers: raw.writers, process: raw.process };
-    last = { raw, inRate, outRate, queueRates, writerRates, procCpu };
+    previous = { time: now, totals: t, queues: raw.queues, writers: raw.writers, process: raw.process, cluster: c };
+    last = { raw, inRate, outRate, queueRates, writerRates, procCpu, clusterRates };
     render();
   }
 
@@ -234,6 +236,15 @@
       writerRates[w.index].bytes == null ? "–" : bytes(writerRates[w.index].bytes) + "/s",
       writerRates[w.index].fill == null ? "–" : pct(writerRates[w.index].fill * 100), bytes(w.pending_bytes)]));
     fillTable("processes", raw.process.map((p) => [swatch(p.role), String(p.pid), pct(procCpu[p.role]), bytes(p.rss)]));
+    // cluster mode only: this node, its NATS server and the traffic across nodes
+    const c = raw.cluster || {};
+    $("cluster-box").hidden = !c.node;
+    if (c.node) {
+      const { clusterRates } = last;
+      fillTable("cluster", [[c.node, c.connected ? c.server : "unreachable", ms(c.rtt_ms), si(clusterRates.in),
+                             si(clusterRates.out), si(c.remote_patterns), si(c.reconnects)]]);
+      fillTable("streams", (c.streams || []).map((s) => [s.name, si(s.messages), bytes(s.bytes)]));
+    }
   }
 
   function swatch(role) {
