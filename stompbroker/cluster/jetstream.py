@@ -68,19 +68,22 @@ async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, w
     return 0
 
 
-async def declare_consumer(js, stream: str, name: str, filter_subject: str, ack_wait_s: float,
+async def declare_consumer(js, stream: str, name: str, filters, ack_wait_s: float,
                            start_time: float | None = None) -> None:
     """A durable pull consumer shared by every node. The broker decides dead-lettering itself
     (max_redeliveries counts NACKs), so JetStream never stops delivering a message: one it gave
     up on would stay in the stream, never delivered, never dead-lettered."""
     config = api.ConsumerConfig(
-        durable_name=name, filter_subject=filter_subject, ack_policy=api.AckPolicy.EXPLICIT,
+        durable_name=name, ack_policy=api.AckPolicy.EXPLICIT, **_filters(filters),
         ack_wait=ack_wait_s, max_deliver=-1, max_ack_pending=-1, max_waiting=4096,
         deliver_policy=api.DeliverPolicy.ALL if start_time is None else api.DeliverPolicy.BY_START_TIME,
         opt_start_time=None if start_time is None else _rfc3339(start_time))
     try:
-        await js.consumer_info(stream, name)
-        return  # made by another node (or this one before): as it is, its start time included
+        info = await js.consumer_info(stream, name)
+        have = info.config.filter_subjects or [info.config.filter_subject]
+        if sorted(have) == sorted(config.filter_subjects or [config.filter_subject]):
+            return  # made by another node (or this one before): as it is, its start time included
+        await delete_consumer(js, stream, name)  # a durable subscribed anew to other destinations
     except nats.js.errors.NotFoundError:
         pass
     try:
@@ -94,6 +97,12 @@ async def delete_consumer(js, stream: str, name: str) -> None:
         await js.delete_consumer(stream, name)
     except nats.js.errors.NotFoundError:
         pass
+
+
+def _filters(filters) -> dict:
+    if isinstance(filters, str):
+        filters = [filters]
+    return {"filter_subject": filters[0]} if len(filters) == 1 else {"filter_subjects": list(filters)}
 
 
 def _rfc3339(epoch_s: float) -> str:
@@ -196,20 +205,22 @@ class Puller:
                 pass
 
 
-async def replay(js, stream: str, filter_subject: str, since_s: float, limit: int = 100_000):
-    """The messages of ``stream`` on ``filter_subject`` stored since ``since_s`` (epoch seconds), in
+async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000):
+    """The messages of ``stream`` on ``filters`` stored since ``since_s`` (epoch seconds), in
     order, read by a short-lived consumer; stops at what was there when it began."""
     config = api.ConsumerConfig(
-        filter_subject=filter_subject, ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_TIME,
+        ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_TIME, **_filters(filters),
         opt_start_time=_rfc3339(since_s), inactive_threshold=30.0, mem_storage=True, num_replicas=1)
     info = await js.add_consumer(stream, config)
     name = info.name
     try:
         sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
-        left = min(info.num_pending, limit)
+        # (a new consumer of a replicated stream may not know its pending count yet: read until a
+        # message says none is left, or nothing comes)
+        left = limit
         while left > 0:
             try:
-                msgs = await sub.fetch(min(left, 256), timeout=5)
+                msgs = await sub.fetch(min(left, 256), timeout=1.0)
             except nats.errors.TimeoutError:
                 break
             for msg in msgs:
@@ -217,6 +228,7 @@ async def replay(js, stream: str, filter_subject: str, since_s: float, limit: in
                 left -= 1
                 if msg.metadata.num_pending == 0:
                     left = 0
+                    break
         await sub.unsubscribe()
     finally:
         try:
@@ -303,7 +315,7 @@ class QueueBridge:
         if kind in ("ack", "nak", "term"):
             held = self.held.pop(command[1], None)
             if held is not None:
-                self.spawn(self._settle(held[0], kind))
+                self.spawn(self._settle(held[0], kind, command[2] if len(command) > 2 else None))
         elif kind == "publish":
             _, token, subject, msg_id, payload, timeout_ms = command
             self.spawn(self._publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000))
@@ -332,9 +344,9 @@ class QueueBridge:
             _, token, filter_subject, since_ms = command
             self.spawn(self._replay(token, filter_subject, since_ms))
 
-    async def _settle(self, msg, kind: str) -> None:
+    async def _settle(self, msg, kind: str, delay: float | None = None) -> None:
         try:
-            await (msg.ack() if kind == "ack" else msg.nak() if kind == "nak" else msg.term())
+            await (msg.ack() if kind == "ack" else msg.nak(delay) if kind == "nak" else msg.term())
         except Exception as exc:  # gone with the connection: JetStream redelivers after ack_wait
             log.info("JetStream %s failed: %s", kind, exc)
 
@@ -422,6 +434,10 @@ class QueuesPart:
         if not self.started:
             self.started = True
             await self.queues.start()
+            return
+        for puller in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
+            puller.requests.clear()
+            await puller.ask()
 
     def status(self) -> dict:
         return self.queues.status()

@@ -4,7 +4,7 @@ The bridge (``cluster/jetstream.py``) stores and pulls; this decides. It is fed 
 (a queue SEND, an ACK, a delivery written, a pulled message arriving, a PubAck) and appends
 commands for the bridge to ``out`` as plain tuples (the backplane turns them into records):
 
-  ("bind", key, kind, consumer, filter_subject, start_ms, replace)
+  ("bind", key, kind, consumer, filter_subjects, start_ms, replace)
                                                             pull a shared durable consumer
                                                             (kind "q": queue stream, "d": topic
                                                             stream; replace: delete it first)
@@ -12,8 +12,8 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
                                                             of that name goes too)
   ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
   ("publish", token, subject, msg_id, payload, deadline_ms) store it; answer stored/failed(token)
-  ("ack" | "nak" | "term", ref)                             settle a pulled message
-  ("replay", token, filter_subject, since_ms)               stored topic messages since then
+  ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
+  ("replay", token, filter_subjects, since_ms)              stored topic messages since then
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused),
 ("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
@@ -46,8 +46,11 @@ import orjson
 from ..broker.model import Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
+from . import subjects
+from .subjects import queue_subject
 
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
+PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
 MAGIC = b"SBq1"
 
 
@@ -60,10 +63,6 @@ def escape_token(text: str) -> str:
         ch = chr(byte)
         out.append(ch if (ch.isascii() and (ch.isalnum() or ch in "_-")) else f"%{byte:02X}")
     return "".join(out) or "%"
-
-
-def queue_subject(cluster_name: str, destination: str) -> str:
-    return f"{cluster_name}.q.{escape_token(destination)}"
 
 
 def consumer_name(prefix: str, text: str) -> str:
@@ -79,20 +78,15 @@ def durable_consumer(key: str) -> str:
 
 
 def topic_subject(cluster_name: str, destination: str) -> str:
-    """The durable-stream subject of a topic destination: one token per ``/`` segment."""
-    return f"{cluster_name}.d." + ".".join(escape_token(part) for part in destination.split("/"))
+    """The subject of a topic message kept for durables and replay: the topic subject
+    (``cluster/subjects.py``) under ``<cluster_name>.d``."""
+    return f"{cluster_name}.d.{subjects.topic_subject(cluster_name, destination)[len(cluster_name) + 1:]}"
 
 
-def topic_filter(cluster_name: str, pattern: str) -> str:
-    """The subject filter covering a topic subscription pattern (``*`` is a text prefix match):
-    the whole segments before the ``*`` and ``.>``; the broker filters exactly."""
-    star = pattern.find("*")
-    if star < 0:
-        return topic_subject(cluster_name, pattern)
-    whole = pattern[:star].rpartition("/")[0]
-    head = f"{cluster_name}.d." + ".".join(escape_token(part) for part in whole.split("/")) if whole else \
-        f"{cluster_name}.d"
-    return head + ".>"
+def topic_filters(cluster_name: str, pattern: str) -> list[str]:
+    """The subject filters covering a topic subscription pattern in the kept-topics stream (``*``
+    is a text prefix match: the broker filters exactly)."""
+    return [f"{cluster_name}.d.{f[len(cluster_name) + 1:]}" for f in subjects.pattern_filters(cluster_name, pattern)]
 
 
 # -- the message on the wire ------------------------------------------------------------------
@@ -245,7 +239,14 @@ class ClusterQueues:
         self.unstored.pop(session, None)
         for other in [t for t, p in self.pending.items() if p.session is session]:
             self.pending[other].session = None
-        if session.closing or b.sessions.get(session.conn) is not session:
+        if b.sessions.get(session.conn) is not session:
+            return
+        if session.closing:  # it already ends with an ERROR and a close: they go now, not the receipts
+            for _, kind, payload, receipt in session.held:
+                if receipt is None:
+                    session.outbox.add(kind, session.conn, payload)
+            session.held.clear()
+            b.holding.discard(session)
             return
         from ..broker import receipts
         receipt = next((r for _, _, _, r in session.held if r is not None), None)
@@ -289,7 +290,7 @@ class ClusterQueues:
         if durable_key is not None:
             existing = b.durables.get(durable_key)
             self.bind(b, f"durable:{durable_key}", "d", durable_consumer(durable_key),
-                      topic_filter(self.name, destination), int(b.clock() * 1000),
+                      topic_filters(self.name, destination), int(b.clock() * 1000),
                       replace=existing is not None and existing.pattern != destination)
         elif destination.startswith(QUEUE_PREFIX) and destination != MONITOR:
             if "*" in destination:
@@ -306,7 +307,7 @@ class ClusterQueues:
     def replay(self, b, sub, since_ms: float) -> None:
         self.tokens += 1
         self.replays[self.tokens] = sub
-        self.out.append(("replay", self.tokens, topic_filter(self.name, sub.destination), since_ms))
+        self.out.append(("replay", self.tokens, topic_filters(self.name, sub.destination), since_ms))
 
     def replayed(self, b, token: int, payload: bytes, queues) -> None:
         sub = self.replays.get(token)
@@ -343,7 +344,7 @@ class ClusterQueues:
             self.replay_end(item[1])
 
     # -- pulling -------------------------------------------------------------------------------
-    def bind(self, b, key: str, kind: str = "q", consumer: str = "", filter_subject: str = "",
+    def bind(self, b, key: str, kind: str = "q", consumer: str = "", filters: list | None = None,
              start_ms: int = 0, replace: bool = False) -> None:
         """A local subscription reads this queue (or durable): pull its shared consumer."""
         self.dirty.add(key)
@@ -351,7 +352,7 @@ class ClusterQueues:
             return
         self.bound[key] = 0
         command = ("bind", key, kind, consumer or consumer_name("q", key),
-                   filter_subject or queue_subject(self.name, key), start_ms, replace)
+                   filters or [queue_subject(self.name, key)], start_ms, replace)
         self.binds[key] = command[:-1] + (False,)
         self.out.append(command)
 
@@ -414,10 +415,10 @@ class ClusterQueues:
             self.out.append(("nak", pulled.ref))
         return True
 
-    def give_back(self, message: Message) -> None:
+    def give_back(self, message: Message, delay: float = 0.0) -> None:
         pulled = self.pulled.pop(message, None)
         if pulled is not None:
-            self.out.append(("nak", pulled.ref))
+            self.out.append(("nak", pulled.ref, delay) if delay else ("nak", pulled.ref))
 
     def is_pulled(self, message: Message) -> bool:
         return message in self.pulled
@@ -446,7 +447,7 @@ class ClusterQueues:
             consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
             want = self.room(b, name, consumers) - (queue.depth() if queue is not None else 0)
             want = max(want, 0)
-            if want > given:
+            if want > given or (want == 0 and given > 0):  # (a consumer left: stop asking for its share)
                 self.out.append(("credit", name, want - given))
                 self.bound[name] = want
 
@@ -458,10 +459,11 @@ class ClusterQueues:
         for name in list(self.bound):
             queue = b.queues.get(name)
             consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
+            self.dirty.add(name)  # (credit for consumers that left is taken back by the next refill)
             if consumers:
                 if queue is not None and queue.parked:
-                    for message in queue.parked:
-                        self.give_back(message)
+                    for message in queue.parked:  # (not back at once: this node may take it again)
+                        self.give_back(message, PARKED_DELAY)
                     queue.parked.clear()
                 continue
             del self.bound[name]

@@ -80,7 +80,9 @@ class Dispatcher:
         signal.signal(signal.SIGHUP, lambda signum, frame: None)
         self.wait_fds.append(self.signal_r)
         self.store = None
-        if config.store == "sqlite":
+        if config.store == "sqlite" and config.cluster:
+            log.warning("store=sqlite is not used in cluster mode: JetStream keeps queues and durable subscriptions")
+        elif config.store == "sqlite":
             self.store = Store(config.store_path, config.checkpoint, config.replay_retention)
             recovered = self.broker.recover(self.store, time.monotonic())
             self.wait_fds.append(self.store.done_fd)

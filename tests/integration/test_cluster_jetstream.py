@@ -178,3 +178,26 @@ def test_replay_from_a_start_time_and_a_durable_topic_consumer(nats_url):
         assert [m.data for m in got] == [b"new0", b"new1", b"new2"]
         await nc.close()
     run(main())
+
+
+def test_a_durable_consumer_declared_for_other_subjects_starts_afresh(nats_url):
+    async def main():
+        name = "t" + uuid.uuid4().hex[:8]
+        nc, js = await connect(nats_url)
+        stream = J.topic_stream(name)
+        await J.declare_stream(js, stream, [f"{name}.d.>"], 0, work_queue=False, max_age=60)
+        await J.declare_consumer(js, stream, "dur", [f"{name}.d.a"], 30.0, start_time=time.time() - 1)
+        await J.publish(js, f"{name}.d.a", b"for a", "a1", time.monotonic() + 5)
+        await J.declare_consumer(js, stream, "dur", [f"{name}.d.a"], 30.0, start_time=time.time())  # kept
+        assert (await js.consumer_info(stream, "dur")).num_pending == 1
+        await J.declare_consumer(js, stream, "dur", [f"{name}.d.b", f"{name}.d.c"], 30.0, start_time=time.time())
+        await J.publish(js, f"{name}.d.b", b"for b", "b1", time.monotonic() + 5)
+        got = []
+        p = J.Puller(nc, stream, "dur", got.append)
+        await p.start()
+        await p.credit(10)
+        await until(lambda: len(got) == 1)
+        await asyncio.sleep(0.2)
+        assert [m.data for m in got] == [b"for b"]
+        await nc.close()
+    run(main())

@@ -106,12 +106,13 @@ def test_competing_consumers_on_three_nodes_get_each_message_once_in_order(start
         c.close()
 
 
-def test_receipt_means_stored_and_an_unstorable_message_gets_an_error(start_nodes, nats_cluster, cluster_name):
+def test_receipt_means_stored_and_an_unstorable_message_gets_an_error(start_nodes, nats_cluster, cluster_name,
+                                                                      tmp_path):
     import asyncio
 
     import nats
 
-    (node,) = start_nodes(1)
+    (node,) = start_nodes(1, "store=sqlite", f"store_path={tmp_path}/s.sqlite")  # (JetStream is the store)
     w = wire(node)
     w.frame("SEND", {"destination": "/queue/kept", "receipt": "r1", "persistent": "true"}, b"stored")
     assert w.read()[:2] == ("RECEIPT", {"receipt-id": "r1"})
@@ -126,6 +127,7 @@ def test_receipt_means_stored_and_an_unstorable_message_gets_an_error(start_node
     w.frame("SEND", {"destination": "/queue/kept", "receipt": "big"}, b"x" * (2 << 20))  # over NATS max_payload
     command, headers, body = w.read(10)
     assert (command, headers["message"], headers["receipt-id"]) == ("ERROR", "message not stored", "big"), body
+    assert "store=sqlite is not used in cluster mode" in node.log()
 
 
 def test_no_jetstream_means_error_cluster_unavailable_after_cluster_timeout_ms(start_broker):

@@ -9,7 +9,7 @@ from collections import deque
 
 from stompbroker.broker import queues as Q
 from stompbroker.cluster.backplane import Backplane
-from stompbroker.cluster.queuing import decode, pack, topic_filter, topic_subject, unpack
+from stompbroker.cluster.queuing import decode, pack, topic_filters, topic_subject, unpack
 
 from broker_harness import Rig
 
@@ -26,6 +26,7 @@ class FakeJetStream:
         self.fail = False
         self.silent = False
         self.log = []
+        self.commands = []
 
     def join(self, **settings) -> Rig:
         rig = Rig(cluster="nats://127.0.0.1:4222", node_id=f"n{len(self.nodes)}", **settings)
@@ -53,6 +54,7 @@ class FakeJetStream:
 
     def command(self, rig, command) -> None:
         self.log.append(command[0])
+        self.commands.append(command)
         kind = command[0]
         b = rig.broker
         answer = lambda *event: b.backplane.queues.event(b, unpack(pack(event)), Q)  # noqa: E731
@@ -84,9 +86,9 @@ class FakeJetStream:
     def deliver(self) -> bool:
         moved = False
         for rig in self.nodes:
-            for key, wanted in list(rig.binds.items()):
+            for key, filters in list(rig.binds.items()):
                 for subject, waiting in self.stream.items():
-                    if subject == wanted or (wanted.endswith(".>") and subject.startswith(wanted[:-1])):
+                    if any(subject == f or (f.endswith(".>") and subject.startswith(f[:-1])) for f in filters):
                         moved |= self.take(rig, key, subject, waiting)
         return moved
 
@@ -276,7 +278,7 @@ def test_durable_subscription_reads_its_consumer_and_filters_its_pattern_exactly
     a.subscribe(1, "/topic/a*", sub_id="d1", durable="true", ack="client-individual")
     js.run()
     key = next(iter(a.binds))
-    assert key.startswith("durable:") and a.binds[key] == topic_filter("stompbroker", "/topic/a*") == "stompbroker.d.%.topic.>"
+    assert key.startswith("durable:") and a.binds[key] == topic_filters("stompbroker", "/topic/a*") == ["stompbroker.d.t.topic.>"]
     for dest in ("/topic/ab", "/topic/b"):
         a.send(1, dest, dest.encode(), persistent="true")
     js.run()
@@ -297,3 +299,81 @@ def test_pack_round_trip_and_message_encoding():
     ((payload, _),) = js.stream[next(iter(js.stream))]
     mid, dest, headers, body, expires = decode(payload)
     assert dest == "/queue/e" and headers["x-h"] == "v:1\nnext" and body == b"\x00bin" and expires == 0
+
+
+def test_a_restarted_bridge_gets_every_bind_again_as_it_was_and_drops_what_it_pulled():
+    from stompbroker.cluster import records as C
+
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1, login="u")
+    a.subscribe(1, "/queue/q", sub_id="q", ack="client", prefetch_count="1")
+    a.subscribe(1, "/topic/t", sub_id="d", durable="true")
+    bp = a.broker.backplane
+    bp.on_records(a.broker, C.record(C.BRIDGE_START), a.now)   # the first bridge: it had them all
+    assert [c[0] for c in bp.queues.out].count("bind") == 2
+    js.run()
+    first = dict(a.binds)
+    for i in range(2):
+        a.send(1, "/queue/q", b"%d" % i)
+    js.run()
+    assert len(a.messages(1)) == 1      # one delivered (prefetch 1), one pulled and waiting here
+    a.binds.clear()
+    bp.on_records(a.broker, C.record(C.BRIDGE_START), a.now)   # a new bridge: knows nothing
+    js.run()
+    assert a.binds == first             # the durable is bound to the kept-topics filter again
+    assert a.broker.queues["/queue/q"].depth() == 0   # JetStream redelivers it after ack_wait
+
+
+def test_an_expired_queue_message_is_acknowledged_not_delivered():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.send(1, "/queue/x", b"old", expiration="1000")
+    js.run()
+    a.tick(2.0)
+    a.subscribe(1, "/queue/x")
+    js.run()
+    assert a.frames(1) == [] and js.depth() == 0 and "ack" in js.log
+
+
+def test_an_error_and_close_held_behind_an_unstored_message_still_go_when_it_fails():
+    js = FakeJetStream()
+    js.silent = True
+    a = js.join(cluster_timeout_ms=1000)
+    a.connect(1)
+    a.send(1, "/queue/q", receipt="r1")
+    a.frame(1, "BOGUS")                     # an ERROR that must not overtake the receipt
+    js.run()
+    assert a.take(1) == []
+    a.tick(3.0)
+    kinds = [o.command or o.kind for o in a.take(1)]
+    assert kinds == ["ERROR", "CLOSE"], kinds
+
+
+def test_a_message_no_local_selector_takes_goes_back_to_jetstream_after_a_delay():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.subscribe(1, "/queue/s", selector="x = 1")
+    a.send(1, "/queue/s", b"two", x="2")
+    js.run()
+    assert a.frames(1) == []
+    a.tick(0.2)
+    js.run()
+    (nak,) = [c for c in js.commands if c[0] == "nak"]
+    assert nak[2] > 0 and js.depth() == 1   # offered again later, not hot-looped back to this node
+
+
+def test_a_transaction_publishes_at_commit_and_its_receipt_waits_for_the_store():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.frame(1, "BEGIN", transaction="t1")
+    a.send(1, "/queue/tx", b"in tx", transaction="t1")
+    js.run()
+    assert js.depth() == 0
+    a.frame(1, "COMMIT", transaction="t1", receipt="c1")
+    assert a.frames(1) == []
+    js.run()
+    assert [o.headers["receipt-id"] for o in a.frames(1)] == ["c1"] and js.depth() == 1
