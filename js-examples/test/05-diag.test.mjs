@@ -56,7 +56,9 @@ test('DIAG session, ws_buffer and stale', { timeout: 30000 }, async () => {
     assert.deepEqual(session, { clients: 3, websockets: 2, stomp_connected: 3, subscriptions: 2 });
 
     const ws = numeric(await query(diag, inbox, destination, 'ws_buffer'), ['allocated', 'hits', 'misses']);
-    assert.ok(ws.hits >= 4, `WebSocket reads that produced events: ${ws.hits}`);
+    // Two CONNECTs, then at least one read with the SUBSCRIBE and the first query (the client may
+    // send both in one read, and the read carrying this query may be counted after it is answered).
+    assert.ok(ws.hits >= 3, `WebSocket reads that produced events: ${ws.hits}`);
 
     // Park four messages in the stale queue (TTL=5000, no subscriber), then ask.
     for (let i = 0; i < 3; i++) other.publish({ destination: `/topic/${randomName('stale-')}`, body: `${i}` });

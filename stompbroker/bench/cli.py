@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import os
+import re
 import resource
+import shlex
 import sys
 import time
 
 from . import __doc__ as PACKAGE_DOC
+from .compare import extract_ref, parse_target, table
+from .procs import ROOT
+from .profile import compare_profiles, reanalyse
 from .report import compare, load_results, make_chart
 from .runner import Runner
 from .scenarios import SCENARIOS, run_scenarios, scenario_names
@@ -43,8 +49,14 @@ def parse_args(argv=None):
     g.add_argument("--queue-consumers", type=int, default=4)
     g.add_argument("--consumer-procs", type=int, default=2, help="consumer processes for multi-connection runs")
     g.add_argument("--batch-bytes", type=int, default=65536, help="bytes of pre-rendered frames per send call")
+    g.add_argument("--flow", choices=("bursts", "window"), default="bursts",
+                   help="producer flow control: 'bursts' keeps at most --bursts bursts of at most --burst-bytes "
+                        "unreceipted, the last frame of each asking for a receipt (how real producers wait); "
+                        "'window' keeps up to --window SENDs in flight (a ceiling, labelled so in the output)")
+    g.add_argument("--bursts", type=int, default=4, help="bursts in flight (unreceipted) with --flow bursts")
+    g.add_argument("--burst-bytes", type=int, default=16384, help="wire bytes per burst with --flow bursts")
     g.add_argument("--window", type=int, default=20000,
-                   help="SEND frames in flight between receipts (0: no receipts until the final one)")
+                   help="with --flow window: SEND frames in flight between receipts (0: no receipts until the final one)")
     g.add_argument("--max-inflight", type=int, default=200000,
                    help="deliveries sent but not yet counted by the consumers before the producer waits")
     g.add_argument("--conn-inflight-bytes", type=int, default=8 << 20,
@@ -53,7 +65,8 @@ def parse_args(argv=None):
     g.add_argument("--drain-quiet", type=float, default=2.0, help="seconds without deliveries that end a run early")
     g.add_argument("--setup-timeout", type=float, default=60.0)
     g.add_argument("--pause", type=float, default=2.0, help="seconds between runs (the machine is shared)")
-    g.add_argument("--idle-connections", type=int, default=10000)
+    g.add_argument("--repeat", type=int, default=1, help="runs of each scenario (per target); tables show the median")
+    g.add_argument("--idle-connections", type=int, default=2000)
     g.add_argument("--idle-procs", type=int, default=4)
     g.add_argument("--idle-in-flight", type=int, default=200, help="connection attempts at once per process")
     g.add_argument("--idle-seconds", type=float, default=20.0)
@@ -64,11 +77,19 @@ def parse_args(argv=None):
     g.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
                    help="measure the generator against a trivial sink/source first")
     g.add_argument("--ceiling-duration", type=float, default=3.0)
+    g.add_argument("--profile", action="store_true",
+                   help="record each broker process (reader, dispatcher, writers) with py-spy during each run and "
+                        "report CPU per frame by cost (parse, ring write/read, routing, render, batch, send...); "
+                        "spawned brokers only (--spawn or --compare git:REF / .)")
+    g.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
     g = p.add_argument_group("output")
     g.add_argument("--out", default=None, help="directory for results.json and bench.png (default out/bench-TIME)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument("--compare", nargs="+", metavar="RESULTS", default=None,
-                   help="print a side-by-side Markdown table of results.json files (or their directories)")
+    g.add_argument("--compare", nargs="+", metavar="TARGET", default=None,
+                   help="run the same scenarios against each target in turn and print a table of medians "
+                        "and ratios to the first: NAME=HOST:PORT[,ws=URL][,pid=PID] (any STOMP broker), "
+                        "NAME=git:REF (this broker at a git ref, spawned with --spawn ARGS), NAME=. (this "
+                        "checkout), or a results.json / its directory from an earlier run")
     opts = p.parse_args(argv)
     return opts
 
@@ -88,16 +109,22 @@ def main(argv=None) -> int:
         from .cluster import main as cluster_main
         return cluster_main(argv[1:])
     opts = parse_args(argv)
-    if opts.compare:
-        table = compare(opts.compare)
-        print(table)
+    targets = [parse_target(t) for t in opts.compare] if opts.compare else None
+    if targets and all(t["kind"] == "results" for t in targets):
+        columns = [(t["name"], load_results(t["path"])["results"]) for t in targets]
+        for _, results in columns:
+            reanalyse(results)
+        text = table(columns, opts.rate)
+        profiles = compare_profiles(columns)
+        text += ("\n\n" + profiles if profiles else "") + "\n\nAll runs:\n\n" + compare([t["path"] for t in targets])
+        print(text)
         if opts.out:
             os.makedirs(opts.out, exist_ok=True)
             with open(os.path.join(opts.out, "compare.md"), "w") as f:
-                f.write(table + "\n")
+                f.write(text + "\n")
         return 0
-    if opts.spawn is None and not (opts.port or opts.ws):
-        raise SystemExit("give --spawn [ARGS], or the broker's --port and/or --ws URL")
+    if not targets and opts.spawn is None and not (opts.port or opts.ws):
+        raise SystemExit("give --spawn [ARGS], or the broker's --port and/or --ws URL, or --compare TARGETS")
     names = scenario_names(opts.scenario)
     limit = raise_fd_limit(opts.idle_connections + 1024)
     if "idle" in names:
@@ -106,21 +133,68 @@ def main(argv=None) -> int:
               f"(start it with `ulimit -n {need * 2}` or more, and max_connections >= {opts.idle_connections})",
               file=sys.stderr)
     opts.out = opts.out or os.path.join("out", time.strftime("bench-%Y%m%d-%H%M%S"))
-    runner = Runner(opts)
-    print(f"bench: {runner.label}; scenarios {', '.join(names)}; results in {opts.out}", flush=True)
+    if targets:
+        columns, runners = [], []
+        for t in targets:
+            if t["kind"] == "results":
+                columns.append((t["name"], load_results(t["path"])["results"]))
+                continue
+            runner = Runner(target_opts(opts, t))
+            runners.append(runner)
+            columns.append((t["name"], runner.results))
+    else:
+        runners = [Runner(opts)]
+        columns = [(runners[0].label, runners[0].results)]
+    if opts.profile and not any(r.spawn_args is not None for r in runners):
+        print("--profile: no broker here is spawned by the benchmark (--spawn, git:REF or .); nothing is profiled",
+              file=sys.stderr)
+    for r in runners:
+        print(f"bench: {r.label}; scenarios {', '.join(names)}; {r.flow_label}; results in {r.opts.out}",
+              flush=True)
     try:
-        run_scenarios(runner, names)
+        run_scenarios(runners, names, opts.repeat)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
     finally:
-        runner.save()
-        try:
-            make_chart(load_results(opts.out), os.path.join(opts.out, "bench.png"))
-        except Exception as exc:  # a chart problem must not lose the results
-            print(f"chart not written: {exc!r}", file=sys.stderr)
-    print(f"wrote {os.path.join(opts.out, 'results.json')} and bench.png")
-    return 0 if all(r["status"] != "error" for r in runner.results) else 1
+        for r in runners:
+            r.save()
+            try:
+                make_chart(load_results(r.opts.out), os.path.join(r.opts.out, "bench.png"))
+            except Exception as exc:  # a chart problem must not lose the results
+                print(f"chart not written: {exc!r}", file=sys.stderr)
+    text = table(columns, opts.rate)
+    profiles = compare_profiles(columns)
+    if profiles:
+        text += "\n\n" + profiles
+    print("\n" + text)
+    os.makedirs(opts.out, exist_ok=True)
+    with open(os.path.join(opts.out, "table.md"), "w") as f:
+        f.write(f"Command: {' '.join(sys.argv)}\n\n{text}\n")
+    print(f"wrote {opts.out}/table.md and, per target, results.json and bench.png")
+    return 0 if all(res["status"] != "error" for r in runners for res in r.results) else 1
 
+
+def target_opts(opts, target: dict):
+    """A copy of the options that points one Runner at one --compare target."""
+    o = copy.copy(opts)
+    o.out = os.path.join(opts.out, re.sub(r"[^\w.-]+", "_", target["name"]))
+    o.label = target["name"]
+    if target["kind"] == "address":
+        o.spawn = None
+        o.host, o.port, o.ws = target["host"], target["port"], target.get("ws")
+        o.pid = target.get("pid")
+        o.login = target.get("login", opts.login)
+        o.passcode = target.get("passcode", opts.passcode)
+    else:
+        o.spawn = opts.spawn if opts.spawn is not None else ""
+        if target.get("env"):
+            o.spawn_env = " ".join([opts.spawn_env or "", *(shlex.quote(e) for e in target["env"])]).strip()
+        if target["kind"] == "git":
+            # The tree stays with the results: profiles name its source lines.
+            where, commit = extract_ref(target["ref"], ROOT, os.path.join(o.out, "tree"))
+            o.spawn_root = where
+            o.label = f"{target['name']} ({commit[:9]})"
+    return o
 
 if __name__ == "__main__":
     sys.exit(main())

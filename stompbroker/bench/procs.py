@@ -7,9 +7,11 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 from ..processes.titles import process_role
 from ..readiness import NotReady, wait_ready
@@ -74,21 +76,45 @@ class BrokerProcs:
         out["_total"] = sum(v for k, v in out.items() if not k.endswith(":sys"))
         return out
 
-    def pss(self) -> tuple[int | None, dict]:
+    def counters(self) -> dict:
+        """{role: {"writes", "reads", "voluntary", "involuntary"}}: read/write system calls
+        (/proc/PID/io; a ring's eventfd wake-up is a write, socket sends are not counted) and
+        context switches, roles named as in cpu()."""
         import psutil
-        total, by = 0, {}
+        out: dict = {}
+        for p in self.processes():
+            try:
+                io = p.io_counters()
+                cs = p.num_ctx_switches()
+            except (psutil.Error, AttributeError, NotImplementedError):
+                continue
+            role = _role(p)
+            key = role if role not in out else f"{role}#{p.pid}"
+            out[key] = {"writes": io.write_count, "reads": io.read_count,
+                        "voluntary": cs.voluntary, "involuntary": cs.involuntary}
+        return out
+
+    def pss(self) -> tuple[int | None, dict]:
+        total, by, _ = self.memory()
+        return total, by
+
+    def memory(self) -> tuple[int | None, dict, int | None]:
+        """(PSS summed over the process tree, PSS by role, USS summed)."""
+        import psutil
+        total, by, uss = 0, {}, 0
         procs = self.processes()
         if not procs:
-            return None, {}
+            return None, {}, None
         for p in procs:
             try:
-                pss = p.memory_full_info().pss
+                info = p.memory_full_info()
             except (psutil.Error, AttributeError):
                 continue
             role = _role(p)
-            by[role if role not in by else f"{role}#{p.pid}"] = pss
-            total += pss
-        return total, by
+            by[role if role not in by else f"{role}#{p.pid}"] = info.pss
+            total += info.pss
+            uss += info.uss
+        return total, by, uss
 
     @staticmethod
     def delta(before: dict, after: dict) -> dict:
@@ -99,18 +125,28 @@ class SpawnedBroker(BrokerProcs):
     """``python -m stompbroker port=0 ARGS`` in a scratch directory (removed at stop), so files the broker
     writes with relative paths (a sqlite store, diagnostics dumps) never land in the source tree."""
 
-    def __init__(self, args: list[str], extra_env: dict | None = None):
+    def __init__(self, args: list[str], extra_env: dict | None = None, root: str = ROOT):
         self.workdir = tempfile.mkdtemp(prefix="bench-broker-")
         self.log_path = os.path.join(self.workdir, "broker.log")
         self._log = open(self.log_path, "wb")
-        env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra_env or {})}
+        extra_env = dict(extra_env or {})
+        path = [p for p in (extra_env.pop("PYTHONPATH", ""), root, os.environ.get("PYTHONPATH", "")) if p]
+        env = {**os.environ, **extra_env, "PYTHONPATH": os.pathsep.join(path)}
         ready_path = os.path.join(self.workdir, "ready.json")
-        self.proc = subprocess.Popen([sys.executable, "-m", "stompbroker", "port=0", f"ready_file={ready_path}", *args],
+        # Older trees (a git ref being compared) have no ready_file: give them a free port and
+        # wait until it accepts.
+        has_ready = os.path.exists(os.path.join(root, "stompbroker", "readiness.py"))
+        where = ["port=0", f"ready_file={ready_path}"] if has_ready else [f"port={free_port()}"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "stompbroker", *where, *args],
                                      cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=env)
         super().__init__(self.proc.pid, "stompbroker " + " ".join(args))
         try:
-            self.port = wait_ready(ready_path, self.proc, timeout=30)["port"]
+            if has_ready:
+                self.port = wait_ready(ready_path, self.proc, timeout=30)["port"]
+            else:
+                self.port = int(where[0].split("=")[1])
+                wait_accepting(self.port, self.proc, timeout=30)
         except NotReady as exc:
             log = self.log()[-2000:]
             self.stop()  # removes the work directory, the log with it
@@ -133,6 +169,24 @@ class SpawnedBroker(BrokerProcs):
             self.proc.wait(5)
         self._log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_accepting(port: int, proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise NotReady(f"the broker exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            time.sleep(1.0)  # the listener is up; let the other processes finish starting
+            return
+        time.sleep(0.1)
+    raise NotReady(f"nothing accepted on port {port} within {timeout} s")
 
 
 def broker_has_setting(name: str) -> bool:

@@ -14,7 +14,9 @@ import time
 from multiprocessing.connection import wait
 
 from .mock import serve
-from .procs import BrokerProcs, SpawnedBroker, machine_info, machine_load, system_busy
+from .flowctl import describe, flow_spec
+from .profile import Recorder
+from .procs import ROOT, BrokerProcs, SpawnedBroker, machine_info, machine_load, system_busy
 from .report import TARGETS, Progress, new_result, validate_result
 from .stats import BIN, fmt_num, merge_bins, percentiles, steady_rate
 from .wire import BenchError, Target
@@ -32,6 +34,8 @@ class Flow:
         self.ready: list[dict] = []
         self.cpu_before: dict = {}
         self.cpu_after: dict = {}
+        self.counters_before: dict = {}
+        self.counters_after: dict = {}
         self.t_stop = 0.0
         self.sys_before = self.sys_after = 0.0
         self.notes: list[str] = []
@@ -61,6 +65,11 @@ class Runner:
         self.results: list[dict] = []
         self.ceilings: dict = {}
         self.spawn_args = shlex.split(opts.spawn) if opts.spawn is not None else None
+        self.spawn_root = getattr(opts, "spawn_root", None) or ROOT
+        self.flow_control = flow_spec(opts.flow, opts.bursts, opts.burst_bytes, opts.window, opts.batch_bytes)
+        self.flow_label = describe(self.flow_control)
+        self.repetition = 0
+        self.last_profile: dict | None = None   # role -> py-spy raw file of the last run (--profile)
         self.label = opts.label or ("stompbroker " + (opts.spawn or "(defaults)") +
                                     (f" [{opts.spawn_env}]" if opts.spawn_env else "") if self.spawn_args is not None
                                     else f"{opts.host}:{opts.port or ''} {opts.ws or ''}".strip())
@@ -72,7 +81,7 @@ class Runner:
         o = self.opts
         if self.spawn_args is not None:
             env = dict(word.split("=", 1) for word in shlex.split(o.spawn_env or ""))
-            b = SpawnedBroker(self.spawn_args + list(extra_args), env)
+            b = SpawnedBroker(self.spawn_args + list(extra_args), env, root=self.spawn_root)
             try:
                 target = Target("127.0.0.1", b.port, f"ws://127.0.0.1:{b.port}/ws", o.login, o.passcode, o.vhost)
                 time.sleep(0.3)  # let every process finish starting
@@ -122,6 +131,8 @@ class Runner:
             child.close()
             procs.append([kind, slot, p, parent, None])
         flow = Flow()
+        recorder = None
+        self.last_profile = None
         progress = Progress(label, duration, not o.quiet)
         try:
             # set-up
@@ -132,9 +143,13 @@ class Runner:
                     raise BenchError(msg[1])
                 flow.ready.append(msg[1])
             flow.cpu_before = broker.cpu() if broker else {}
+            flow.counters_before = broker.counters() if broker else {}
             flow.sys_before = system_busy()
             flow.t0 = t0 = time.monotonic() + 0.2
             shared.t0.value = t0
+            if getattr(o, "profile", False) and broker is not None and self.spawn_args is not None:
+                recorder = Recorder(broker, os.path.join(o.out, "profiles"), f"{label}-{self.repetition}",
+                                    duration, o.profile_rate)
             producers_done = None
             last_total, last_change = -1.0, time.monotonic()
             hard = t0 + duration + o.drain_timeout + 60
@@ -177,6 +192,7 @@ class Runner:
                     raise BenchError("the run did not finish within its time bound")
             flow.t_stop = time.monotonic()
             flow.cpu_after = broker.cpu() if broker else {}
+            flow.counters_after = broker.counters() if broker else {}
             flow.sys_after = system_busy()
             shared.stop.value = 1
             for entry in procs:
@@ -188,6 +204,8 @@ class Runner:
         finally:
             progress.close()
             shared.stop.value = 1
+            if recorder is not None:
+                self.last_profile = recorder.wait(duration + 30)
             for entry in procs:
                 entry[2].join(5)
                 if entry[2].is_alive():
@@ -227,7 +245,7 @@ class Runner:
         spec = {"target": target, "transport": transport, "destination": destination, "size": o.size,
                 "duration": o.duration, "mode": "allout", "rate": o.rate, "batch_bytes": o.batch_bytes,
                 "window": o.window, "final": True, "end_destination": f"/topic/bench-{self.run_id}-end",
-                "max_inflight": o.max_inflight, "fan": 0, "grace": 30.0, "headers": []}
+                "max_inflight": o.max_inflight, "fan": 0, "grace": 30.0, "headers": [], "flow": self.flow_control}
         spec.update(kw)
         return spec
 
@@ -246,6 +264,9 @@ class Runner:
             res["broker"]["cpu_s"] = total
             res["broker"]["cpu_by_process"] = {k: v for k, v in cpu.items() if not k.endswith(":sys")}
             res["broker"]["kernel_cpu_by_process"] = {k[:-4]: v for k, v in cpu.items() if k.endswith(":sys")}
+            res["broker"]["syscalls_by_process"] = {
+                role: {k: after[k] - flow.counters_before.get(role, {}).get(k, 0) for k in after}
+                for role, after in flow.counters_after.items()}
             if deliveries and total:
                 res["deliveries_per_cpu_s"] = round(deliveries / total)
         res["broker"]["label"] = self.label
@@ -272,6 +293,8 @@ class Runner:
         self.fill_common(res, flow, broker, window, delivered)
         res["headline"] = {"metric": "deliveries/s", "value": res["rates"]["deliveries_per_s"], "unit": "1/s"}
         res["generator"]["stalled_s"] = round(sum(p.get("stalled_s", 0) for p in flow.producers), 3)
+        res["generator"]["frames_per_burst"] = next((p["frames_per_batch"] for p in flow.producers
+                                                     if "frames_per_batch" in p), None)
         if res["counts"]["expected"] is not None and delivered < res["counts"]["expected"]:
             res["notes"].append(f"{res['counts']['expected'] - delivered} deliveries missing")
         closed = [why for c in flow.consumers for why in c.get("closed", [])]
@@ -332,7 +355,8 @@ class Runner:
             target = Target("127.0.0.1", port, f"ws://127.0.0.1:{port}/ws")
             label = f"ceiling-{kind}-{transport}" + (f"-x{links}" if kind == "recv" else "")
             if kind == "send":
-                p = self.producer_spec(target, transport, "/topic/ceiling", window=0, final=False, duration=dur)
+                p = self.producer_spec(target, transport, "/topic/ceiling", window=0, final=False, duration=dur,
+                                       flow={"mode": "window"})
                 flow = self.flow(label, [p], [], dur, None, fan=None, shared=shared)
                 prod = flow.producers[0]
                 rate = prod["sent"] / (prod["t_last_send"] - flow.t0)

@@ -11,7 +11,9 @@ import resource
 import shlex
 import time
 
+from .flowctl import describe, flow_spec
 from .procs import BrokerProcs, broker_has_setting
+from .profile import analyse, format_profile, wake_cost_us
 from .report import Progress, check_target, new_result, summary_line
 from .stats import BIN, latency_histogram, percentiles, steady_rate
 from .wire import BenchError
@@ -37,28 +39,40 @@ def scenario_names(text: str) -> list[str]:
     return out
 
 
-def run_scenarios(runner, names: list[str]) -> None:
-    """Run each scenario on each of its transports, saving results.json after every result."""
+def run_scenarios(runners, names: list[str], repeat: int = 1) -> None:
+    """Run each scenario on each of its transports, `repeat` times, against each runner's broker in
+    turn (interleaved, so a noisy neighbour hits every target alike); each runner saves its
+    results.json after every result."""
     for name in names:
         fn = RUNS[name]
-        transports = runner.transports_for(name) if name not in ("idle",) else ["tcp"]
-        if not transports:
-            runner.results.append(runner.skipped(name, None, "no address for the transports asked for"))
-            continue
-        for transport in transports:
-            for res in fn(runner, transport):
-                runner.results.append(res)
-                print(summary_line(res), flush=True)
-                runner.save()
-            # pause between heavy runs: the machine is shared
-            time.sleep(runner.opts.pause)
+        for rep in range(max(repeat, 1)):
+            for runner in runners:
+                runner.repetition = rep
+                transports = runner.transports_for(name) if name not in ("idle",) else ["tcp"]
+                if not transports:
+                    runner.results.append(runner.skipped(name, None, "no address for the transports asked for"))
+                    continue
+                for transport in transports:
+                    for res in fn(runner, transport):
+                        res["repetition"] = rep
+                        if runner.last_profile and res["status"] == "ok":
+                            res["profile"] = analyse(runner.last_profile, res, runner.spawn_root, wake_cost_us())
+                        runner.last_profile = None
+                        runner.results.append(res)
+                        who = f"{runner.label}: " if len(runners) > 1 else ""
+                        print(who + summary_line(res), flush=True)
+                        if res.get("profile"):
+                            print(format_profile(res) + "\n", flush=True)
+                        runner.save()
+                    # pause between heavy runs: the machine is shared
+                    time.sleep(runner.opts.pause)
 
 
 # -- the scenarios: each yields result objects -------------------------------------------------
 def ingest(runner, transport):
     name = f"ingest-{transport}"
     params = {"producers": 1, "subscribers": 0, "size": runner.opts.size, "duration": runner.opts.duration,
-              "window": runner.opts.window, "batch_bytes": runner.opts.batch_bytes}
+              "flow_control": runner.flow_label}
 
     def body():
         with runner.broker() as (target, broker):
@@ -79,6 +93,7 @@ def ingest(runner, transport):
         res["target"] = check_target("ingest", res["rates"]["sends_per_s"])
         res["generator_ceiling"] = runner.ceiling("send", transport)
         res["generator"]["stalled_s"] = round(prod.get("stalled_s", 0), 3)
+        res["generator"]["frames_per_burst"] = prod.get("frames_per_batch")
         res["notes"].append("deliveries_per_cpu_s here is SENDs processed per broker CPU-second")
         return res
     yield runner.guarded(name, "ingest", transport, params, body)
@@ -87,7 +102,7 @@ def ingest(runner, transport):
 def one2one(runner, transport):
     name = f"one2one-{transport}"
     params = {"producers": 1, "consumers": 1, "size": runner.opts.size, "duration": runner.opts.duration,
-              "window": runner.opts.window, "max_inflight": runner.opts.max_inflight}
+              "flow_control": runner.flow_label, "max_inflight": runner.opts.max_inflight}
 
     def body():
         with runner.broker() as (target, broker):
@@ -110,7 +125,7 @@ def fanout(runner, transport):
         params = {"producers": 1, "fanout": n, "layout": ("one connection per subscriber" if layout == "conns"
                   else f"one connection with {n} subscriptions"), "size": runner.opts.size,
                   "duration": runner.opts.duration, "consumer_procs": runner.opts.consumer_procs,
-                  "window": runner.opts.window, "max_inflight": runner.opts.max_inflight}
+                  "flow_control": runner.flow_label, "max_inflight": runner.opts.max_inflight}
 
         def body(layout=layout, name=name, params=params):
             with runner.broker() as (target, broker):
@@ -125,7 +140,8 @@ def fanout(runner, transport):
                                          max_inflight=runner.inflight_cap(n if layout == "conns" else 1))
                 flow = runner.flow(name, [p], consumers, runner.opts.duration, broker, fan=n)
             res = runner.delivery_result(name, "fanout", transport, params, flow, broker, n)
-            res["target"] = check_target("fanout", res["rates"]["deliveries_per_s"])
+            key = "fanout_conns" if layout == "conns" else "fanout_ws" if transport == "ws" else "fanout"
+            res["target"] = check_target(key, res["rates"]["deliveries_per_s"])
             res["generator_ceiling"] = runner.ceiling("recv", transport, n if layout == "conns" else 1)
             return res
         yield runner.guarded(name, "fanout", transport, params, body)
@@ -137,7 +153,7 @@ def queue(runner, transport):
     k = runner.opts.queue_consumers
     name = f"queue-{transport}"
     params = {"producers": 1, "consumers": k, "size": runner.opts.size, "duration": runner.opts.duration,
-              "window": runner.opts.window, "max_inflight": runner.opts.max_inflight}
+              "flow_control": runner.flow_label, "max_inflight": runner.opts.max_inflight}
 
     def body():
         with runner.broker() as (target, broker):
@@ -158,6 +174,7 @@ def queue(runner, transport):
         if copies is not None and copies > 1.05:
             res["notes"].append(f"each message reached {copies:.2f} consumers on average: the broker "
                                 "treats /queue/ like a topic (no competing consumers)")
+        res["target"] = check_target("queue", res["rates"]["deliveries_per_s"])
         res["generator_ceiling"] = runner.ceiling("send", transport)
         return res
     yield runner.guarded(name, "queue", transport, params, body)
@@ -167,19 +184,25 @@ def latency(runner, transport):
     name = f"latency-{transport}"
     o = runner.opts
     params = {"rate": o.rate, "size": o.size, "duration": o.duration, "producers": 1, "consumers": 1,
-              "pacing": "open loop: latency measured from each message's scheduled send time"}
+              "pacing": "open loop: latency measured from each message's scheduled send time",
+              "flow_control": describe(flow_spec("paced", rate=o.rate)),
+              "latency": "delivery: scheduled send -> MESSAGE read by the consumer; "
+                         "receipt: scheduled send -> RECEIPT read by the producer"}
 
     def body():
         with runner.broker() as (target, broker):
             dest = f"/topic/bench-{runner.run_id}-latency"
             consumers = runner.consumer_specs(target, transport, [[(dest, "0", [])]], 1, mode="latency")
-            p = runner.producer_spec(target, transport, dest, mode="paced", fan=1, window=0)
+            p = runner.producer_spec(target, transport, dest, mode="paced", fan=1, window=0, receipts=True)
             flow = runner.flow(name, [p], consumers, o.duration, broker, fan=1)
         res = runner.delivery_result(name, "latency", transport, params, flow, broker, 1)
         lat = [x / 1e6 for c in flow.consumers for x in c["latency_ns"]]
         pct = percentiles(lat)
         res["latency_ms"] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in pct.items()}
         res["latency_ms"]["histogram"] = latency_histogram(lat)
+        rlat = [x / 1e6 for p in flow.producers for x in p.get("receipt_latency_ns", [])]
+        res["receipt_latency_ms"] = {k: (round(v, 3) if isinstance(v, float) else v)
+                                     for k, v in percentiles(rlat).items()}
         res["rates"]["offered_per_s"] = o.rate
         res["generator"]["max_send_lag_ms"] = round(flow.producers[0].get("max_lag_s", 0) * 1000, 3)
         res["headline"] = {"metric": "p99 latency", "value": res["latency_ms"]["p99"], "unit": "ms"}
@@ -205,7 +228,7 @@ def idle(runner, transport):
             if broker is None:
                 res["notes"].append("no --pid: broker memory and CPU are not measured")
             time.sleep(1.0)
-            mem0, mem0_by = broker.pss() if broker else (None, {})
+            mem0, mem0_by, uss0 = broker.memory() if broker else (None, {}, None)
             cpu_a = broker.cpu() if broker else {}
             time.sleep(o.idle_base_seconds)
             cpu_b = broker.cpu() if broker else {}
@@ -238,7 +261,7 @@ def idle(runner, transport):
                 opened = sum(i["open"] for i in infos)
                 open_s = time.monotonic() - t_open
                 time.sleep(2.0)  # let the broker settle
-                mem1, mem1_by = broker.pss() if broker else (None, {})
+                mem1, mem1_by, uss1 = broker.memory() if broker else (None, {}, None)
                 cpu_c = broker.cpu() if broker else {}
                 t_c = time.monotonic()
                 while time.monotonic() - t_c < o.idle_seconds:
@@ -274,12 +297,14 @@ def idle(runner, transport):
             base = {k: v for k, v in BrokerProcs.delta(cpu_a, cpu_b).items() if not k.endswith(":sys")}
             idle = {k: v for k, v in BrokerProcs.delta(cpu_c, cpu_d).items() if not k.endswith(":sys")}
             per_conn = (mem1 - mem0) / opened if opened and mem0 is not None and mem1 is not None else None
+            uss_conn = (uss1 - uss0) / opened if opened and uss0 is not None and uss1 is not None else None
             res["broker"].update({
                 "cpu_s": idle.pop("_total", None), "cpu_by_process": idle,
                 "cpu_base_s": base.pop("_total", None), "cpu_base_by_process": base,
                 "pss_bytes": mem1, "pss_start_bytes": mem0, "pss_end_bytes": mem2,
                 "pss_start_by_process": mem0_by, "pss_with_connections_by_process": mem1_by,
                 "pss_bytes_per_connection": round(per_conn) if per_conn is not None else None,
+                "uss_bytes_per_connection": round(uss_conn) if uss_conn is not None else None,
             })
             frac = res["broker"]["cpu_s"] / idle_s if res["broker"]["cpu_s"] is not None else None
             res["broker"]["cpu_fraction"] = round(frac, 5) if frac is not None else None
@@ -302,7 +327,8 @@ def durable(runner, transport):
     o = runner.opts
     name = f"durable-{transport}"
     params = {"producers": 1, "consumers": 1, "size": o.size, "duration": o.duration,
-              "receipt_window": o.durable_window, "headers": "persistent:true", "broker_args": o.durable_args}
+              "receipt_window": o.durable_window, "headers": "persistent:true", "broker_args": o.durable_args,
+              "flow_control": f"receipt on every SEND, <= {o.durable_window} unreceipted"}
     if runner.spawn_args is not None:
         if o.durable == "no" or (o.durable == "auto" and not broker_has_setting("store")):
             yield runner.skipped(name, transport, "skipped: this broker has no store setting (store=sqlite) yet")

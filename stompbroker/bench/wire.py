@@ -140,12 +140,14 @@ _TS_RE = re.compile(rb"\n" + TS_HEADER.encode() + rb":(\d+)")
 
 
 class TsScanner:
-    """Extracts ``bench-ts`` header values from a stream read in chunks (STOMP or WebSocket)."""
+    """Extracts ``bench-ts`` header values (or another header's, e.g. ``receipt-id``, holding a
+    time stamp) from a stream read in chunks (STOMP or WebSocket)."""
 
-    __slots__ = ("tail",)
+    __slots__ = ("tail", "regex")
 
-    def __init__(self):
+    def __init__(self, header: str = TS_HEADER):
         self.tail = b""
+        self.regex = _TS_RE if header == TS_HEADER else re.compile(rb"\n" + header.encode() + rb":(\d+)")
 
     def feed(self, data) -> list[int]:
         buf = self.tail + bytes(data)
@@ -155,7 +157,7 @@ class TsScanner:
             return []
         # Everything up to the last EOL is complete; the tail keeps that EOL so a header line
         # that is still arriving is matched on the next chunk, and never twice.
-        found = [int(m.group(1)) for m in _TS_RE.finditer(buf, 0, cut + 1) if m.end() <= cut]
+        found = [int(m.group(1)) for m in self.regex.finditer(buf, 0, cut + 1) if m.end() <= cut]
         self.tail = buf[cut:]
         return found
 

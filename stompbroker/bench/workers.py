@@ -19,6 +19,7 @@ import socket
 import time
 import traceback
 
+from .flowctl import BurstWindow, burst_frames
 from .stats import BIN
 from .wire import TOKEN, BenchError, Link, TokenCounter, TsScanner, make_body, stomp_frame, ws_frame
 
@@ -107,8 +108,10 @@ class Producer(Worker):
     """Sends SEND frames all-out (pre-rendered batches) or at a fixed rate (open loop, timestamped).
 
     spec keys: target, transport, destination, size, duration, mode ("allout" | "paced"), rate,
-    batch_bytes, window (frames in flight between receipts, 0 = none), receipt_each (every SEND
-    asks for a receipt), headers (extra SEND headers), final (final SEND with a receipt on
+    flow (flowctl.flow_spec: "bursts" of burst_bytes with at most `bursts` unreceipted, or
+    "window"), batch_bytes, window (frames in flight between receipts, 0 = none), receipt_each
+    (every SEND asks for a receipt), receipts (paced: every SEND asks for a receipt, timed),
+    headers (extra SEND headers), final (final SEND with a receipt on
     end_destination, waited for), end_destination, consumer_slots, fan (deliveries per SEND that
     the consumers should see), max_inflight (deliveries sent but not yet counted), grace.
     """
@@ -119,6 +122,8 @@ class Producer(Worker):
         self.receipts_total = 0
         self.final_seen = False
         self.tail = b""
+        self.receipt_ts: TsScanner | None = None   # paced runs: receipt-id is the scheduled time
+        self.receipt_lat_ns: list[int] = []
 
     def run(self) -> dict:
         spec = self.spec
@@ -144,6 +149,7 @@ class Producer(Worker):
             self._final(sock, link)
         out["t_done"] = time.monotonic()
         out["cpu_s"] = _cpu() - cpu0
+        out["receipt_latency_ns"] = self.receipt_lat_ns
         out["t0"] = t0
         link.close()
         return out
@@ -170,6 +176,9 @@ class Producer(Worker):
                 raise BenchError("the broker closed the producer connection")
             n = self._count_receipts(data)
             self.receipts_total += n
+            if self.receipt_ts is not None:
+                now_ns = time.monotonic_ns()
+                self.receipt_lat_ns += [now_ns - ts for ts in self.receipt_ts.feed(data)]
             got += n
 
     def _count_receipts(self, data: bytes) -> int:
@@ -206,14 +215,21 @@ class Producer(Worker):
         wire = self.link.wrap
         plain = wire(stomp_frame("SEND", headers, body))
         with_receipt = wire(stomp_frame("SEND", headers + [("receipt", "w")], body))
+        flow = spec.get("flow") or {"mode": "window"}
         window = spec.get("window", 0)
         each = spec.get("receipt_each", False)
-        per = max(spec.get("batch_bytes", 65536) // len(plain), 1)
+        bursts = BurstWindow(flow["bursts"]) if flow["mode"] == "bursts" and not each else None
+        if bursts:
+            per = burst_frames(len(plain), len(with_receipt), flow["burst_bytes"])
+        else:
+            per = max(spec.get("batch_bytes", 65536) // len(plain), 1)
         cap = spec.get("max_inflight", 0)
         fan = spec.get("fan", 0)
         if cap and fan:
             per = max(min(per, cap // (2 * fan)), 1)  # one batch must not overshoot the in-flight limit
-        if each:
+        if bursts:
+            batch = plain * (per - 1) + with_receipt
+        elif each:
             per = max(min(per, window // 4), 1)
             batch = with_receipt * per
         elif window:
@@ -221,7 +237,7 @@ class Producer(Worker):
             batch = plain * (per - 1) + with_receipt
         else:
             batch = plain * per
-        asked_per_batch = per if each else (1 if window else 0)
+        asked_per_batch = 0 if bursts else per if each else (1 if window else 0)
         end = t0 + spec["duration"]
         hard = end + spec.get("grace", 30.0)
         slots = spec.get("consumer_slots", [])
@@ -234,7 +250,16 @@ class Producer(Worker):
             now = time.monotonic()
             if now >= end or self.shared.stop.value:
                 break
-            if asked_per_batch:
+            if bursts:
+                # At most `bursts` bursts unreceipted: the way real producers wait for confirmation.
+                bursts.receipted(self._drain(sock))
+                while not bursts.room():
+                    t = time.monotonic()
+                    if t >= hard or self.shared.stop.value:
+                        raise BenchError("receipts stopped coming back")
+                    bursts.receipted(self._drain(sock, block_until=min(t + 0.05, hard)))
+                    stalled += time.monotonic() - t
+            elif asked_per_batch:
                 # Receipt window: at most `window` frames sent and not yet confirmed.
                 self._drain(sock)
                 while (asked - self.receipts_total) * (per // asked_per_batch) >= window:
@@ -252,6 +277,8 @@ class Producer(Worker):
                     time.sleep(0.001)
                 stalled += time.monotonic() - t
             self._send(sock, batch, hard)
+            if bursts:
+                bursts.sent()
             sent += per
             batches += 1
             asked += asked_per_batch
@@ -268,6 +295,10 @@ class Producer(Worker):
         extra = "".join(f"{k}:{v}\n" for k, v in spec.get("headers", []))
         prefix = f"SEND\ndestination:{spec['destination']}\n{extra}bench-ts:".encode()
         suffix = f"\ncontent-length:{len(body)}\n\n".encode() + body + b"\0"
+        receipts = spec.get("receipts", False)
+        if receipts:
+            # receipt:<scheduled time>: the receipt's round trip is timed from when the SEND was due.
+            self.receipt_ts = TsScanner("receipt-id")
         ws = self.link.ws
         t0_ns = int(t0 * 1e9)
         interval_ns = 1e9 / rate
@@ -284,7 +315,8 @@ class Producer(Worker):
             if due > i:
                 parts = []
                 for k in range(i, due):
-                    frame = prefix + str(t0_ns + int(k * interval_ns)).encode() + suffix
+                    ts = str(t0_ns + int(k * interval_ns)).encode()
+                    frame = prefix + ts + (b"\nreceipt:" + ts if receipts else b"") + suffix
                     parts.append(ws_frame(frame) if ws else frame)
                 lag = (now_ns - (t0_ns + i * interval_ns)) / 1e9
                 max_lag = max(max_lag, lag)
@@ -293,12 +325,15 @@ class Producer(Worker):
                 _bin(bins, t0, time.monotonic(), due - i)
                 i = due
                 counts[self.slot] = i
-                if spec.get("window"):
+                if spec.get("window") or receipts:
                     self._drain(sock)
             next_ns = t0_ns + i * interval_ns
             delay = (next_ns - time.monotonic_ns()) / 1e9
             if delay > 0:
-                time.sleep(delay)
+                if receipts:  # wait for the next due time or a receipt, whichever comes first
+                    self._drain(sock, block_until=time.monotonic() + delay)
+                else:
+                    time.sleep(delay)
         return {"sent": i, "bins": bins, "max_lag_s": max_lag, "send_calls": sends}
 
     def _final(self, sock, link) -> None:

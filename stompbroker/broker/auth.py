@@ -1,4 +1,5 @@
-"""Who may connect, read and write: the decisions, with no threads and no files.
+"""Who may connect, read and write: the decisions, with no threads, no files and no clock (callers
+pass the time).
 
 :class:`Authenticator` answers whether a login and passcode are good (passwd users, signed tokens,
 console passcodes), what a user may read and write, and who is an admin. It is given the users
@@ -11,7 +12,6 @@ reach the broker as ``Broker.on_auth`` events. Successful logins are cached by
 from __future__ import annotations
 
 import secrets
-import time
 
 from ..security import passwd, tokens
 
@@ -25,30 +25,32 @@ class Authenticator:
         self.secret = config.secret
         self.required = config.auth == "passwd" or bool(self.secret)
         self.users = users
-        self.console_tokens: dict[str, tuple[str, float]] = {}  # passcode -> (login, monotonic expiry)
+        self.console_tokens: dict[str, tuple[str, float]] = {}  # passcode -> (login, expiry, epoch seconds)
 
     def replace_users(self, users: passwd.Users) -> None:
         """New passwd and ACL files (SIGHUP)."""
         self.users = users
         self.console_tokens = {}  # a removed user or admin right must not live on in an open console
 
-    def console_token(self, login: str) -> str:
-        """A STOMP passcode for one console page of ``login`` (already checked over HTTP Basic)."""
+    def console_token(self, login: str, now: float) -> str:
+        """A STOMP passcode for one console page of ``login`` (already checked over HTTP Basic);
+        ``now`` is the wall clock (epoch seconds)."""
         tokens = self.console_tokens
         while len(tokens) >= CONSOLE_TOKENS:
             del tokens[next(iter(tokens))]
         token = "console-" + secrets.token_urlsafe(24)
-        tokens[token] = (login, time.monotonic() + CONSOLE_TOKEN_TTL)
+        tokens[token] = (login, now + CONSOLE_TOKEN_TTL)
         return token
 
-    def check(self, login: str | None, passcode: str | None) -> str | None:
-        """The user a login and passcode stand for, or None (refused). Slow: scrypt."""
+    def check(self, login: str | None, passcode: str | None, now: float) -> str | None:
+        """The user a login and passcode stand for at ``now`` (the wall clock, epoch seconds: token
+        and console passcode expiry), or None (refused). Slow: scrypt."""
         if passcode and passcode.startswith("console-"):
             entry = self.console_tokens.get(passcode)
-            if entry is not None and entry[0] == login and time.monotonic() < entry[1]:
+            if entry is not None and entry[0] == login and now < entry[1]:
                 return login
         if self.secret and login and login.count(" ") >= 2:
-            user = tokens.verify_token(login, passcode, self.secret, self.config.secret_timeout, time.time(),
+            user = tokens.verify_token(login, passcode, self.secret, self.config.secret_timeout, now,
                                        self.config.token_mode)
             if user is not None:
                 return user

@@ -13,6 +13,7 @@ Each behaviour has one home, a module of functions taking the broker (see docs/a
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -54,7 +55,9 @@ class Broker:
         self.worker_rr: dict[str, int] = {}
         self.stale = StaleQueue(config.TTL / 1000, config.max_stale_queue_size) if config.TTL > 0 else None
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
-        self.diag = diag                 # the statistics provider (diag.stats.Statistics); it needs the broker
+        self.diag = diag                 # the statistics provider (diag.stats.Statistics); it reads the broker
+        if diag is not None and getattr(diag, "broker", self) is None:
+            diag.broker = self           # (given unbound, as it cannot be made after the broker it reads)
         self.store = store               # the durable store (store.sqlite.Store), or set by recover()
         self.auth = auth                 # the Authenticator (broker/auth.py): who may log in, read, write
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
@@ -69,6 +72,9 @@ class Broker:
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables = {}                   # durable subscriptions by key (durables.py)
         self.rescan: set[Queue] = set()      # queues whose pump stopped at the scan budget: the tick goes on
+        # (function, args) steps of the current event stopped because an outbox went over its limit,
+        # in order: the dispatcher drains the outboxes and calls resume() until it is empty
+        self.unfinished: collections.deque = collections.deque()
         self.examined = 0                    # messages looked at by queues.scan (a cost measure for tests)
         self.durable_index = SubscriptionIndex()
         self.temps = {}                      # temporary destinations by reply name (temporary.py)
@@ -174,6 +180,17 @@ class Broker:
         if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
             diagnostics.monitor(self, now)
 
+    def resume(self) -> None:
+        """Continue the first unfinished step (after the outboxes were drained). What it leaves
+        unfinished in turn goes before the later steps, so every connection's frames keep their order."""
+        rest = self.unfinished
+        self.unfinished = collections.deque()
+        step, args = rest.popleft()
+        try:
+            step(self, *args)
+        finally:
+            self.unfinished.extend(rest)
+
     def needs_tick(self) -> bool:
         return bool(self.timed or self.stale or self.delayed or self.rescan or self.index.exact.get(MONITOR)
                     or (self.holding and self.store is not None and self.store.failing_since)
@@ -183,16 +200,9 @@ class Broker:
         """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""
         sessions.auth_done(self, conn, user, now)
 
-    def publish(self, destination: str, headers: dict, body: bytes, expires: float = 0.0) -> int:
-        """Route one message; returns the number of deliveries made now."""
-        return routing.publish(self, destination, headers, body, expires)
-
     def release(self, generation: int) -> None:
         """The store has committed up to ``generation``: send the replies that waited for it."""
         receipts.release(self, generation)
-
-    def store_outage(self, now: float) -> None:
-        receipts.store_outage(self, now)
 
     def hang_up(self, session: Session) -> None:
         """Close after a transport-level reply (HTTP response, WebSocket close) already written."""

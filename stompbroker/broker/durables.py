@@ -88,10 +88,17 @@ def replay(b, sub: Subscription, since_ms: float) -> None:
     """Deliver stored messages sent since ``since_ms`` to one subscription, as copies."""
     prefix = SubscriptionIndex.wildcard_prefix(sub.destination)
     exact = sub.destination if prefix is None else None
-    for destination, message_id, headers, body in b.store.replay(exact, prefix, since_ms):
+    replay_rest(b, sub, b.store.replay(exact, prefix, since_ms))
+
+
+def replay_rest(b, sub: Subscription, rows) -> None:
+    """Deliver from the store's rows until an outbox is over its limit; the rest is unfinished."""
+    for destination, message_id, headers, body in rows:
         if sub.accepts is None or sub.accepts(headers):
             message = Message(message_id, destination, {**headers, "replayed": "true"}, body)
-            queues.deliver(b, sub, message, None)
+            if queues.deliver(b, sub, message, None):
+                b.unfinished.append((replay_rest, (sub, rows)))
+                return
 
 
 def load(b, store) -> None:

@@ -1,5 +1,8 @@
 """Queues: delivery (auto and tracked), pumping waiting messages to consumers with room,
-parking and blocking, the scan budget, persistence of queued messages, idle-queue dropping."""
+parking and blocking, the scan budget, persistence of queued messages, idle-queue dropping.
+
+``deliver`` and ``deliver_tracked`` return whether the session's outbox is over its limit; a pump
+that sees it stops there and leaves itself in ``Broker.unfinished`` (see ``Broker.resume``)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ from .names import REDELIVERED
 from .subscriptions import SubscriptionIndex
 
 
-def deliver(b, sub: Subscription, message: Message, queue: Queue | None) -> None:
+def deliver(b, sub: Subscription, message: Message, queue: Queue | None) -> bool:
+    """Append one delivery; True when the outbox is now over its limit."""
     if sub.tracked:
-        deliver_tracked(b, sub, message, queue)
-        return
+        return deliver_tracked(b, sub, message, queue)
     session = sub.session
     shared = message.shared(session.escape)
     mark = 0
@@ -21,12 +24,11 @@ def deliver(b, sub: Subscription, message: Message, queue: Queue | None) -> None
         session.inflight.append((message, queue))
         mark = R.WRITTEN_MARK
     if message.redelivered:
-        session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared, mark)
-    else:
-        session.outbox.add2(session.conn, sub.prefix, shared, mark)
+        return session.outbox.add3(session.conn, sub.prefix, REDELIVERED, shared, mark)
+    return session.outbox.add2(session.conn, sub.prefix, shared, mark)
 
 
-def deliver_tracked(b, sub: Subscription, message: Message, queue: Queue | None) -> None:
+def deliver_tracked(b, sub: Subscription, message: Message, queue: Queue | None) -> bool:
     session = sub.session
     ack_id = f"{b.token}-a{next(b.ack_ids)}"
     sub.unacked[ack_id] = Delivery(ack_id, message, queue, message.nacks)
@@ -34,11 +36,12 @@ def deliver_tracked(b, sub: Subscription, message: Message, queue: Queue | None)
     extra = b"ack:" + ack_id.encode() + b"\n"
     if message.redelivered or message.nacks:
         extra += REDELIVERED
-    session.outbox.add3(session.conn, sub.prefix, extra, message.shared(session.escape))
+    over = session.outbox.add3(session.conn, sub.prefix, extra, message.shared(session.escape))
     if queue is not None:
         queue.unacked += 1
         if message.seq:
             b.store.mark_delivered(message.seq)
+    return over
 
 
 def get_queue(b, name: str) -> Queue:
@@ -80,8 +83,13 @@ def pump(b, queue: Queue, room: bool = False) -> int:
     subscribes); only full consumers accept it, it is *blocked* (looked at again, oldest first,
     only when ``room`` says a consumer may have room: an ACK, a NACK, a new subscription). One
     call examines at most ``queue_scan_budget`` messages it cannot deliver; a call that stopped
-    there while parking is continued by the next tick.
+    there while parking is continued by the next tick. A delivery that fills its outbox stops the
+    call too; the dispatcher drains the outboxes and calls it again (``Broker.resume``). While
+    anything is unfinished the call itself waits its turn there, so deliveries keep their order.
     """
+    if b.unfinished:
+        b.unfinished.append((pump, (queue, room)))
+        return 0
     subs = consumers(b, queue)
     if not subs or not (queue.messages or (room and queue.blocked)):
         drop_if_idle(b, queue)  # (an ACK may have taken its last message)
@@ -89,15 +97,15 @@ def pump(b, queue: Queue, room: bool = False) -> int:
     budget = [b.config.queue_scan_budget]
     delivered = 0
     if room and queue.blocked:
-        delivered = scan(b, queue, subs, queue.blocked, budget)
-    if budget[0] > 0:
-        delivered += scan(b, queue, subs, queue.messages, budget)
+        delivered = scan(b, queue, subs, queue.blocked, budget, room)
+    if budget[0] > 0 and not b.unfinished:
+        delivered += scan(b, queue, subs, queue.messages, budget, room)
     b.stats["messages_delivered"] += delivered
     drop_if_idle(b, queue)
     return delivered
 
 
-def scan(b, queue: Queue, subs: tuple, source, budget: list) -> int:
+def scan(b, queue: Queue, subs: tuple, source, budget: list, room: bool = False) -> int:
     n = len(subs)
     still_blocked = []
     delivered = parked = 0
@@ -129,8 +137,10 @@ def scan(b, queue: Queue, subs: tuple, source, budget: list) -> int:
                 break
         if chosen is not None:
             message.avoid = None
-            deliver(b, chosen, message, queue)
             delivered += 1
+            if deliver(b, chosen, message, queue):  # outbox over its limit: drained, then resumed
+                b.unfinished.append((pump, (queue, room)))
+                break
             continue
         budget[0] -= 1
         if any(not sub.has_room() and (sub.accepts is None or sub.accepts(message.headers)) for sub in subs):

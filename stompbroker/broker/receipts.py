@@ -21,11 +21,13 @@ def send_receipt(b, session: Session, receipt: str | None) -> None:
 
 
 def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | None = None) -> None:
-    """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk)."""
-    if b.backplane is not None and b.backplane.queues.holds(session):  # its messages are not stored yet
-        session.held.append((b.backplane.queues.due(session), kind, payload, receipt))
-        b.holding.add(session)
+    """A reply that must not overtake a receipt waiting for the store (nor go before its data is on disk),
+    nor deliveries of its event still unfinished (stopped over an outbox's limit)."""
+    if b.unfinished:
+        b.unfinished.append((emit, (session, kind, payload, receipt)))
         return
+    if b.backplane is not None and b.backplane.hold_reply(session, kind, payload):
+        return  # behind a message of this session's that waits for NATS (cluster/backplane.py)
     store = b.store
     if store is not None and store.sync_receipts and (session.held or store.ops != b.ops_mark):
         session.held.append((store.generation, kind, payload, receipt))

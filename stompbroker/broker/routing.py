@@ -33,8 +33,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
     publish(b, destination, headers, body, expiry(b, headers, receipt), sender=session)
-    if b.backplane is None or not b.backplane.hold(b, session, receipt):
-        receipts.send_receipt(b, session, receipt)
+    receipts.send_receipt(b, session, receipt)
 
 
 def check_send(headers: dict, receipt) -> str:
@@ -69,7 +68,14 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             sender=None) -> int:
     """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
     another node of the cluster published (delivered here only, never kept or sent on). ``sender``:
-    its sender, whose replies wait for the cluster to store it (cluster mode)."""
+    its sender's session, whose replies wait while the message waits for the cluster (cluster mode).
+
+    While an earlier part of the event is unfinished (stopped over an outbox's limit), the whole
+    publish waits its turn in ``Broker.unfinished``, so no delivery overtakes an earlier one.
+    """
+    if b.unfinished:
+        b.unfinished.append((publish, (destination, headers, body, expires, origin, sender)))
+        return 0
     if origin is None:
         b.stats["messages_published"] += 1
     message = Message(origin or f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
@@ -98,42 +104,82 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             pump(b, durable.queue)
             kept += 1
     subs = b.index.match(destination)
-    remote = False
+    if origin is not None:
+        kept += 1  # from another node: delivered here or nowhere, never kept nor sent on
+    elif b.backplane is not None:
+        # other nodes' share, as a record for the bridge (local deliveries never wait for it)
+        if destination.startswith(WORKER_PREFIX):
+            if b.backplane.worker(b, message, subs, sender):
+                return 0  # another node's subscription takes it
+        elif b.backplane.publish(b, message, sender):
+            kept += 1  # it reached someone elsewhere: not for the stale queue
+    if b.unfinished:  # a durable subscription's pump stopped over an outbox's limit: the rest follows it
+        b.unfinished.append((fan_out, (message, subs, kept, False)))
+        return 0
     if destination.startswith(WORKER_PREFIX):
-        if b.backplane is not None and origin is None and b.backplane.worker(b, message, subs):
-            return 0  # another node's subscription takes it
         delivered = deliver_round_robin(b, destination, subs, message)
+        b.stats["messages_delivered"] += delivered
+        if not (delivered or kept):
+            unclaimed(b, message)
+        return delivered
+    return fan_out(b, message, subs, kept)
+
+
+def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> int:
+    """Deliver a topic message to ``subs``, in order; returns the deliveries made.
+
+    A delivery that takes its outbox over the limit stops the loop: the subscriptions not yet
+    served wait in ``Broker.unfinished`` (``some``: deliveries were made before the stop).
+    """
+    if message.destination.startswith(WORKER_PREFIX):  # (when the round-robin waited its turn)
+        delivered = deliver_round_robin(b, message.destination, subs, message)
+        b.stats["messages_delivered"] += delivered
+        if not (delivered or kept):
+            unclaimed(b, message)
+        return delivered
+    headers = message.headers
+    delivered = 0
+    escaped_part = plain_part = None
+    for sub in subs:
+        if sub.accepts is not None and not sub.accepts(headers):
+            continue
+        session = sub.session
+        delivered += 1
+        # each add says whether the outbox is now over its limit: then stop after this delivery
+        if sub.tracked:
+            if deliver_tracked(b, sub, message, None):
+                break
+        elif session.escape:
+            if escaped_part is None:
+                escaped_part = message.shared(True)
+            if session.outbox.add2(session.conn, sub.prefix, escaped_part):
+                break
+        else:
+            if plain_part is None:
+                plain_part = message.shared(False)
+            if session.outbox.add2(session.conn, sub.prefix, plain_part):
+                break
     else:
-        delivered = 0
-        escaped_part = plain_part = None
-        for sub in subs:
-            if sub.accepts is not None and not sub.accepts(headers):
-                continue
-            session = sub.session
-            if sub.tracked:
-                deliver_tracked(b, sub, message, None)
-            elif session.escape:
-                if escaped_part is None:
-                    escaped_part = message.shared(True)
-                session.outbox.add2(session.conn, sub.prefix, escaped_part)
-            else:
-                if plain_part is None:
-                    plain_part = message.shared(False)
-                session.outbox.add2(session.conn, sub.prefix, plain_part)
-            delivered += 1
-        if b.backplane is not None and origin is None:
-            remote = b.backplane.publish(b, message)  # after the local deliveries: they never wait for it
+        sub = None
+    if sub is not None:
+        rest = subs[subs.index(sub) + 1:]  # (found only when stopping: nothing per delivery)
+        if rest:
+            b.stats["messages_delivered"] += delivered
+            b.unfinished.append((fan_out, (message, rest, kept, True)))
+            return delivered
     if delivered:
         b.stats["messages_delivered"] += delivered
-    elif kept or remote:
-        pass
-    elif origin is not None:
-        b.stats["messages_dropped"] += 1
-    elif b.stale is not None:
+    elif not (some or kept):
+        unclaimed(b, message)
+    return delivered
+
+
+def unclaimed(b, message: Message) -> None:
+    """A topic message nobody took goes to the TTL stale queue, or is counted as dropped."""
+    if b.stale is not None:
         b.stale.add(message, b.now)
     else:
         b.stats["messages_dropped"] += 1
-    return delivered
 
 
 def deliver_round_robin(b, destination: str, subs: tuple, message: Message) -> int:

@@ -66,7 +66,10 @@ def auth_done(b, conn: int, user: str | None, now: float) -> None:
     connected(b, session, version, cx, cy, headers, user)
     backlog, session.backlog = session.backlog, []
     for head, body in backlog:
-        b.on_frame(conn, head, body, now)
+        if b.unfinished:  # a frame's deliveries stopped over an outbox's limit: the next ones wait their turn
+            b.unfinished.append((type(b).on_frame, (conn, head, body, now)))
+        else:
+            b.on_frame(conn, head, body, now)
 
 
 def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict, login: str) -> None:

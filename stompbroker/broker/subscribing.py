@@ -66,7 +66,11 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
 
 def take_waiting(b, sub: Subscription) -> None:
     """A new subscription takes what waits for it: parked and blocked queue messages, and topic
-    messages in the TTL stale queue."""
+    messages in the TTL stale queue. After a replay that stopped over an outbox's limit, it waits
+    its turn in ``Broker.unfinished``."""
+    if b.unfinished:
+        b.unfinished.append((take_waiting, (sub,)))
+        return
     if sub.durable is not None or sub.temp is not None:
         for queue in queues.sub_queues(b, sub):  # (a durable subscription's queue parks nothing: see queues.scan)
             queues.unpark(b, queue)

@@ -4,14 +4,14 @@
 a topic subscription comes or goes (``subscribed``/``unsubscribed``: the bridge keeps the node's
 NATS subscriptions and its entry in the interest bucket), a topic message was published here
 (``publish``: it goes to NATS only when another node has matching interest), a ``#`` worker
-message picks local or remote (``worker``), a SEND's receipt waits while NATS is unreachable
-(``hold``). Records from the bridge come in through ``on_records``. Local deliveries are made
-before any of this and never wait for the network.
+message picks local or remote (``worker``); a message that waits for NATS holds its sender's
+replies behind it (``hold_reply``, asked by receipts.emit). Records from the bridge come in through ``on_record``. Local deliveries never wait
+for the network: the bridge gets records, sent after the writers' batches.
 
 While the bridge reports NATS unreachable, a message that needs it (remote interest known from
 before) goes to the bridge with a token; the bridge publishes it when NATS is back, or after
 ``cluster_timeout_ms`` answers FAILED and its sender gets an ERROR ``cluster unavailable``. The
-sender's receipts wait meanwhile, in order.
+sender's replies (its receipts, a DISCONNECT's receipt, an ERROR) wait meanwhile, in order.
 """
 
 from __future__ import annotations
@@ -59,14 +59,13 @@ class Backplane:
         self.connected = False           # the bridge's last word: NATS reachable
         self.status: dict = {}           # the bridge's last STATUS
         self.tokens = itertools.count(1)
-        self.unclaimed = 0               # token of the PUBLISH made by the SEND being handled
         self.owners: dict[int, tuple] = {}   # token -> (session, deadline)
         self.waiting: dict = {}          # session -> [[token, receipt, done], ...] in SEND order
         self.worker_pos: dict[str, int] = {}
         self.timeout = config.cluster_timeout_ms / 1000
         self.stats = {"published": 0, "received": 0, "held": 0, "failed": 0, "unrouted_remote": 0,
                       "stale_sent": 0, "bridge_starts": 0}
-        self.queues = ClusterQueues(config)  # queues, durables and replay-from on JetStream (cluster/queuing.py)
+        self.queues = ClusterQueues(config, self)  # queues, durables and replay-from on JetStream (cluster/queuing.py)
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -88,14 +87,14 @@ class Backplane:
         return sum(r.count for r in self.remote.match(destination))
 
     # -- publishing ------------------------------------------------------------------------------
-    def publish(self, b, message) -> bool:
+    def publish(self, b, message, sender=None) -> bool:
         """A topic message published on this node: to NATS if another node wants it. True if sent."""
         if not self.remote.match(message.destination) or not shared(message.destination):
             return False
-        self._send(b, topic_subject(self.cluster, message.destination), message, 0)
+        self._send(b, topic_subject(self.cluster, message.destination), message, 0, sender)
         return True
 
-    def worker(self, b, message, subs: tuple) -> bool:
+    def worker(self, b, message, subs: tuple, sender=None) -> bool:
         """A ``#`` worker message: True if it goes to another node (NATS picks one of its queue group),
         False if a local subscription takes it. Round-robin over the cluster's subscriptions: local
         ones by count, remote ones by the counts their nodes announce."""
@@ -109,41 +108,39 @@ class Backplane:
             self.worker_pos[destination] = (pos + 1) % (local + remote.count)
             if pos < local:
                 return False
-        self._send(b, worker_subject(self.cluster, destination), message, C.PUBLISH_WORKER)
+        self._send(b, worker_subject(self.cluster, destination), message, C.PUBLISH_WORKER, sender)
         return True
 
-    def _send(self, b, subject: str, message, flags: int) -> None:
+    def _send(self, b, subject: str, message, flags: int, sender=None) -> None:
         headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
         expires_ms = max(int((message.expires - b.now) * 1000), 1) if message.expires else 0
         payload = C.pack_publish(subject, C.pack_message(message.id, message.destination, headers, message.body,
                                                          expires_ms))
         token = 0
-        if not self.connected:  # the bridge answers for it: its sender waits, and hears if it failed
-            token = self.unclaimed = next(self.tokens)
-            self.owners[token] = (None, b.now + self.timeout + 2)
+        if not self.connected:  # the bridge answers for it: its sender's replies wait, and it hears if it failed
+            token = next(self.tokens)
+            self.owners[token] = (sender, b.now + self.timeout + 2)
+            if sender is not None:
+                self.waiting.setdefault(sender, []).append([token, None, False, message.headers.get("receipt")])
             self.stats["held"] += 1
         self.out.add(C.PUBLISH, token, payload, flags)
         self.stats["published"] += 1
 
-    def hold(self, b, session, receipt) -> bool:
-        """After a SEND's publish: True if its receipt must wait (its message waits for NATS, or an
-        earlier one of this session's does)."""
-        token, self.unclaimed = self.unclaimed, 0
+    def hold_reply(self, session, kind: int, payload: bytes) -> bool:
+        """Any reply to a session with a message waiting for NATS (receipts of later frames, an
+        ERROR) waits behind it: True if held. (receipts.emit asks.)"""
         queue = self.waiting.get(session)
-        if not token and not queue:
+        if not queue:
             return False
-        if token:
-            self.owners[token] = (session, self.owners[token][1])
-        self.waiting.setdefault(session, []).append([token, receipt, not token])
+        queue.append([0, (kind, payload), True, None])
         return True
 
     def _release(self, b, session) -> None:
-        from ..broker import receipts
         queue = self.waiting.get(session)
         while queue and queue[0][2]:
-            _, receipt, _ = queue.pop(0)
-            if not session.closing:
-                receipts.send_receipt(b, session, receipt)
+            reply = queue.pop(0)[1]
+            if reply is not None:
+                session.outbox.add(reply[0], session.conn, reply[1])
         if not queue:
             self.waiting.pop(session, None)
 
@@ -157,7 +154,7 @@ class Backplane:
                 entry[2] = True
         self._release(b, session)
 
-    def _failed(self, b, token: int) -> None:
+    def _failed(self, b, token: int, message: str = UNAVAILABLE, detail: str = "") -> None:
         from ..broker import receipts
         owner = self.owners.pop(token, None)
         self.stats["failed"] += 1
@@ -165,11 +162,15 @@ class Backplane:
             return
         session = owner[0]
         queue = self.waiting.pop(session, [])
-        receipt = next((e[1] for e in queue if e[0] == token), None)
+        receipt = next((e[3] for e in queue if e[0] == token), None)
         for entry in queue:
             self.owners.pop(entry[0], None)
-        if not session.closing:
-            receipts.error(b, session, UNAVAILABLE, f"the cluster's NATS servers were unreachable for "
+        if session.closing:  # an ERROR and its close wait in the queue: they go now, not the receipts
+            for entry in queue:
+                if entry[1] is not None and not entry[1][1].startswith(b"RECEIPT"):
+                    session.outbox.add(entry[1][0], session.conn, entry[1][1])
+        else:
+            receipts.error(b, session, message, detail or f"the cluster's NATS servers were unreachable for "
                            f"{self.config.cluster_timeout_ms} ms (cluster_timeout_ms); the message was "
                            f"delivered on this node only, not to the other nodes", receipt)
 
@@ -201,46 +202,49 @@ class Backplane:
 
     # -- records from the bridge -------------------------------------------------------------------
     def on_records(self, b, blob: bytes, now: float) -> None:
+        for kind, conn, aux, _, payload in C.iter_records(blob):
+            self.on_record(b, kind, conn, aux, payload, now)
+
+    def on_record(self, b, kind: int, conn: int, aux: int, payload, now: float) -> None:
         from ..broker import queues, routing
         b.now = now
-        for kind, conn, aux, _, payload in C.iter_records(blob):
-            try:
-                if kind == C.MESSAGE:
-                    message_id, destination, headers, body, expires_ms = C.unpack_message(payload)
-                    self.stats["received"] += 1
-                    if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms
-                                           else 0.0, origin=message_id):
-                        self.stats["unrouted_remote"] += 1
-                elif kind == C.REMOTE:
-                    self._remote(b, payload.decode(), aux)
-                elif kind == C.REMOTE_RESET:
-                    self.remote, self.remote_by = SubscriptionIndex(), {}
-                elif kind == C.STATUS:
-                    self.status = orjson.loads(payload)
-                    connected = bool(self.status.get("connected"))
-                    if connected != self.connected:
-                        if connected:
-                            log.info("cluster: NATS connected (%s)", self.status.get("server"))
-                        else:
-                            log.warning("cluster: NATS unreachable: topics keep flowing on this node")
-                    self.connected = connected
-                elif kind == C.PUBLISHED:
-                    self._published(b, conn)
-                elif kind == C.FAILED:
-                    self._failed(b, conn)
-                elif kind == C.QUEUE_EVENT:
-                    self.queues.event(b, unpack(payload), queues)
-                elif kind == C.BRIDGE_START:
-                    self.stats["bridge_starts"] += 1
-                    self.queues.bridge_started(b, first=self.stats["bridge_starts"] == 1)
-                    for pattern, n in self.local.items():
-                        self.out.add(C.INTEREST, 0, pattern.encode(), n)
-                else:
-                    extra = EXTRA_HANDLERS.get(kind)
-                    if extra is not None:
-                        extra(self, b, conn, aux, payload)
-            except Exception:
-                log.exception("cluster record %s could not be handled", kind)
+        try:
+            if kind == C.MESSAGE:
+                message_id, destination, headers, body, expires_ms = C.unpack_message(payload)
+                self.stats["received"] += 1
+                if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms
+                                       else 0.0, origin=message_id):
+                    self.stats["unrouted_remote"] += 1
+            elif kind == C.REMOTE:
+                self._remote(b, payload.decode(), aux)
+            elif kind == C.REMOTE_RESET:
+                self.remote, self.remote_by = SubscriptionIndex(), {}
+            elif kind == C.STATUS:
+                self.status = orjson.loads(payload)
+                connected = bool(self.status.get("connected"))
+                if connected != self.connected:
+                    if connected:
+                        log.info("cluster: NATS connected (%s)", self.status.get("server"))
+                    else:
+                        log.warning("cluster: NATS unreachable: topics keep flowing on this node")
+                self.connected = connected
+            elif kind == C.PUBLISHED:
+                self._published(b, conn)
+            elif kind == C.FAILED:
+                self._failed(b, conn)
+            elif kind == C.QUEUE_EVENT:
+                self.queues.event(b, unpack(payload), queues)
+            elif kind == C.BRIDGE_START:
+                self.stats["bridge_starts"] += 1
+                self.queues.bridge_started(b, first=self.stats["bridge_starts"] == 1)
+                for pattern, n in self.local.items():
+                    self.out.add(C.INTEREST, 0, pattern.encode(), n)
+            else:
+                extra = EXTRA_HANDLERS.get(kind)
+                if extra is not None:
+                    extra(self, b, conn, aux, payload)
+        except Exception:
+            log.exception("cluster record %s could not be handled", kind)
 
     def _remote(self, b, pattern: str, count: int) -> None:
         entry = self.remote_by.get(pattern)
@@ -265,7 +269,6 @@ class Backplane:
                 self._send(b, worker_subject(self.cluster, message.destination), message, C.PUBLISH_WORKER)
             else:
                 self._send(b, topic_subject(self.cluster, message.destination), message, 0)
-            self.unclaimed = 0
             self.stats["stale_sent"] += 1
 
     # -- diagnostics -----------------------------------------------------------------------------

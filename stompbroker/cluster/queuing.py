@@ -31,7 +31,8 @@ Rules:
   ``max_redeliveries`` times: then it is published to the dead-letter queue and, once that is
   stored, ``term``ed. A message this node cannot hand to anyone (its consumers left) is nak'ed.
 - A SEND's receipt (and every later reply to that connection) waits until JetStream stored its
-  message; past ``cluster_timeout_ms`` the sender gets an ERROR ``cluster unavailable``.
+  message (``Backplane.waiting``); past ``cluster_timeout_ms`` the sender gets an ERROR ``cluster
+  unavailable``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from collections import deque
 
 import orjson
 
@@ -135,11 +135,9 @@ def matches(pattern: str, destination: str) -> bool:
 
 # -- state ------------------------------------------------------------------------------------
 class Pending:
-    __slots__ = ("token", "session", "deadline", "then")
+    __slots__ = ("deadline", "then")
 
-    def __init__(self, token: int, session, deadline: float, then):
-        self.token = token
-        self.session = session     # who waits for it (None: the broker's own, a dead letter)
+    def __init__(self, deadline: float, then: int):
         self.deadline = deadline   # monotonic
         self.then = then           # a JetStream ref to term once stored (the dead letter's original)
 
@@ -154,14 +152,14 @@ class Pulled:
 
 
 class ClusterQueues:
-    def __init__(self, config, out: list | None = None):
+    def __init__(self, config, backplane):
         self.config = config
+        self.backplane = backplane        # its tokens, and its queue of replies held behind a sender's messages
         self.name = config.cluster_name
-        self.out = out if out is not None else []
+        self.out: list = []
         self.run = os.urandom(6).hex()    # Nats-Msg-Id prefix: unique per node and start
         self.tokens = 0
         self.pending: dict[int, Pending] = {}               # publishes waiting for their PubAck
-        self.unstored: dict[object, deque] = {}              # session -> its pending tokens, in order
         self.pulled: dict[Message, Pulled] = {}             # messages pulled and not settled
         self.bound: dict[str, int] = {}                     # local queue name -> credit given
         self.binds: dict[str, tuple] = {}                   # local queue name -> its bind command
@@ -170,28 +168,23 @@ class ClusterQueues:
 
     # -- sending -------------------------------------------------------------------------------
     def publish(self, b, message: Message, session=None, subject: str | None = None, then: int = 0) -> int:
-        """Hand a queue message to JetStream; ``session`` waits for it (its replies are held)."""
-        self.tokens += 1
-        token = self.tokens
+        """Hand a message to JetStream. ``session``: its sender, whose replies (its receipt first)
+        wait until it is stored, and who gets an ERROR if it cannot be (the backplane's queue of
+        held replies, shared with topic messages waiting for NATS)."""
+        bp = self.backplane
+        token = next(bp.tokens)
         dedup = message.headers.get("dedup-id")
         msg_id = f"{message.destination} {dedup}" if dedup else f"{self.run}-{token}"
         wall_ms = int((message.expires - b.now + b.clock()) * 1000) if message.expires else 0
         deadline = b.now + self.config.cluster_timeout_ms / 1000
-        self.pending[token] = Pending(token, session, deadline, then)
+        self.pending[token] = Pending(deadline, then)
         if session is not None:
-            self.unstored.setdefault(session, deque()).append(token)
+            bp.owners[token] = (session, deadline + 2)
+            bp.waiting.setdefault(session, []).append([token, None, False, message.headers.get("receipt")])
         self.out.append(("publish", token, subject or queue_subject(self.name, message.destination),
                          msg_id.replace("\r", " ").replace("\n", " "), encode(message, wall_ms),
                          int(self.config.cluster_timeout_ms)))
         return token
-
-    def holds(self, session) -> bool:
-        return bool(session.held) or session in self.unstored
-
-    def due(self, session) -> int:
-        """The token a reply to ``session`` waits for: its latest unstored publish."""
-        tokens = self.unstored.get(session)
-        return tokens[-1] if tokens else 0
 
     def stored(self, b, token: int) -> None:
         pending = self.pending.pop(token, None)
@@ -199,65 +192,22 @@ class ClusterQueues:
             return
         if pending.then:
             self.out.append(("term", pending.then))
-        session = pending.session
-        if session is not None:
-            tokens = self.unstored.get(session)
-            if tokens is not None:
-                try:
-                    tokens.remove(token)
-                except ValueError:
-                    pass
-                if not tokens:
-                    del self.unstored[session]
-            self.release(b, session)
-
-    def release(self, b, session) -> None:
-        tokens = self.unstored.get(session)
-        first = tokens[0] if tokens else None
-        held = session.held
-        done = 0
-        for due, kind, payload, _ in held:
-            if first is not None and due >= first:
-                break
-            session.outbox.add(kind, session.conn, payload)
-            done += 1
-        del held[:done]
-        if not held:
-            b.holding.discard(session)
+        self.backplane._published(b, token)
 
     def failed_publish(self, b, token: int, reason: str, refused: bool = False) -> None:
-        """JetStream could not store it in time: its sender gets an ERROR (with the receipt it
-        waits for); a dead letter that could not be stored stays where it was (nak)."""
+        """JetStream could not store it in time, or refused it: its sender gets an ERROR (with the
+        receipt it waits for); a dead letter that could not be stored stays where it was (nak)."""
         pending = self.pending.pop(token, None)
         if pending is None:
             return
         if pending.then:
             self.out.append(("nak", pending.then))
-        session = pending.session
-        if session is None:
-            return
-        self.unstored.pop(session, None)
-        for other in [t for t, p in self.pending.items() if p.session is session]:
-            self.pending[other].session = None
-        if b.sessions.get(session.conn) is not session:
-            return
-        if session.closing:  # it already ends with an ERROR and a close: they go now, not the receipts
-            for _, kind, payload, receipt in session.held:
-                if receipt is None:
-                    session.outbox.add(kind, session.conn, payload)
-            session.held.clear()
-            b.holding.discard(session)
-            return
-        from ..broker import receipts
-        receipt = next((r for _, _, _, r in session.held if r is not None), None)
-        session.held.clear()
-        b.holding.discard(session)
         if refused:
-            receipts.error(b, session, "message not stored", f"the cluster refused this message: {reason}", receipt)
+            self.backplane._failed(b, token, "message not stored", f"the cluster refused this message: {reason}")
         else:
-            receipts.error(b, session, "cluster unavailable", f"the cluster could not store this message within "
-                           f"cluster_timeout_ms ({reason}); it may still have been stored: a retry with the same "
-                           "dedup-id header is not stored twice", receipt)
+            self.backplane._failed(b, token, "cluster unavailable", f"the cluster could not store this message "
+                                   f"within cluster_timeout_ms ({reason}); it may still have been stored: a "
+                                   "retry with the same dedup-id header is not stored twice")
 
     def expire(self, b, now: float) -> None:
         """Publishes past their deadline (the bridge is gone or stuck) fail here."""

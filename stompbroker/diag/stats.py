@@ -25,7 +25,7 @@ QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals
 
 class Statistics:
     def __init__(self, broker, resources, config):
-        self.broker = broker
+        self.broker = broker   # None until the Broker it reads is made with it (Broker binds it)
         self.resources = resources
         self.config = config
         self.interval = config.diag_interval / 1000

@@ -4,6 +4,10 @@ The broker appends its replies and deliveries here (``add``, and ``add2``/``add3
 record made of parts, so a delivery is never joined first); the dispatcher hands the batch to the
 writer's ring (``take``). Records are encoded once, as they are added: tuples encoded later by the
 dispatcher would cost the same encoding plus a tuple per record on the fan-out path.
+
+Adding never waits: each ``add`` returns whether the outbox is now over its ``limit``, and code that
+can make unbounded output (a fan-out, a queue pump) stops there, resumably (``Broker.unfinished``);
+the dispatcher hands the batch to the ring, waiting for space in its own loop, then resumes it.
 """
 
 from __future__ import annotations
@@ -14,36 +18,34 @@ from . import records as R
 class Outbox:
     """Records for one writer, collected during one dispatcher round."""
 
-    __slots__ = ("index", "buf", "count", "limit", "on_full", "stamp")
+    __slots__ = ("index", "buf", "count", "limit", "stamp")
 
-    def __init__(self, index: int = 0, limit: int = 1 << 62, on_full=None):
+    def __init__(self, index: int = 0, limit: int = 1 << 62):
         self.index = index
         self.buf = bytearray()
         self.count = 0
-        self.limit = limit        # past this many bytes, on_full(outbox) hands the batch over early
-        self.on_full = on_full
+        self.limit = limit        # past this many bytes the batch should go to the ring before more is added
         # when the frame being handled was read (records.stamp, 0 = not stamped): the dispatcher sets
         # it on every outbox before each input record, and the records it causes carry it
         self.stamp = 0
 
-    def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> None:
+    def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> bool:
+        """Append one record; True when the outbox is now over its limit."""
         self.buf += R.pack_header(R.HEADER_SIZE + len(payload), kind, conn, aux, self.stamp)
         self.buf += payload
         self.count += 1
-        if len(self.buf) > self.limit:
-            self.on_full(self)
+        return len(self.buf) > self.limit
 
-    def add2(self, conn: int, first: bytes, second: bytes, aux: int = 0) -> None:
+    def add2(self, conn: int, first: bytes, second: bytes, aux: int = 0) -> bool:
         """A DATA record made of two parts, without joining them first (one delivery)."""
         buf = self.buf
         buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second), R.DATA, conn, aux, self.stamp)
         buf += first
         buf += second
         self.count += 1
-        if len(buf) > self.limit:
-            self.on_full(self)
+        return len(buf) > self.limit
 
-    def add3(self, conn: int, first: bytes, second: bytes, third: bytes, aux: int = 0) -> None:
+    def add3(self, conn: int, first: bytes, second: bytes, third: bytes, aux: int = 0) -> bool:
         buf = self.buf
         buf += R.pack_header(R.HEADER_SIZE + len(first) + len(second) + len(third), R.DATA, conn, aux,
                              self.stamp)
@@ -51,8 +53,7 @@ class Outbox:
         buf += second
         buf += third
         self.count += 1
-        if len(buf) > self.limit:
-            self.on_full(self)
+        return len(buf) > self.limit
 
     def take(self) -> tuple[bytearray, int]:
         buf, count = self.buf, self.count

@@ -3,7 +3,9 @@
 It takes batches of records from the input queue, feeds them to :class:`~stompbroker.broker.core.Broker`,
 and hands each writer its records in one batch per round (one ring write and one wake-up per writer).
 A writer whose queue is full makes the dispatcher wait, which in turn fills the input queue and makes
-the reader stop reading: backpressure all the way to the clients' TCP windows.
+the reader stop reading: backpressure all the way to the clients' TCP windows. The wait is here, in
+the loop, between events (``drain``): the broker never waits; an event whose output goes over an
+outbox's limit stops resumably and is finished here before the next event is fed.
 """
 
 from __future__ import annotations
@@ -40,11 +42,8 @@ class Dispatcher:
         self.config = config
         self.ring = resources.input_ring
         self.rings = resources.output_rings
-        self.outboxes = [Outbox(i) for i in range(len(self.rings))]
-        limit = min(ring.capacity for ring in self.rings) // 2
-        for box in self.outboxes:
-            box.limit = limit
-            box.on_full = self.flush_one
+        limit = min(ring.capacity for ring in self.rings) // 2  # a batch is at most this plus one record
+        self.outboxes = [Outbox(i, limit) for i in range(len(self.rings))]
         self.auth = self.logins = None
         if config.auth != "off" or config.secret or config.acl_file:
             self.auth = Authenticator(config, load_users(config))
@@ -56,9 +55,9 @@ class Dispatcher:
             self.to_bridge, self.from_bridge = resources.bridge_rings
             self.to_bridge.resume_producer()
             self.bridge_backlog: list[tuple[bytearray, int]] = []  # batches waiting for room in its ring
+        self.statistics = Statistics(None, resources, config)  # (it reads the broker, which binds it)
         self.broker = Broker(config, self.outboxes, clock=time.time, auth=self.auth, logins=self.logins,
-                             backplane=self.backplane)
-        self.broker.diag = self.statistics = Statistics(self.broker, resources, config)  # (it reads the broker)
+                             diag=self.statistics, backplane=self.backplane)
         self.site = http.Site(config, self.statistics)
         self.http_pending: dict[int, tuple] = {}              # HTTP requests whose login is being checked
         self.http_delayed: list[tuple[float, int, bytes]] = []  # refused HTTP logins, answered after a delay
@@ -120,6 +119,7 @@ class Dispatcher:
                         self.http_checked(conn, user, now)
                     else:
                         self.broker.on_auth(conn, user, now)
+                        self.drain()
                 self.commit()
             if self.backplane is not None:
                 self.from_cluster()
@@ -130,12 +130,15 @@ class Dispatcher:
                 if not blob:
                     break
                 running = self.handle(blob, time.monotonic())
+                if self.backplane is not None and self.from_bridge.used_bytes:
+                    self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring
                 self.commit()
                 self.flush()
             now = time.monotonic()
             if now >= self.next_tick:
                 self.next_tick = now + self.tick
                 self.broker.on_tick(now)
+                self.drain()
                 self.commit()
                 self.flush()
             if self.http_delayed and now >= self.http_delayed[0][0]:
@@ -146,6 +149,10 @@ class Dispatcher:
             if self.dump_channel is not None and now >= self.next_dump:
                 self.next_dump = now + self.config.diag_interval / 1000
                 self.dump()
+        self.shut_down()
+
+    def shut_down(self) -> None:
+        """The last receipts, STOP to the writers, and their last counts before the store closes."""
         timeout = self.config.shutdown_timeout_ms / 1000
         if self.store is not None:
             self.commit()
@@ -180,8 +187,11 @@ class Dispatcher:
             writer, flags = head.unpack_from(report)
             if flags & R.WRITTEN_STARTED:
                 self.broker.on_writer_restart(writer)
+                self.drain()
             for conn, total in pair.iter_unpack(memoryview(report)[head.size:]):
                 on_written(conn, total & ~R.WRITTEN_FINAL, bool(total & R.WRITTEN_FINAL))
+                if self.broker.unfinished:  # (a final count returned deliveries to a queue)
+                    self.drain()
             if flags & R.WRITTEN_LAST:
                 self.writers_done.add(writer)
 
@@ -227,6 +237,8 @@ class Dispatcher:
                 # A bug must cost one connection, not every client's session (a dispatcher restart).
                 log.exception("internal error on connection %d; closing it", conn)
                 broker.on_internal_error(conn)
+            if broker.unfinished:  # (only deliveries make output without bound, and they stop over the limit)
+                self.drain(conn)
         for box in boxes:
             box.stamp = 0  # records made by timers are not stamped
         return True
@@ -282,7 +294,7 @@ class Dispatcher:
             self.http_answer(conn, http.forbidden())
             return
         # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
-        token = self.auth.console_token(user) if self.site.route(method, target)[0] == "page" else ""
+        token = self.auth.console_token(user, time.time()) if self.site.route(method, target)[0] == "page" else ""
         self.http_answer(conn, self.respond(method, target, accept, user, token))
 
     def respond(self, *request) -> bytes:
@@ -331,6 +343,22 @@ class Dispatcher:
             if dropped in (1, 10, 100) or dropped % 1000 == 0:
                 log.warning("statistics line dropped (%s); %d so far", exc, dropped)
 
+    def drain(self, conn: int = 0) -> None:
+        """Finish the event just fed: while a step of it is unfinished (stopped over an outbox's
+        limit), hand the full outboxes to their rings (waiting for space) and resume it. No other
+        event is fed meanwhile, so nothing changes under it and every connection keeps its order."""
+        broker = self.broker
+        while broker.unfinished:
+            for box in self.outboxes:
+                if len(box.buf) > box.limit:
+                    self.flush_one(box)
+            try:
+                broker.resume()
+            except Exception:
+                log.exception("internal error on connection %d; closing it", conn)
+                if conn:
+                    broker.on_internal_error(conn)
+
     def flush(self) -> None:
         for box in self.outboxes:
             if box.count:
@@ -349,7 +377,11 @@ class Dispatcher:
             blob = ring.read(READ_BYTES)
             if not blob:
                 return
-            self.backplane.on_records(self.broker, blob, time.monotonic())
+            on_record = self.backplane.on_record
+            for kind, conn, aux, _, payload in C.iter_records(blob):
+                on_record(self.broker, kind, conn, aux, payload, time.monotonic())
+                if self.broker.unfinished:  # a fan-out stopped over an outbox's limit: finish it first
+                    self.drain()
             self.flush()
 
     def to_cluster(self) -> None:
@@ -374,11 +406,35 @@ class Dispatcher:
 
     def flush_one(self, box: Outbox) -> None:
         buf, count = box.take()
-        ring = self.rings[box.index]
+        # A batch over the limit by one record (a record is at most a quarter of the ring, the limit
+        # half of it) fits the ring; more (many replies at once, e.g. receipts released by the
+        # store) is cut first.
+        if len(buf) > box.limit + (box.limit >> 1):
+            for piece, n in batches(buf, box.limit):
+                self.write(box.index, piece, n)
+        else:
+            self.write(box.index, buf, count)
+
+    def write(self, index: int, buf, count: int) -> None:
+        ring = self.rings[index]
         while not ring.try_write(buf, count):
             ring.notify()
             ring.wait_for_space(0.05)
         ring.notify()
+
+
+def batches(buf: bytearray, limit: int):
+    """Cut a batch of records into batches of at most ``limit`` bytes plus one record, so each fits
+    the ring (whose capacity is at least twice the limit)."""
+    view = memoryview(buf)
+    start = pos = count = 0
+    end = len(buf)
+    while pos < end:
+        pos += R.unpack_header(buf, pos)[0]
+        count += 1
+        if pos - start > limit or pos == end:
+            yield bytes(view[start:pos]), count
+            start, count = pos, 0
 
 
 def run(config, resources) -> None:

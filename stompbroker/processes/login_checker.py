@@ -92,7 +92,7 @@ class LoginChecker:
         while True:
             address, (conn, login, passcode) = self._next()
             try:
-                user = self.auth.check(login, passcode)
+                user = self.auth.check(login, passcode, time.time())
             except Exception:  # a broken check must refuse, never crash the dispatcher
                 log.exception("login check failed")
                 user = None

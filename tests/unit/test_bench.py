@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stompbroker.bench import cli, report, scenarios, stats
+from stompbroker.bench import cli, compare, flowctl, profile, report, scenarios, stats
 from stompbroker.bench.stats import percentiles
 from stompbroker.bench.wire import (TOKEN, Link, StompReader, Target, TokenCounter, TsScanner, count_nul, make_body,
                                     mask, parse_ws_frame, stomp_frame, ws_frame)
@@ -162,3 +162,147 @@ def test_smoke_one2one_against_broker(start_broker, tmp_path, capsys):
     assert res["counts"]["delivered"] == res["counts"]["sent"]
     assert res["broker"]["cpu_s"] is not None and res["broker"]["cpu_s"] > 0
     assert (out / "bench.png").stat().st_size > 0
+
+
+# -- flow control ------------------------------------------------------------------------------------
+def test_burst_frames_fill_the_burst_with_the_receipt_frame_last():
+    assert flowctl.burst_frames(175, 186, 16384) == 1 + (16384 - 186) // 175   # 93 frames
+    n = flowctl.burst_frames(175, 186, 16384)
+    assert (n - 1) * 175 + 186 <= 16384 < n * 175 + 186
+    assert flowctl.burst_frames(175, 186, 186) == 1      # exactly one receipted frame
+    assert flowctl.burst_frames(5000, 5011, 4096) == 1   # a frame bigger than a burst still goes
+
+
+def test_burst_window_keeps_at_most_n_bursts_unreceipted():
+    w = flowctl.BurstWindow(4)
+    for _ in range(4):
+        assert w.room()
+        w.sent()
+    assert not w.room() and w.in_flight == 4
+    w.receipted(1)
+    assert w.room() and w.in_flight == 3
+    w.receipted(10)          # stray receipts never open the window past what was asked
+    assert w.in_flight == 0
+    for _ in range(4):
+        w.sent()
+    assert not w.room()
+
+
+def test_flow_descriptions_name_the_flow_control():
+    assert flowctl.describe(flowctl.flow_spec("bursts", 4, 16384)) == "4 bursts of <= 16 KB unreceipted"
+    assert flowctl.describe(flowctl.flow_spec("bursts", 1, 1000)) == "1 burst of <= 1000 B unreceipted"
+    assert flowctl.describe(flowctl.flow_spec("window", window=20000)).startswith("ceiling: ")
+    assert "5000 msg/s" in flowctl.describe(flowctl.flow_spec("paced", rate=5000))
+    with pytest.raises(ValueError):
+        flowctl.flow_spec("bursts", 0, 16384)
+    assert cli.parse_args(["--spawn"]).flow == "bursts"   # the default for every scenario
+
+
+# -- --compare -----------------------------------------------------------------------------------------
+def test_parse_compare_targets(tmp_path):
+    (tmp_path / "results.json").write_text("{}")
+    assert compare.parse_target("base=127.0.0.1:61613,ws=ws://127.0.0.1:15674/ws,pid=42") == {
+        "name": "base", "kind": "address", "host": "127.0.0.1", "port": 61613,
+        "ws": "ws://127.0.0.1:15674/ws", "pid": 42}
+    assert compare.parse_target("localhost:61613")["kind"] == "address"
+    assert compare.parse_target("old=git:b89f1bc") == {"name": "old", "kind": "git", "ref": "b89f1bc"}
+    assert compare.parse_target("main") == {"name": "main", "kind": "git", "ref": "main"}
+    assert compare.parse_target("now=.") == {"name": "now", "kind": "checkout"}
+    assert compare.parse_target(str(tmp_path))["kind"] == "results"
+    with pytest.raises(ValueError):
+        compare.parse_target("x=127.0.0.1:1,bogus=1")
+
+
+def _res(name, scenario, **fields):
+    res = report.new_result(name, scenario, "tcp", {"flow_control": "4 bursts of <= 16 KB unreceipted"})
+    res.update(fields)
+    return res
+
+
+def test_compare_table_medians_ranges_and_ratios():
+    base = [_res("ingest-tcp", "ingest", rates={"sends_per_s": v}, deliveries_per_cpu_s=2 * v)
+            for v in (100_000, 90_000, 300_000)]
+    other = [_res("ingest-tcp", "ingest", rates={"sends_per_s": v}) for v in (50_000, 60_000, 40_000)]
+    other.append(_res("latency-tcp", "latency", latency_ms={"p50": 0.3, "p99": 2.0, "p99.9": 3.0}))
+    failed = _res("ingest-tcp", "ingest", rates={"sends_per_s": 1}, status="error")
+    text = compare.table([("a", base), ("b", other + [failed])], rate=5000)
+    lines = text.splitlines()
+    assert lines[0] == "| path | a | b | b / a |"
+    row = next(line for line in lines if line.startswith("| ingest, topic"))
+    assert row == "| ingest, topic with no subscriber, SEND/s | 100.00k (90.00k-300.00k) | 50.00k (40.00k-60.00k) | 0.50x |"
+    cpu = next(line for line in lines if line.startswith("| ingest, SEND per"))
+    assert cpu.endswith("| - | - |")                      # measured on one side only: no ratio
+    assert any(line.startswith("| latency at 5,000 msg/s, delivery p99, ms | - | 2 |") for line in lines)
+    assert not any(line.startswith("| queue") for line in lines)   # rows nobody measured are left out
+    assert "flow control: 4 bursts of <= 16 KB unreceipted" in text
+    assert "median of up to 3 runs" in text
+
+
+# -- profiles ------------------------------------------------------------------------------------------
+def _stack(*frames):
+    return [profile.parse_frame(f) for f in frames]
+
+
+def test_profile_classifies_samples_innermost_first(tmp_path):
+    (tmp_path / "stompbroker" / "processes").mkdir(parents=True)
+    (tmp_path / "stompbroker" / "processes" / "writer.py").write_text(
+        "def flush(c):\n    n = c.sock.send(c.buf)\n    c.buf.clear()\n")
+    lines = profile.SourceLines(str(tmp_path))
+    run = "Dispatcher.run (stompbroker/processes/dispatcher.py:110)"
+    handle = "Dispatcher.handle (stompbroker/processes/dispatcher.py:187)"
+    assert profile.classify(_stack(run, handle, "Broker.on_frame (stompbroker/broker/core.py:149)",
+                                   "parse_head (stompbroker/protocol/stomp.py:309)")) == "parse"
+    assert profile.classify(_stack(run, handle, "send (stompbroker/broker/routing.py:35)")) == "routing"
+    assert profile.classify(_stack(run, handle, "send (stompbroker/broker/routing.py:35)",
+                                   "Outbox.add2 (stompbroker/ipc/outbox.py:43)")) == "render"
+    assert profile.classify(_stack(run, "Dispatcher.flush_one (stompbroker/processes/dispatcher.py:326)",
+                                   "Ring.notify (stompbroker/ipc/ring.py:93)")) == "wake-up"
+    assert profile.classify(_stack(run, "Dispatcher.progress (stompbroker/processes/dispatcher.py:160)",
+                                   "written (stompbroker/broker/confirmations.py:26)")) == "written counts"
+    assert profile.classify(_stack(run, handle)) == "ring read"
+    assert profile.classify(_stack("Writer.run (stompbroker/processes/writer.py:9)",
+                                   "EpollSelector.select (selectors.py:468)")) == "wait"
+    w = "Writer.flush (stompbroker/processes/writer.py:{})"
+    assert profile.classify(_stack(w.format(2)), lines) == "send"    # by its source line
+    assert profile.classify(_stack(w.format(3)), lines) == "send"    # by the function
+    assert profile.classify(_stack("<module> (x.py:1)")) == "other"
+
+
+def test_profile_per_frame_costs(tmp_path):
+    raw = tmp_path / "d.txt"
+    raw.write_text("Dispatcher.run (stompbroker/processes/dispatcher.py:110);"
+                   "send (stompbroker/broker/routing.py:35) 3\n"
+                   "Dispatcher.run (stompbroker/processes/dispatcher.py:110);"
+                   "Ring.notify (stompbroker/ipc/ring.py:93) 1\n")
+    samples = profile.read_raw(str(raw))
+    share, n = profile.shares(samples)
+    assert n == 4 and share["routing"] == 0.75 and share["wake-up"] == 0.25
+    # 2 CPU-seconds over 1M frames: 2 µs per frame, shared 3:1; two writers are summed
+    out = profile.per_frame({"dispatcher": 2.0, "writer-0": 1.0, "writer-1": 1.0},
+                            {"dispatcher": (share, n), "writer-0": ({"send": 1.0}, 5),
+                             "writer-1": ({"send": 1.0}, 5)}, 1_000_000)
+    assert out["dispatcher"]["routing"] == 1.5 and out["dispatcher"]["wake-up"] == 0.5
+    assert out["dispatcher"]["total"] == 2.0
+    assert out["writers"]["send"] == 2.0
+    tops = profile.top_functions(samples)
+    assert tops["inclusive"]["Dispatcher.run (processes/dispatcher.py)"] == 1.0
+    assert tops["self"]["send (broker/routing.py:35)"] == 0.75
+
+
+def test_profile_wake_up_and_wait_capped_by_counted_wake_ups():
+    """Samples in Ring.notify and in select are mostly time runnable, not running (preempted by the
+    woken process, or waiting for a CPU once woken): with the counts of eventfd writes and sleeps
+    and the CPU of one, each costs at most that and the rest of the CPU goes to the other samples."""
+    share = {"routing": 0.5, "wake-up": 0.4, "wait": 0.1}
+    out = profile.per_frame({"dispatcher": 1.0}, {"dispatcher": (share, 100)}, 100_000,
+                            counts={"dispatcher": {"wake-up": 1000, "wait": 400}}, wake_us=5.0)
+    d = out["dispatcher"]
+    assert d["wake-up"] == pytest.approx(0.05)             # 1,000 x 5 µs over 100,000 frames
+    assert d["wait"] == pytest.approx(0.02)
+    assert d["routing"] == pytest.approx(9.93)             # the rest of the 10 µs per frame
+    assert d["total"] == pytest.approx(10.0)
+    # more wake-ups than the samples can hold: the samples' share stands
+    out = profile.per_frame({"dispatcher": 1.0}, {"dispatcher": (share, 100)}, 100_000,
+                            counts={"dispatcher": {"wake-up": 10 ** 6, "wait": 10 ** 6}}, wake_us=5.0)
+    assert out["dispatcher"]["wake-up"] == pytest.approx(4.0)
+    assert out["dispatcher"]["routing"] == pytest.approx(5.0)

@@ -206,3 +206,66 @@ def test_a_new_bridge_is_told_the_whole_interest():
     to_bridge(r)
     feed(r, C.record(C.BRIDGE_START))
     assert sorted(to_bridge(r)) == [("INTEREST", 0, 1, b"/topic/b*"), ("INTEREST", 0, 2, b"/topic/a")]
+
+
+def test_a_held_send_behind_a_stopped_fan_out_keeps_its_token_and_its_receipts_order():
+    """A COMMIT of two SENDs while NATS is unreachable: the first one's local fan-out stops over an
+    outbox's limit, so the rest of the event (the second publish, both receipts) waits its turn;
+    each SEND still holds its own token and the receipts follow the bridge's answers, in order."""
+    r = rig()
+    for conn in range(2, 22):
+        r.connect(conn)
+        r.subscribe(conn, "/topic/t")
+    r.connect(1)
+    feed(r, status(False), remote("/topic/t"))
+    to_bridge(r)
+    for box in r.outboxes:
+        box.take()
+        box.limit = 700
+    r.frame(1, "BEGIN", transaction="tx")
+    r.send(1, "/topic/t", b"one", transaction="tx", receipt="s1")
+    r.send(1, "/topic/t", b"two", transaction="tx", receipt="s2")
+    r.frame(1, "COMMIT", transaction="tx", receipt="c")
+    stops = 0
+    while r.broker.unfinished:
+        r._drain()
+        r.broker.resume()
+        stops += 1
+    assert stops > 0
+    assert [b for c in range(2, 22) for b in r.bodies(c)] == [b"one", b"two"] * 20
+    sent = published(to_bridge(r))
+    assert [body for _, _, body, _, _ in sent] == [b"one", b"two"]
+    tokens = [token for _, _, _, token, _ in sent]
+    assert all(tokens) and len(set(tokens)) == 2
+    # the SENDs' receipts came when the transaction took them; the COMMIT's waits for NATS
+    assert [f["receipt-id"] for f in r.frames(1)] == ["s1", "s2"]
+    feed(r, C.record(C.PUBLISHED, tokens[0]))
+    assert r.frames(1) == []
+    feed(r, C.record(C.PUBLISHED, tokens[1]))
+    assert [f["receipt-id"] for f in r.frames(1)] == ["c"]
+
+
+def test_a_disconnect_receipt_never_overtakes_a_message_waiting_for_nats():
+    r = rig()
+    r.connect(1)
+    feed(r, status(False), remote("/topic/a"))
+    r.send(1, "/topic/a", b"1")
+    r.frame(1, "DISCONNECT", receipt="bye")
+    assert r.take(1) == []
+    ((_, _, _, token, _),) = published(to_bridge(r))
+    feed(r, C.record(C.PUBLISHED, token))
+    assert [(o.command or o.kind) for o in r.take(1)] == ["RECEIPT", "CLOSE"]
+
+
+def test_a_failed_message_after_an_error_lets_the_error_and_close_out():
+    r = rig(cluster_timeout_ms=1000)
+    r.connect(1)
+    feed(r, status(False), remote("/topic/a"))
+    r.send(1, "/topic/a", b"1")
+    r.frame(1, "NONSENSE")                       # an ERROR and a close, held behind the message
+    assert r.take(1) == []
+    ((_, _, _, token, _),) = published(to_bridge(r))
+    feed(r, C.record(C.FAILED, token))
+    got = r.take(1)
+    assert [(o.command or o.kind) for o in got] == ["ERROR", "CLOSE"]
+    assert got[0]["message"] == "unknown command"

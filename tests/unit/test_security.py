@@ -470,3 +470,18 @@ def test_passwd_command_as_a_process(tmp_path):
                             input=b"from-a-process\n", capture_output=True, cwd=ROOT, timeout=60)
     assert result.returncode == 0, result.stderr
     assert load(str(path)).verify("proc", "from-a-process")
+
+
+# -- Authenticator: pure decisions, the time given by the caller -----------------------------------
+def test_authenticator_check_reads_no_clock():
+    from stompbroker.broker.auth import CONSOLE_TOKEN_TTL, Authenticator
+    from stompbroker.settings import make_config
+
+    auth = Authenticator(make_config(secret=SECRET), Users())
+    login, passcode = make_token("alice", SECRET, NOW)
+    assert auth.check(login, passcode, NOW) == "alice"
+    assert auth.check(login, passcode, NOW + 10 * 86400) is None      # stale at the time given
+    console = auth.console_token("bob", NOW)
+    assert auth.check("bob", console, NOW + CONSOLE_TOKEN_TTL - 1) == "bob"
+    assert auth.check("bob", console, NOW + CONSOLE_TOKEN_TTL + 1) is None
+    assert auth.check("eve", console, NOW) is None
