@@ -61,6 +61,13 @@ class Nodes:
             out["_total"] += t.user + t.system
         return out
 
+    def counters(self) -> dict:
+        """System calls and context switches per node process (BrokerProcs.counters, prefixed)."""
+        return {f"n{i}:{role}": c for i, b in enumerate(self.brokers) for role, c in b.counters().items()}
+
+    def processes(self) -> list:
+        return [p for b in self.brokers for p in b.processes()]
+
     def pss(self):
         return None, {}
 
@@ -172,7 +179,8 @@ def cluster_fanout(runner, copts, transport: str) -> dict:
     n = o.fanout
     name = f"cluster-fanout-{transport}"
     params = {"nodes": copts.nodes, "nats_servers": copts.nats_servers, "fanout": n, "size": o.size,
-              "duration": o.duration, "layout": f"producer on n0, {n} subscriber connections over n1..n{copts.nodes - 1}"}
+              "duration": o.duration, "flow_control": runner.flow_label,
+              "layout": f"producer on n0, {n} subscriber connections over n1..n{copts.nodes - 1}"}
 
     def body():
         cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args)
@@ -200,7 +208,7 @@ def cluster_queue(runner, copts, transport: str) -> dict:
     k = o.queue_consumers
     name = f"cluster-queue-{transport}"
     params = {"nodes": copts.nodes, "nats_servers": copts.nats_servers, "consumers": k, "size": o.size,
-              "duration": o.duration, "window": copts.queue_window, "persistent": True,
+              "duration": o.duration, "flow_control": runner.flow_label, "persistent": True,
               "layout": f"producer on n0 (persistent SENDs, receipts), {k} consumers over n1..n{copts.nodes - 1}"}
 
     def body():
@@ -209,8 +217,7 @@ def cluster_queue(runner, copts, transport: str) -> dict:
             dest = f"/queue/bench-{runner.run_id}-xq"
             consumers = consumers_on(runner, cluster, transport, dest, remote_nodes(copts.nodes, k))
             p = runner.producer_spec(target_of(cluster.nodes[0], o), transport, dest, fan=1,
-                                     max_inflight=runner.inflight_cap(k), window=copts.queue_window,
-                                     headers=[("persistent", "true")])
+                                     max_inflight=runner.inflight_cap(k), headers=[("persistent", "true")])
             nodes = Nodes(cluster.nodes, cluster.nats)
             flow = runner.flow(name, [p], consumers, o.duration, nodes, fan=1)
             res = runner.delivery_result(name, "cluster-queue", transport, params, flow, nodes, 1)
@@ -243,6 +250,7 @@ def cluster_local(runner, copts, transport: str) -> list[dict]:
         for mode in ("single", "cluster"):
             name = f"cluster-local-{mode}-{transport}"
             params = {"mode": mode, "round": r, "fanout": n, "size": o.size, "duration": o.duration,
+                      "flow_control": runner.flow_label,
                       "layout": f"producer and {n} subscriber connections on one node"
                                 + (f" of {copts.nodes} (NATS: {copts.nats_servers} servers; the other nodes "
                                    "subscribe 21 other topic patterns)" if mode == "cluster" else "")}
@@ -316,7 +324,6 @@ def parse_cluster_args(argv):
     p.add_argument("--nodes", type=int, default=3, help="broker nodes")
     p.add_argument("--nats-servers", type=int, default=3, help="NATS servers (JetStream, clustered)")
     p.add_argument("--rounds", type=int, default=3, help="runs of each side of the local scenario (medians)")
-    p.add_argument("--queue-window", type=int, default=1000, help="persistent SENDs awaiting their receipt at once")
     p.add_argument("-h", "--help", action="store_true")
     return p, *p.parse_known_args(argv)
 
