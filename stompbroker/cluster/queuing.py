@@ -326,11 +326,12 @@ class ClusterQueues:
         if queue is not None and queue.owner is not None and not matches(queue.owner.pattern, destination):
             self.settled(message)  # the durable's stream filter is wider than its pattern
             return
+        if key not in self.bound or (queue is None and key.startswith("durable:")):
+            # pulled before this node let the queue go: nobody here reads it, another node may
+            self._unpull(message)
+            self.out.append(("nak", ref))
+            return
         if queue is None:
-            if key not in self.bound or key.startswith("durable:"):
-                self._unpull(message)
-                self.out.append(("nak", ref))
-                return
             queue = queues.get_queue(b, key)
         queue.messages.append(message)
         queue.enqueued += 1

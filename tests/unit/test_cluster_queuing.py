@@ -397,3 +397,20 @@ def test_a_delivery_the_writer_had_not_sent_when_its_connection_closed_still_goe
     js.run()
     assert js.out == {} and js.depth() == 1   # ...and from there back to JetStream
     assert a.binds == {}
+
+
+def test_a_message_pulled_for_a_durable_just_detached_goes_back_to_jetstream():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1, login="u")
+    a.subscribe(1, "/topic/t", sub_id="d", durable="true")
+    js.run()
+    (key,) = a.binds
+    a.broker.on_closed(1)          # detached: the durable (and its queue) stay on this node
+    js.run()
+    assert a.binds == {}
+    b = a.broker                   # a message JetStream had sent before the unbind reached it
+    from stompbroker.broker.model import Message
+    from stompbroker.cluster.queuing import encode
+    b.backplane.queues.event(b, ("message", key, 99, 1, encode(Message("m1", "/topic/t", {}, b"x"), 0)), Q)
+    assert b.backplane.queues.out[-1] == ("nak", 99) and not b.queues[key].depth()
