@@ -179,7 +179,7 @@ class Puller:
 
     async def _arrived(self, msg) -> None:
         if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
-            await msg.nak()
+            await msg.nak(0.25)
             return
         status = msg.headers.get(STATUS) if msg.headers else None
         if status:  # status messages come on the request's own inbox subject

@@ -51,6 +51,10 @@ from .subjects import queue_subject
 
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
 PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
+# Seconds before a message a node gives back after letting its queue go is offered again: the
+# stream's leader may be on another server and learn a little later that this node's pull is gone;
+# offered at once it could go to that pull, and nowhere, until ack_wait.
+GIVE_BACK_DELAY = 0.25
 MAGIC = b"SBq1"
 
 
@@ -329,7 +333,7 @@ class ClusterQueues:
         if key not in self.bound or (queue is None and key.startswith("durable:")):
             # pulled before this node let the queue go: nobody here reads it, another node may
             self._unpull(message)
-            self.out.append(("nak", ref))
+            self.out.append(("nak", ref, GIVE_BACK_DELAY))
             return
         if queue is None:
             queue = queues.get_queue(b, key)
@@ -450,7 +454,7 @@ class ClusterQueues:
                 if queue is not None:
                     for source in (queue.messages, queue.parked, queue.blocked):
                         for message in source:
-                            self.give_back(message)
+                            self.give_back(message, GIVE_BACK_DELAY)
                         source.clear()
                 continue
             del self.bound[name]
@@ -460,7 +464,7 @@ class ClusterQueues:
             if queue is not None:
                 for source in (queue.messages, queue.parked, queue.blocked):
                     for message in source:
-                        self.give_back(message)
+                        self.give_back(message, GIVE_BACK_DELAY)
                     source.clear()
                 queues.drop_if_idle(b, queue)
 
