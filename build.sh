@@ -57,6 +57,16 @@ need_chromium() {
     fi
 }
 
+# The cluster tests run docker/haproxy.cfg in front of real nodes (no Docker needed).
+need_haproxy() {
+    command -v haproxy >/dev/null 2>&1 && return
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null
+    else
+        echo "build.sh: the load balancer test needs haproxy (e.g. apt-get install haproxy)" >&2
+    fi
+}
+
 setup_test() {
     install "test,analysis,bench"
     need_java
@@ -74,6 +84,7 @@ case "${1:-setup}" in
         shift
         setup_test
         need_chromium
+        need_haproxy
         .venv/bin/python -m pytest "$@"
         command -v npm >/dev/null || { echo "build.sh: js-examples/ needs Node.js 20+ and npm" >&2; exit 1; }
         (cd js-examples && npm ci --omit=optional --no-audit --no-fund --loglevel=error && npm test) ;;

@@ -104,6 +104,10 @@ def raise_fd_limit(want: int) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["cluster"]:  # the cluster scenarios (NATS JetStream, several nodes): bench/cluster.py
+        from .cluster import main as cluster_main
+        return cluster_main(argv[1:])
     opts = parse_args(argv)
     targets = [parse_target(t) for t in opts.compare] if opts.compare else None
     if targets and all(t["kind"] == "results" for t in targets):

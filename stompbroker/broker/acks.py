@@ -66,6 +66,8 @@ def find_delivery(b, session: Session, command: str, headers: dict, receipt, str
 
 def nacked(b, sub: Subscription, delivery: Delivery) -> None:
     message = delivery.message
+    if b.backplane is not None and b.backplane.queues.nacked(b, message):
+        return  # JetStream redelivers it, on any node, or it goes to the dead-letter queue
     message.nacks = delivery.nacks + 1
     if message.nacks > b.config.max_redeliveries:
         dead_letter(b, message, f"rejected {message.nacks} times")

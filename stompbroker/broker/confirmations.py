@@ -30,16 +30,14 @@ def written(b, conn: int, total: int, final: bool = False) -> None:
         store = b.store
         if not inflight:
             pass
-        elif store is None and n >= len(inflight):
+        elif store is None and b.backplane is None and n >= len(inflight):
             inflight.clear()  # (the usual report: everything handed over so far is sent)
-        elif store is None:
+        elif store is None and b.backplane is None:
             _consume(starmap(inflight.popleft, repeat((), n)))
-        else:
+        else:  # each one leaves the store, or is acknowledged to JetStream
             for _ in range(min(n, len(inflight))):
-                message, _ = inflight.popleft()
-                if message.seq:
-                    store.delete(message.seq)
-                    message.seq = 0
+                message, queue = inflight.popleft()
+                queues.discard(b, queue, message)
         if not inflight:
             session.inflight = ()  # an empty deque is 760 bytes
     if final:

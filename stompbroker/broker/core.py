@@ -175,7 +175,7 @@ class Broker:
                 queues.pump(self, queue)
         if self.delayed:
             sessions.refuse_delayed(self, now)
-        if self.backplane is not None and self.backplane.owners:
+        if self.backplane is not None:
             self.backplane.tick(self, now)
         if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
             diagnostics.monitor(self, now)

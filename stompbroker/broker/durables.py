@@ -75,7 +75,7 @@ def replay_from(b, headers: dict, receipt) -> float | None:
     value = headers.get("replay-from")
     if value is None:
         return None
-    if b.store is None:
+    if b.store is None and b.backplane is None:
         raise ProtocolError("replay unavailable", "replay-from needs the durable store (store=sqlite)", receipt)
     try:
         return float(millis(value))

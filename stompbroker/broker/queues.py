@@ -72,6 +72,8 @@ def discard(b, queue: Queue, message: Message) -> None:
     if message.seq:
         b.store.delete(message.seq)
         message.seq = 0
+    if b.backplane is not None:  # a message pulled from JetStream is acknowledged there
+        b.backplane.queues.settled(message)
 
 
 def consumers(b, queue: Queue) -> tuple:

@@ -90,6 +90,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         return 0
     if destination.startswith(REPLY_PREFIXES):
         return temporary.publish(b, destination, message)
+    if b.backplane is not None and origin is None and b.backplane.queues.takes(b, message, sender):
+        return 0  # a queue message: JetStream has it now, and the node with room will deliver it
     if destination.startswith(QUEUE_PREFIX):
         queue = get_queue(b, destination)
         if b.store is not None:
@@ -98,7 +100,7 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         queue.enqueued += 1
         return pump(b, queue)
     kept = 0
-    if b.durables:
+    if b.durables and b.backplane is None:  # (in cluster mode durables read JetStream)
         for durable in b.durable_index.match(destination):
             copy = Message(message.id, destination, headers, body, expires)
             persist(b, durable.queue, copy)

@@ -44,6 +44,8 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
     sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
     durable_name = None if temp is not None else durables.durable_key(b, session, headers, sub_id, destination,
                                                                       receipt)
+    if b.backplane is not None:
+        b.backplane.queues.subscribing(b, sub, durable_name, receipt)
     if not session.subs:
         session.subs = {}
     session.subs[sub_id] = sub
@@ -57,7 +59,10 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
             b.backplane.subscribed(destination)
     receipts.send_receipt(b, session, receipt)
     if replay_from is not None:
-        durables.replay(b, sub, replay_from)
+        if b.backplane is not None:
+            b.backplane.queues.replay(b, sub, replay_from)
+        else:
+            durables.replay(b, sub, replay_from)
     take_waiting(b, sub)
 
 
@@ -140,6 +145,8 @@ def unsubscribe(b, session: Session, command: str, headers: dict, body: bytes) -
         remove_subscription(b, session, sub)
         if durable is not None:  # an explicit UNSUBSCRIBE ends a durable subscription
             durables.drop(b, durable)
+            if b.backplane is not None:
+                b.backplane.queues.drop_durable(b, durable)
     receipts.send_receipt(b, session, receipt)
 
 
@@ -151,6 +158,8 @@ def remove_subscription(b, session: Session, sub: Subscription) -> None:
     b.index.remove(sub.destination, sub)
     if b.backplane is not None and sub.durable is None and sub.temp is None:
         b.backplane.unsubscribed(sub.destination)
+    if b.backplane is not None:  # a queue (or durable) nobody here reads any more stops being pulled
+        b.backplane.queues.left(sub)
     if sub.durable is not None:  # detach: its messages wait for the client to come back
         sub.durable.sub = None
     if sub.temp is not None and sub.temp.sub is sub:  # a temporary queue's messages wait too

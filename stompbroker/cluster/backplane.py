@@ -24,6 +24,7 @@ import orjson
 from ..broker.names import DIAG_PREFIX, QUEUE_PREFIX, TEMP_PREFIXES, REPLY_PREFIXES, WORKER_PREFIX
 from ..broker.subscriptions import SubscriptionIndex
 from . import records as C
+from .queuing import ClusterQueues, pack, unpack
 from .subjects import topic_subject, worker_subject
 
 log = logging.getLogger("stompbroker.cluster")
@@ -64,6 +65,7 @@ class Backplane:
         self.timeout = config.cluster_timeout_ms / 1000
         self.stats = {"published": 0, "received": 0, "held": 0, "failed": 0, "unrouted_remote": 0,
                       "stale_sent": 0, "bridge_starts": 0}
+        self.queues = ClusterQueues(config, self)  # queues, durables and replay-from on JetStream (cluster/queuing.py)
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -152,7 +154,7 @@ class Backplane:
                 entry[2] = True
         self._release(b, session)
 
-    def _failed(self, b, token: int) -> None:
+    def _failed(self, b, token: int, message: str = UNAVAILABLE, detail: str = "") -> None:
         from ..broker import receipts
         owner = self.owners.pop(token, None)
         self.stats["failed"] += 1
@@ -163,24 +165,36 @@ class Backplane:
         receipt = next((e[3] for e in queue if e[0] == token), None)
         for entry in queue:
             self.owners.pop(entry[0], None)
-        if session.closing:  # an ERROR and its close wait in the queue: they go now
+        if session.closing:  # an ERROR and its close wait in the queue: they go now, not the receipts
             for entry in queue:
-                if entry[1] is not None:
+                if entry[1] is not None and not entry[1][1].startswith(b"RECEIPT"):
                     session.outbox.add(entry[1][0], session.conn, entry[1][1])
         else:
-            receipts.error(b, session, UNAVAILABLE, f"the cluster's NATS servers were unreachable for "
+            receipts.error(b, session, message, detail or f"the cluster's NATS servers were unreachable for "
                            f"{self.config.cluster_timeout_ms} ms (cluster_timeout_ms); the message was "
                            f"delivered on this node only, not to the other nodes", receipt)
 
     # -- timers ----------------------------------------------------------------------------------
     def needs_tick(self) -> bool:
-        return bool(self.owners)
+        return bool(self.owners or self.queues.pending or self.queues.bound)
 
     def tick(self, b, now: float) -> None:
         """A held message the bridge never answered for (it died holding it) fails on the broker's clock."""
+        from ..broker import queues
         for token, (session, deadline) in list(self.owners.items()):
             if now >= deadline:
                 self._failed(b, token)
+        self.queues.on_tick(b, now, queues)
+
+    def queues_out(self, b) -> None:
+        """Once per dispatcher round: the queues' credits, and their commands as records for the bridge."""
+        from ..broker import queues
+        cq = self.queues
+        cq.refill(b, queues)
+        if cq.out:
+            for command in cq.out:
+                self.out.add(C.QUEUE_CMD, 0, pack(command))
+            cq.out.clear()
 
     def session_ended(self, session) -> None:
         for entry in self.waiting.pop(session, ()):
@@ -192,7 +206,7 @@ class Backplane:
             self.on_record(b, kind, conn, aux, payload, now)
 
     def on_record(self, b, kind: int, conn: int, aux: int, payload, now: float) -> None:
-        from ..broker import routing
+        from ..broker import queues, routing
         b.now = now
         try:
             if kind == C.MESSAGE:
@@ -218,8 +232,11 @@ class Backplane:
                 self._published(b, conn)
             elif kind == C.FAILED:
                 self._failed(b, conn)
+            elif kind == C.QUEUE_EVENT:
+                self.queues.event(b, unpack(payload), queues)
             elif kind == C.BRIDGE_START:
                 self.stats["bridge_starts"] += 1
+                self.queues.bridge_started(b, first=self.stats["bridge_starts"] == 1)
                 for pattern, n in self.local.items():
                     self.out.add(C.INTEREST, 0, pattern.encode(), n)
             else:

@@ -27,6 +27,7 @@ class Kind(enum.IntEnum):
     PUBLISH = 101      # payload: pack_publish(subject, message); conn: token (0 = none) the bridge answers with
                        # PUBLISHED/FAILED; aux: PUBLISH_WORKER for a worker queue's subject (a queue group)
     STOP = 102         # the dispatcher is stopping: leave the cluster cleanly and exit
+    QUEUE_CMD = 110    # payload: a queuing.pack()ed command for JetStream (queues, durables, replay; cluster/queuing.py)
     # bridge -> dispatcher
     BRIDGE_START = 140  # a bridge (re)started: tell it the whole local interest again
     STATUS = 141       # payload: JSON of the bridge's figures (connected, server, rtt_ms, ...); at least every second
@@ -35,12 +36,14 @@ class Kind(enum.IntEnum):
     PUBLISHED = 144    # conn: the token of a PUBLISH held while NATS was unreachable: it went out now
     FAILED = 145       # conn: that token: NATS stayed unreachable for cluster_timeout_ms, it was not published
     REMOTE_RESET = 146  # forget every remote pattern (the bridge lost the interest bucket's view; REMOTEs follow)
+    QUEUE_EVENT = 150  # payload: a queuing.pack()ed answer from JetStream (stored, failed, message, replayed...)
 
 
 INTEREST, PUBLISH, STOP = Kind.INTEREST.value, Kind.PUBLISH.value, Kind.STOP.value
 BRIDGE_START, STATUS, REMOTE, MESSAGE = (Kind.BRIDGE_START.value, Kind.STATUS.value, Kind.REMOTE.value,
                                           Kind.MESSAGE.value)
 PUBLISHED, FAILED, REMOTE_RESET = Kind.PUBLISHED.value, Kind.FAILED.value, Kind.REMOTE_RESET.value
+QUEUE_CMD, QUEUE_EVENT = Kind.QUEUE_CMD.value, Kind.QUEUE_EVENT.value
 PUBLISH_WORKER = 1
 
 

@@ -253,10 +253,12 @@ class Bridge:
             self.flush()
 
     async def main(self) -> None:
+        from ..cluster.jetstream import QueuesPart
         from ..cluster.topics import Topics
         loop = asyncio.get_running_loop()
         loop.add_reader(self.from_dispatcher.data_fd, self.wake.set)
         self.add_part(Topics(self))
+        self.add_part(QueuesPart(self))
         self.emit(C.BRIDGE_START)
         self.send_status()
         connecting = asyncio.create_task(self.connect())

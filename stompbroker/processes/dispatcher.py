@@ -79,7 +79,9 @@ class Dispatcher:
         signal.signal(signal.SIGHUP, lambda signum, frame: None)
         self.wait_fds.append(self.signal_r)
         self.store = None
-        if config.store == "sqlite":
+        if config.store == "sqlite" and config.cluster:
+            log.warning("store=sqlite is not used in cluster mode: JetStream keeps queues and durable subscriptions")
+        elif config.store == "sqlite":
             self.store = Store(config.store_path, config.checkpoint, config.replay_retention)
             recovered = self.broker.recover(self.store, time.monotonic())
             self.wait_fds.append(self.store.done_fd)
@@ -365,8 +367,10 @@ class Dispatcher:
         for box in self.outboxes:
             if box.count:
                 self.flush_one(box)
-        if self.backplane is not None and (self.backplane.out.count or self.bridge_backlog):
-            self.to_cluster()
+        if self.backplane is not None:
+            self.backplane.queues_out(self.broker)  # pulls the queues' consumers have room for
+            if self.backplane.out.count or self.bridge_backlog:
+                self.to_cluster()
 
     # -- cluster mode: the bridge's rings ----------------------------------------------------------
     def from_cluster(self) -> None:

@@ -93,3 +93,33 @@ def test_whole_cluster_down_and_back_keeps_stored_messages():
         cluster.start_all()
         got = asyncio.run(_roundtrip(cluster.urls, "FIXTURE3", [], expect=1))
         assert got == [b"kept"]  # same store dirs
+
+
+def test_the_natscluster_tool_prints_the_cluster_setting_and_stops_cleanly(tmp_path):
+    """`python -m stompbroker.tools.natscluster` (README, "Running a cluster")."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "stompbroker.tools.natscluster", "--port", "0",
+                             "--dir", str(tmp_path / "data")], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 40
+        while not (lines and lines[-1].startswith("broker nodes:")) and time.monotonic() < deadline:
+            lines.append(proc.stdout.readline())
+        setting = lines[-1].split()[3]
+        assert setting.startswith("cluster=nats://127.0.0.1:") and setting.count("nats://") == 3, lines
+        port = int(setting.split(",")[0].rsplit(":", 1)[1])
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        with pytest.raises(ConnectionRefusedError):  # its servers went with it
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        assert sorted(os.listdir(tmp_path / "data")) == ["nats0", "nats1", "nats2"]  # --dir: kept
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

@@ -1,0 +1,373 @@
+"""Cluster scenarios: ``stompbroker-bench cluster [--scenario ...] [bench options]``.
+
+Each run starts a local NATS JetStream cluster (``stompbroker.tools.natscluster``, the pip
+``nats-server``) and broker nodes on it (``python -m stompbroker cluster=... node_id=nI ARGS``, ARGS
+from ``--spawn``), drives them with the bench's producers and consumers, and stops everything.
+
+- ``fanout``: one producer on node 0, ``--fanout`` subscriber connections spread over the other
+  nodes: every message crosses NATS once per remote node, then fans out there.
+- ``queue``: one producer on node 0 sending persistent SENDs with receipts to a queue,
+  ``--queue-consumers`` consumers on the other nodes: every message is stored in JetStream
+  (``cluster_replicas`` copies) before its receipt and pulled by one remote node.
+- ``local``: the cost of cluster mode for traffic whose subscribers are all local: the same
+  fan-out (producer and ``--fanout`` subscribers on one node) against a single-node broker and
+  against node 0 of a cluster whose other nodes subscribe other topics (so node 0 checks each
+  message against remote interest), ``--rounds`` times each, interleaved; compares deliveries/s and
+  deliveries per broker CPU-second (the steadier figure on a shared machine). Target: < 10 % cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from .procs import SpawnedBroker
+from .report import new_result, summary_line
+from .wire import BenchError, Target
+
+SCENARIOS = ("fanout", "queue", "local")
+LOCAL_COST_TARGET = 0.10
+
+
+class Nodes:
+    """Several spawned brokers measured as one: CPU per node and process (``n0:dispatcher``...) and
+    of the NATS servers (``nats0``...), all in the total: the cluster's whole cost."""
+
+    def __init__(self, brokers: list, nats=None, label: str = "cluster"):
+        self.brokers = brokers
+        self.nats = nats
+        self.label = label
+
+    def cpu(self) -> dict:
+        import psutil
+
+        out = {"_total": 0.0}
+        for i, b in enumerate(self.brokers):
+            for role, seconds in b.cpu().items():
+                if role == "_total":
+                    out["_total"] += seconds
+                else:
+                    out[f"n{i}:{role}"] = seconds
+        for s in (self.nats.servers if self.nats else []):
+            try:
+                t = psutil.Process(s.proc.pid).cpu_times()
+            except (psutil.Error, AttributeError):
+                continue
+            out[s.name] = t.user + t.system
+            out[s.name + ":sys"] = t.system
+            out["_total"] += t.user + t.system
+        return out
+
+    def counters(self) -> dict:
+        """System calls and context switches per node process (BrokerProcs.counters, prefixed)."""
+        return {f"n{i}:{role}": c for i, b in enumerate(self.brokers) for role, c in b.counters().items()}
+
+    def processes(self) -> list:
+        return [p for b in self.brokers for p in b.processes()]
+
+    def pss(self):
+        return None, {}
+
+
+def target_of(broker, o) -> Target:
+    return Target("127.0.0.1", broker.port, f"ws://127.0.0.1:{broker.port}/ws", o.login, o.passcode, o.vhost)
+
+
+class Cluster:
+    """A NATS cluster and ``n`` broker nodes on it, for one run."""
+
+    def __init__(self, n: int, nats_servers: int, node_args: list[str], extra_env: dict | None = None):
+        from ..tools.natscluster import NatsCluster
+
+        self.nats = NatsCluster(nats_servers)
+        self.name = f"bench{os.getpid()}x{time.monotonic_ns() % 10**9}"
+        self.nodes = []
+        try:
+            for i in range(n):
+                self.nodes.append(SpawnedBroker([f"cluster={self.nats.url_setting}", f"cluster_name={self.name}",
+                                                 f"node_id=n{i}", *node_args], extra_env))
+            time.sleep(0.5)  # every process started, every bridge connected
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for b in self.nodes:
+            b.stop()
+        self.nats.close()
+
+
+class Keepers:
+    """One connection per consumer node subscribed to the destination with a selector nothing
+    matches: it makes the node announce its interest before the run (runner.flow starts the producer
+    as soon as the consumers' SUBSCRIBEs are in, sooner than interest crosses the cluster), costs a
+    selector test per message, and receives nothing. A probe on the same connection, subscribed
+    after it, tells when node 0 knows: a node's interest entry is written whole, in order."""
+
+    def __init__(self, cluster, o, destinations: list[str], nodes: list[int], timeout: float = 20.0):
+        self.socks = []
+        try:
+            for k in nodes:
+                self.socks.append(self._keep(cluster, o, k, destinations, timeout))
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _connect(t: Target):
+        import socket
+        s = socket.create_connection((t.host, t.port), timeout=5)
+        login = f"login:{t.login}\npasscode:{t.passcode}\n" if t.login else ""
+        s.sendall(f"CONNECT\naccept-version:1.2\nhost:{t.vhost or '/'}\n{login}\n\0".encode())
+        return s
+
+    def _keep(self, cluster, o, k: int, destinations: list[str], timeout: float):
+        from ..tools.client import FrameReader, decode
+
+        keeper = self._connect(target_of(cluster.nodes[k], o))
+        probe = f"/topic/bench-probe-n{k}-{time.monotonic_ns()}"
+        keeper.sendall("".join(f"SUBSCRIBE\ndestination:{d}\nid:keep{i}\nselector:1 = 0\n\n\0"
+                               for i, d in enumerate(destinations)).encode()
+                       + f"SUBSCRIBE\ndestination:{probe}\nid:probe\n\n\0".encode())
+        pub = self._connect(target_of(cluster.nodes[0], o))
+        reader = FrameReader()
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"interest of node {k} did not reach node 0 within {timeout} s")
+                pub.sendall(f"SEND\ndestination:{probe}\n\nprobe\0".encode())
+                keeper.settimeout(0.3)
+                try:
+                    data = keeper.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    raise BenchError(f"node {k} closed the keeper connection")
+                reader.feed(data)
+                if any(decode(*raw).command == "MESSAGE" for raw in iter(reader.next, None)):
+                    keeper.sendall(b"UNSUBSCRIBE\nid:probe\n\n\0")
+                    return keeper
+        finally:
+            pub.close()
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+
+
+def remote_nodes(n_nodes: int, count: int) -> list[int]:
+    """Node index per connection: ``count`` connections spread over nodes 1..n-1."""
+    others = list(range(1, n_nodes)) or [0]
+    return [others[i % len(others)] for i in range(count)]
+
+
+def consumers_on(runner, cluster, transport: str, dest: str, where: list[int]) -> list[dict]:
+    specs = []
+    per_node_procs = max(runner.opts.consumer_procs // max(len(set(where)), 1), 1)
+    for node in sorted(set(where)):
+        links = [[(dest, "0", [])] for w in where if w == node]
+        specs += runner.consumer_specs(target_of(cluster.nodes[node], runner.opts), transport, links, per_node_procs)
+    return specs
+
+
+def cluster_fanout(runner, copts, transport: str) -> dict:
+    o = runner.opts
+    n = o.fanout
+    name = f"cluster-fanout-{transport}"
+    params = {"nodes": copts.nodes, "nats_servers": copts.nats_servers, "fanout": n, "size": o.size,
+              "duration": o.duration, "flow_control": runner.flow_label,
+              "layout": f"producer on n0, {n} subscriber connections over n1..n{copts.nodes - 1}"}
+
+    def body():
+        cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args)
+        keepers = None
+        try:
+            dest = f"/topic/bench-{runner.run_id}-xfan"
+            where = remote_nodes(copts.nodes, n)
+            keepers = Keepers(cluster, o, [dest], sorted(set(where)))
+            consumers = consumers_on(runner, cluster, transport, dest, where)
+            p = runner.producer_spec(target_of(cluster.nodes[0], o), transport, dest, fan=n,
+                                     max_inflight=runner.inflight_cap(n))
+            nodes = Nodes(cluster.nodes, cluster.nats)
+            flow = runner.flow(name, [p], consumers, o.duration, nodes, fan=n)
+            return runner.delivery_result(name, "cluster-fanout", transport, params, flow, nodes, n)
+        finally:
+            if keepers:
+                keepers.close()
+            cluster.close()
+
+    return runner.guarded(name, "cluster-fanout", transport, params, body)
+
+
+def cluster_queue(runner, copts, transport: str) -> dict:
+    o = runner.opts
+    k = o.queue_consumers
+    name = f"cluster-queue-{transport}"
+    params = {"nodes": copts.nodes, "nats_servers": copts.nats_servers, "consumers": k, "size": o.size,
+              "duration": o.duration, "flow_control": runner.flow_label, "persistent": True,
+              "layout": f"producer on n0 (persistent SENDs, receipts), {k} consumers over n1..n{copts.nodes - 1}"}
+
+    def body():
+        cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args)
+        try:
+            dest = f"/queue/bench-{runner.run_id}-xq"
+            consumers = consumers_on(runner, cluster, transport, dest, remote_nodes(copts.nodes, k))
+            p = runner.producer_spec(target_of(cluster.nodes[0], o), transport, dest, fan=1,
+                                     max_inflight=runner.inflight_cap(k), headers=[("persistent", "true")])
+            nodes = Nodes(cluster.nodes, cluster.nats)
+            flow = runner.flow(name, [p], consumers, o.duration, nodes, fan=1)
+            res = runner.delivery_result(name, "cluster-queue", transport, params, flow, nodes, 1)
+            res["notes"].append("every message stored in JetStream (R%s) before its receipt"
+                                % (3 if copts.nats_servers >= 3 else 1))
+            return res
+        finally:
+            cluster.close()
+
+    return runner.guarded(name, "cluster-queue", transport, params, body)
+
+
+def _local_fanout(runner, broker, name: str, transport: str, params: dict) -> dict:
+    o = runner.opts
+    n = o.fanout
+    t = target_of(broker, o)
+    dest = f"/topic/bench-{runner.run_id}-local"
+    consumers = runner.consumer_specs(t, transport, [[(dest, "0", [])] for _ in range(n)], o.consumer_procs)
+    p = runner.producer_spec(t, transport, dest, fan=n, max_inflight=runner.inflight_cap(n))
+    flow = runner.flow(name, [p], consumers, o.duration, broker, fan=n)
+    return runner.delivery_result(name, "cluster-local", transport, params, flow, broker, n)
+
+
+def cluster_local(runner, copts, transport: str) -> list[dict]:
+    """Single node and cluster node 0, alternately, --rounds times; then a summary result."""
+    o = runner.opts
+    n = o.fanout
+    out = []
+    for r in range(copts.rounds):
+        for mode in ("single", "cluster"):
+            name = f"cluster-local-{mode}-{transport}"
+            params = {"mode": mode, "round": r, "fanout": n, "size": o.size, "duration": o.duration,
+                      "flow_control": runner.flow_label,
+                      "layout": f"producer and {n} subscriber connections on one node"
+                                + (f" of {copts.nodes} (NATS: {copts.nats_servers} servers; the other nodes "
+                                   "subscribe 21 other topic patterns)" if mode == "cluster" else "")}
+
+            def body(mode=mode, name=name, params=params):
+                if mode == "single":
+                    broker = SpawnedBroker(list(runner.spawn_args))
+                    try:
+                        time.sleep(0.3)
+                        return _local_fanout(runner, broker, name, transport, params)
+                    finally:
+                        broker.stop()
+                cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args)
+                keepers = None
+                try:
+                    # the other nodes want other topics: node 0 checks every message against their interest
+                    keepers = Keepers(cluster, o, [f"/topic/bench-{runner.run_id}-elsewhere-{i}" for i in range(20)]
+                                      + [f"/topic/bench-{runner.run_id}-other*"], list(range(1, copts.nodes)))
+                    return _local_fanout(runner, cluster.nodes[0], name, transport, params)
+                finally:
+                    if keepers:
+                        keepers.close()
+                    cluster.close()
+
+            res = runner.guarded(name, "cluster-local", transport, params, body)
+            out.append(res)
+            yield res
+            time.sleep(o.pause)
+    yield local_summary(out, transport)
+
+
+def local_summary(results: list[dict], transport: str) -> dict:
+    """Median deliveries/s and deliveries per broker CPU-second, cluster node against single node."""
+    res = new_result(f"cluster-local-cost-{transport}", "cluster-local", transport, {"rounds": len(results) // 2})
+
+    def med(mode, key):
+        vals = [r[key] if key == "deliveries_per_cpu_s" else r["rates"]["deliveries_per_s"]
+                for r in results if r["status"] == "ok" and r["parameters"]["mode"] == mode and
+                (key != "deliveries_per_cpu_s" or r.get(key))]
+        return statistics.median(vals) if vals else None
+
+    figures = {mode: {"deliveries_per_s": med(mode, "rate"), "deliveries_per_cpu_s": med(mode, "deliveries_per_cpu_s")}
+               for mode in ("single", "cluster")}
+    res["counts"] = figures
+    cost = {}
+    for key in ("deliveries_per_s", "deliveries_per_cpu_s"):
+        single, cluster = figures["single"][key], figures["cluster"][key]
+        cost[key] = round(1 - cluster / single, 4) if single and cluster else None
+    res["rates"] = {"cost": cost}
+    value = cost["deliveries_per_cpu_s"]
+    pct = None if value is None else round(100 * value, 1)
+    res["headline"] = {"metric": "% cluster cost (broker CPU per delivery)", "value": pct, "unit": "%"}
+    res["target"] = {"metric": "cluster cost (broker CPU per delivery)", "op": "<=", "goal": 100 * LOCAL_COST_TARGET,
+                     "unit": "%", "value": pct, "met": None if pct is None else pct <= 100 * LOCAL_COST_TARGET}
+    res["duration_s"] = round(sum(r["duration_s"] or 0 for r in results), 3)
+    if value is None:
+        res["status"] = "error"
+        res["notes"].append("not enough successful runs to compare")
+    return res
+
+
+RUNS = {"fanout": lambda runner, copts, t: [cluster_fanout(runner, copts, t)],
+        "queue": lambda runner, copts, t: [cluster_queue(runner, copts, t)],
+        "local": cluster_local}
+
+
+def parse_cluster_args(argv):
+    p = argparse.ArgumentParser(prog="stompbroker-bench cluster", add_help=False)
+    p.add_argument("--scenario", default="fanout,queue,local",
+                   help=f"comma list of {', '.join(SCENARIOS)}")
+    p.add_argument("--nodes", type=int, default=3, help="broker nodes")
+    p.add_argument("--nats-servers", type=int, default=3, help="NATS servers (JetStream, clustered)")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each side of the local scenario (medians)")
+    p.add_argument("-h", "--help", action="store_true")
+    return p, *p.parse_known_args(argv)
+
+
+def main(argv=None) -> int:
+    from .cli import parse_args
+    from .runner import Runner
+
+    parser, copts, rest = parse_cluster_args(sys.argv[1:] if argv is None else argv)
+    if copts.help:
+        print(__doc__)
+        parser.print_help()
+        print("\nand the bench options (stompbroker-bench --help): --spawn ARGS (node settings, default "
+              "processors=2), --duration, --size, --fanout, --queue-consumers, --transports, --out ...")
+        return 0
+    names = [w.strip() for w in copts.scenario.split(",") if w.strip()]
+    unknown = [w for w in names if w not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown cluster scenario {unknown[0]!r} (known: {', '.join(SCENARIOS)})")
+    if copts.nodes < 2:
+        raise SystemExit("--nodes: at least 2")
+    if "--spawn" not in " ".join(rest):
+        rest += ["--spawn", "processors=2"]
+    o = parse_args(rest)
+    o.out = o.out or os.path.join("out", time.strftime("bench-cluster-%Y%m%d-%H%M%S"))
+    runner = Runner(o)
+    runner.label = f"stompbroker cluster {o.spawn} ({copts.nodes} nodes, {copts.nats_servers} NATS servers)"
+    transports = [t for t in (o.transports or "tcp").split(",") if t]
+    print(f"bench: {runner.label}; cluster scenarios {', '.join(names)}; results in {o.out}", flush=True)
+    try:
+        for name in names:
+            for transport in transports:
+                for res in RUNS[name](runner, copts, transport):
+                    runner.results.append(res)
+                    print(summary_line(res), flush=True)
+                    runner.save()
+                time.sleep(o.pause)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    finally:
+        runner.save()
+    print(f"wrote {os.path.join(o.out, 'results.json')}")
+    return 0 if all(r["status"] != "error" for r in runner.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,489 @@
+"""Queues and durable subscriptions across the cluster, on JetStream: the dispatcher's side, pure.
+
+The bridge (``cluster/jetstream.py``) stores and pulls; this decides. It is fed broker events
+(a queue SEND, an ACK, a delivery written, a pulled message arriving, a PubAck) and appends
+commands for the bridge to ``out`` as plain tuples (the backplane turns them into records):
+
+  ("bind", key, kind, consumer, filter_subjects, start_ms, replace)
+                                                            pull a shared durable consumer
+                                                            (kind "q": queue stream, "d": topic
+                                                            stream; replace: delete it first)
+  ("unbind", key, delete)                                   stop pulling it (delete: the consumer
+                                                            of that name goes too)
+  ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
+  ("publish", token, subject, msg_id, payload, deadline_ms) store it; answer stored/failed(token)
+  ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
+  ("replay", token, filter_subjects, since_ms)              stored topic messages since then
+
+and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused),
+("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
+Both travel as one record each, packed by ``pack``/``unpack``.
+
+Rules:
+- A node pulls only what its local subscriptions have room for: each subscription's prefetch
+  room (``AUTO_WINDOW`` for auto-ack ones and prefetch 0, less what its connection has not
+  written yet), less what waits locally, less credit already given.
+- A pulled message is a plain ``Message`` in the local queue of its destination, delivered by the
+  broker's usual pump; ``redelivered`` when JetStream delivered it before (to any node).
+- It is acknowledged to JetStream when it leaves the node for good: ACK (``client`` cumulative or
+  ``client-individual``), or for auto-ack when the writer reports it written, or expiry.
+- NACK: ``nak`` (JetStream redelivers it, on any node) unless it has been delivered more than
+  ``max_redeliveries`` times: then it is published to the dead-letter queue and, once that is
+  stored, ``term``ed. A message this node cannot hand to anyone (its consumers left) is nak'ed.
+- A SEND's receipt (and every later reply to that connection) waits until JetStream stored its
+  message (``Backplane.waiting``); past ``cluster_timeout_ms`` the sender gets an ERROR ``cluster
+  unavailable``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+import orjson
+
+from ..broker.model import Message
+from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
+from ..protocol.stomp import ProtocolError
+from . import subjects
+from .subjects import queue_subject
+
+AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
+PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
+# Seconds before a message a node gives back after letting its queue go is offered again: the
+# stream's leader may be on another server and learn a little later that this node's pull is gone;
+# offered at once it could go to that pull, and nowhere, until ack_wait.
+GIVE_BACK_DELAY = 0.25
+MAGIC = b"SBq1"
+
+
+# -- names ------------------------------------------------------------------------------------
+def escape_token(text: str) -> str:
+    """One NATS subject token (also a valid stream consumer name): bytes outside [A-Za-z0-9_-]
+    become %XX; an empty text is ``%``."""
+    out = []
+    for byte in text.encode():
+        ch = chr(byte)
+        out.append(ch if (ch.isascii() and (ch.isalnum() or ch in "_-")) else f"%{byte:02X}")
+    return "".join(out) or "%"
+
+
+def consumer_name(prefix: str, text: str) -> str:
+    """A durable consumer name: readable when short, else a digest (JetStream names are file names)."""
+    token = escape_token(text)
+    if len(token) > 120:
+        token = token[:60] + "_" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    return f"{prefix}_{token}"
+
+
+def durable_consumer(key: str) -> str:
+    return consumer_name("d", key.replace(OWNER_SEP, "/"))
+
+
+def topic_subject(cluster_name: str, destination: str) -> str:
+    """The subject of a topic message kept for durables and replay: the topic subject
+    (``cluster/subjects.py``) under ``<cluster_name>.d``."""
+    return f"{cluster_name}.d.{subjects.topic_subject(cluster_name, destination)[len(cluster_name) + 1:]}"
+
+
+def topic_filters(cluster_name: str, pattern: str) -> list[str]:
+    """The subject filters covering a topic subscription pattern in the kept-topics stream (``*``
+    is a text prefix match: the broker filters exactly)."""
+    return [f"{cluster_name}.d.{f[len(cluster_name) + 1:]}" for f in subjects.pattern_filters(cluster_name, pattern)]
+
+
+# -- the message on the wire ------------------------------------------------------------------
+def encode(message: Message, wall_expires_ms: int) -> bytes:
+    meta = orjson.dumps({"id": message.id, "d": message.destination, "h": message.headers, "x": wall_expires_ms})
+    return MAGIC + struct.pack(">I", len(meta)) + meta + message.body
+
+
+def decode(payload: bytes) -> tuple[str, str, dict, bytes, int]:
+    """(message id, destination, headers, body, expiry in wall ms or 0); ValueError if not ours."""
+    if payload[:4] != MAGIC or len(payload) < 8:
+        raise ValueError("not a stompbroker message")
+    (n,) = struct.unpack_from(">I", payload, 4)
+    meta = orjson.loads(payload[8:8 + n])
+    return meta["id"], meta["d"], meta["h"], bytes(payload[8 + n:]), meta["x"]
+
+
+def pack(item: tuple) -> bytes:
+    """A command or event as bytes: its plain fields as JSON, its one bytes field (if any) raw after."""
+    raw = b""
+    fields = []
+    for value in item:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raw = bytes(value)
+            fields.append(None)
+        else:
+            fields.append(value)
+    head = orjson.dumps(fields)
+    return struct.pack(">I", len(head)) + head + raw
+
+
+def unpack(blob) -> tuple:
+    blob = bytes(blob)
+    (n,) = struct.unpack_from(">I", blob, 0)
+    fields = orjson.loads(blob[4:4 + n])
+    if None in fields:
+        fields[fields.index(None)] = blob[4 + n:]
+    return tuple(fields)
+
+
+def matches(pattern: str, destination: str) -> bool:
+    """A subscription pattern's match (``*``: a prefix match on the text before it)."""
+    star = pattern.find("*")
+    return destination == pattern if star < 0 else destination.startswith(pattern[:star])
+
+
+# -- state ------------------------------------------------------------------------------------
+class Pending:
+    __slots__ = ("deadline", "then")
+
+    def __init__(self, deadline: float, then: int):
+        self.deadline = deadline   # monotonic
+        self.then = then           # a JetStream ref to term once stored (the dead letter's original)
+
+
+class Pulled:
+    __slots__ = ("ref", "key", "delivered")
+
+    def __init__(self, ref: int, key: str, delivered: int):
+        self.ref = ref              # the bridge's handle of the JetStream message
+        self.key = key              # the local queue it came for
+        self.delivered = delivered  # JetStream's delivery count
+
+
+class ClusterQueues:
+    def __init__(self, config, backplane):
+        self.config = config
+        self.backplane = backplane        # its tokens, and its queue of replies held behind a sender's messages
+        self.name = config.cluster_name
+        self.out: list = []
+        self.run = os.urandom(6).hex()    # Nats-Msg-Id prefix: unique per node and start
+        self.tokens = 0
+        self.pending: dict[int, Pending] = {}               # publishes waiting for their PubAck
+        self.pulled: dict[Message, Pulled] = {}             # messages pulled and not settled
+        self.bound: dict[str, int] = {}                     # local queue name -> credit given
+        self.binds: dict[str, tuple] = {}                   # local queue name -> its bind command
+        self.dirty: set[str] = set()                        # queues whose credit may have to change
+        self.leaving: set[str] = set()                      # queues whose last subscription here may have gone
+        self.held: dict[str, int] = {}                      # local queue name -> its pulled messages not settled
+        self.replays: dict[int, object] = {}                # replay token -> the subscription
+
+    # -- sending -------------------------------------------------------------------------------
+    def publish(self, b, message: Message, session=None, subject: str | None = None, then: int = 0) -> int:
+        """Hand a message to JetStream. ``session``: its sender, whose replies (its receipt first)
+        wait until it is stored, and who gets an ERROR if it cannot be (the backplane's queue of
+        held replies, shared with topic messages waiting for NATS)."""
+        bp = self.backplane
+        token = next(bp.tokens)
+        dedup = message.headers.get("dedup-id")
+        msg_id = f"{message.destination} {dedup}" if dedup else f"{self.run}-{token}"
+        wall_ms = int((message.expires - b.now + b.clock()) * 1000) if message.expires else 0
+        deadline = b.now + self.config.cluster_timeout_ms / 1000
+        self.pending[token] = Pending(deadline, then)
+        if session is not None:
+            bp.owners[token] = (session, deadline + 2)
+            bp.waiting.setdefault(session, []).append([token, None, False, message.headers.get("receipt")])
+        self.out.append(("publish", token, subject or queue_subject(self.name, message.destination),
+                         msg_id.replace("\r", " ").replace("\n", " "), encode(message, wall_ms),
+                         int(self.config.cluster_timeout_ms)))
+        return token
+
+    def stored(self, b, token: int) -> None:
+        pending = self.pending.pop(token, None)
+        if pending is None:
+            return
+        if pending.then:
+            self.out.append(("term", pending.then))
+        self.backplane._published(b, token)
+
+    def failed_publish(self, b, token: int, reason: str, refused: bool = False) -> None:
+        """JetStream could not store it in time, or refused it: its sender gets an ERROR (with the
+        receipt it waits for); a dead letter that could not be stored stays where it was (nak)."""
+        pending = self.pending.pop(token, None)
+        if pending is None:
+            return
+        if pending.then:
+            self.out.append(("nak", pending.then))
+        if refused:
+            self.backplane._failed(b, token, "message not stored", f"the cluster refused this message: {reason}")
+        else:
+            self.backplane._failed(b, token, "cluster unavailable", f"the cluster could not store this message "
+                                   f"within cluster_timeout_ms ({reason}); it may still have been stored: a "
+                                   "retry with the same dedup-id header is not stored twice")
+
+    def expire(self, b, now: float) -> None:
+        """Publishes past their deadline (the bridge is gone or stuck) fail here."""
+        late = [t for t, p in self.pending.items() if now > p.deadline + 1.0]
+        for token in late:
+            self.failed_publish(b, token, "no answer from the cluster bridge")
+
+    # -- broker hooks --------------------------------------------------------------------------
+    def takes(self, b, message: Message, session) -> bool:
+        """A SEND being published: a queue message goes to JetStream only (True); a topic message
+        sent with persistent:true is also kept in the topic stream for durable subscriptions and
+        replay-from, and goes on to live subscribers (False)."""
+        destination = message.destination
+        persistent = message.headers.get("persistent")
+        if destination.startswith(QUEUE_PREFIX):
+            if destination == MONITOR:
+                return False
+            self.publish(b, message, session if persistent != "false" else None)
+            return True
+        if persistent == "true" and not destination.startswith(
+                (DIAG_PREFIX, WORKER_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES):
+            self.publish(b, message, session, subject=topic_subject(self.name, destination))
+        return False
+
+    def subscribing(self, b, sub, durable_key: str | None, receipt) -> None:
+        """A SUBSCRIBE about to be registered: pull the queue's (or the durable's) consumer."""
+        destination = sub.destination
+        if destination.startswith(TEMP_PREFIXES):
+            return
+        if durable_key is not None:
+            existing = b.durables.get(durable_key)
+            self.bind(b, f"durable:{durable_key}", "d", durable_consumer(durable_key),
+                      topic_filters(self.name, destination), int(b.clock() * 1000),
+                      replace=existing is not None and existing.pattern != destination)
+        elif destination.startswith(QUEUE_PREFIX) and destination != MONITOR:
+            if "*" in destination:
+                raise ProtocolError("wildcard queue subscription", "in cluster mode a queue subscription names "
+                                    "one queue (queues live in JetStream, one consumer each)", receipt)
+            self.bind(b, destination)
+
+    def drop_durable(self, b, durable) -> None:
+        """An UNSUBSCRIBE ended a durable subscription: its consumer goes, on every node."""
+        self.bound.pop(durable.queue.name, None)
+        self.binds.pop(durable.queue.name, None)
+        self.out.append(("unbind", durable.queue.name, durable_consumer(durable.name)))
+
+    def replay(self, b, sub, since_ms: float) -> None:
+        self.tokens += 1
+        self.replays[self.tokens] = sub
+        self.out.append(("replay", self.tokens, topic_filters(self.name, sub.destination), since_ms))
+
+    def replayed(self, b, token: int, payload: bytes, queues) -> None:
+        sub = self.replays.get(token)
+        if sub is None or sub.session.subs.get(sub.id) is not sub:
+            return
+        try:
+            message_id, destination, headers, body, _ = decode(payload)
+        except (ValueError, orjson.JSONDecodeError, struct.error, KeyError):
+            return
+        if matches(sub.destination, destination) and (sub.accepts is None or sub.accepts(headers)):
+            queues.deliver(b, sub, Message(message_id, destination, {**headers, "replayed": "true"}, body), None)
+
+    def replay_end(self, token: int) -> None:
+        self.replays.pop(token, None)
+
+    def on_tick(self, b, now: float, queues) -> None:
+        if self.pending:
+            self.expire(b, now)
+        if self.bound:
+            self.sweep(b, queues)
+
+    def event(self, b, item: tuple, queues) -> None:
+        """One answer from the bridge."""
+        kind = item[0]
+        if kind == "message":
+            self.arrived(b, item[1], item[2], item[3], item[4], queues)
+        elif kind == "stored":
+            self.stored(b, item[1])
+        elif kind == "failed":
+            self.failed_publish(b, item[1], item[2], bool(item[3]) if len(item) > 3 else False)
+        elif kind == "replayed":
+            self.replayed(b, item[1], item[2], queues)
+        elif kind == "replay_end":
+            self.replay_end(item[1])
+
+    # -- pulling -------------------------------------------------------------------------------
+    def bind(self, b, key: str, kind: str = "q", consumer: str = "", filters: list | None = None,
+             start_ms: int = 0, replace: bool = False) -> None:
+        """A local subscription reads this queue (or durable): pull its shared consumer."""
+        self.dirty.add(key)
+        if key in self.bound and not replace:
+            return
+        self.bound[key] = 0
+        command = ("bind", key, kind, consumer or consumer_name("q", key),
+                   filters or [queue_subject(self.name, key)], start_ms, replace)
+        self.binds[key] = command[:-1] + (False,)
+        self.out.append(command)
+
+    def arrived(self, b, key: str, ref: int, delivered: int, payload: bytes, queues) -> None:
+        """A pulled message: into the local queue, delivered by the usual pump."""
+        if key in self.bound:
+            self.bound[key] -= 1
+        try:
+            message_id, destination, headers, body, wall_ms = decode(payload)
+        except (ValueError, orjson.JSONDecodeError, struct.error, KeyError):
+            self.out.append(("term", ref))  # not a stompbroker message: nobody could read it
+            return
+        expires = (b.now + (wall_ms / 1000 - b.clock()) or 1e-9) if wall_ms else 0.0
+        message = Message(message_id, destination, headers, body, expires)
+        message.redelivered = delivered > 1
+        self.pulled[message] = Pulled(ref, key, delivered)
+        self.held[key] = self.held.get(key, 0) + 1
+        queue = b.queues.get(key)
+        if queue is not None and queue.owner is not None and not matches(queue.owner.pattern, destination):
+            self.settled(message)  # the durable's stream filter is wider than its pattern
+            return
+        if key not in self.bound or (queue is None and key.startswith("durable:")):
+            # pulled before this node let the queue go: nobody here reads it, another node may
+            self._unpull(message)
+            self.out.append(("nak", ref, GIVE_BACK_DELAY))
+            return
+        if queue is None:
+            queue = queues.get_queue(b, key)
+        queue.messages.append(message)
+        queue.enqueued += 1
+        self.dirty.add(key)
+        queues.pump(b, queue)
+
+    def _unpull(self, message: Message):
+        pulled = self.pulled.pop(message, None)
+        if pulled is not None:
+            n = self.held[pulled.key] - 1
+            if n:
+                self.held[pulled.key] = n
+            else:
+                del self.held[pulled.key]
+        return pulled
+
+    def settled(self, message: Message) -> None:
+        """The message left this node for good (acknowledged, written auto-ack, expired)."""
+        pulled = self._unpull(message)
+        if pulled is not None:
+            self.out.append(("ack", pulled.ref))
+            self.dirty.add(pulled.key)
+
+    def nacked(self, b, message: Message) -> bool:
+        """A NACK of a pulled message: redelivered by JetStream, or dead-lettered past
+        max_redeliveries. False for a message that is not a cluster one."""
+        pulled = self._unpull(message)
+        if pulled is None:
+            return False
+        self.dirty.add(pulled.key)
+        if pulled.delivered > self.config.max_redeliveries:
+            dlq = self.config.dead_letter_queue
+            b.stats["dead_lettered"] += 1
+            if message.destination == dlq:
+                b.stats["messages_dropped"] += 1   # never loop in the dead-letter queue itself
+                self.out.append(("term", pulled.ref))
+                return True
+            headers = dict(message.headers)
+            headers["original-destination"] = message.destination
+            headers["dead-letter-reason"] = f"rejected {pulled.delivered} times"
+            headers.pop("dedup-id", None)
+            dead = Message(message.id, dlq, headers, message.body, message.expires)
+            self.publish(b, dead, None, then=pulled.ref)   # the original goes once the copy is stored
+        else:
+            self.out.append(("nak", pulled.ref))
+        return True
+
+    def give_back(self, message: Message, delay: float = 0.0) -> None:
+        pulled = self._unpull(message)
+        if pulled is not None:
+            self.out.append(("nak", pulled.ref, delay) if delay else ("nak", pulled.ref))
+
+    def is_pulled(self, message: Message) -> bool:
+        return message in self.pulled
+
+    def room(self, b, queue_name: str, consumers: tuple) -> int:
+        room = 0
+        for sub in consumers:
+            if sub.session.closing:
+                continue
+            if sub.tracked and sub.prefetch:
+                room += max(sub.prefetch - len(sub.unacked), 0)
+            else:
+                room += max(AUTO_WINDOW - len(sub.session.inflight) - len(sub.unacked), 0)
+        return room
+
+    def refill(self, b, queues) -> None:
+        """Once per dispatcher round: queues whose last local subscription went stop being pulled;
+        the dirty queues' consumers get the credit they have room for."""
+        if self.leaving:
+            leaving, self.leaving = self.leaving, set()
+            self.sweep(b, queues, leaving)
+        if not self.dirty:
+            return
+        dirty, self.dirty = self.dirty, set()
+        for name in dirty:
+            given = self.bound.get(name)
+            if given is None:
+                continue
+            queue = b.queues.get(name)
+            consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
+            want = self.room(b, name, consumers) - (queue.depth() if queue is not None else 0)
+            want = max(want, 0)
+            if want > given or (want == 0 and given > 0):  # (a consumer left: stop asking for its share)
+                self.out.append(("credit", name, want - given))
+                self.bound[name] = want
+
+    def left(self, sub) -> None:
+        """A subscription went: if it was the last one here, its queue stops being pulled at the end
+        of this round (``refill``), not a tick later, so fewer messages come here meanwhile."""
+        key = f"durable:{sub.durable.name}" if sub.durable is not None else sub.destination
+        if key in self.bound:
+            self.leaving.add(key)
+
+    def sweep(self, b, queues, names=None) -> None:
+        """A bound queue nobody here reads any more stops being pulled and gives its waiting
+        messages back; parked messages (no local selector takes them) go back too (on the tick).
+        The unbind goes first: JetStream then redelivers them to a pull still waiting, never to one
+        of this node's it has not dropped yet."""
+        for name in list(self.bound if names is None else names):
+            if name not in self.bound:
+                continue
+            queue = b.queues.get(name)
+            consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
+            self.dirty.add(name)  # (credit for consumers that left is taken back by the next refill)
+            if consumers:
+                if names is None and queue is not None and queue.parked:
+                    for message in queue.parked:  # (not back at once: this node may take it again)
+                        self.give_back(message, PARKED_DELAY)
+                    queue.parked.clear()
+                continue
+            waiting = queue.depth() if queue is not None else 0
+            if self.held.get(name, 0) > waiting:
+                # deliveries still out (unacknowledged, or not yet written): they may come back
+                # here; pull nothing more (refill takes the credit back) and look again next tick
+                if queue is not None:
+                    for source in (queue.messages, queue.parked, queue.blocked):
+                        for message in source:
+                            self.give_back(message, GIVE_BACK_DELAY)
+                        source.clear()
+                continue
+            del self.bound[name]
+            del self.binds[name]
+            self.dirty.discard(name)
+            self.out.append(("unbind", name, ""))
+            if queue is not None:
+                for source in (queue.messages, queue.parked, queue.blocked):
+                    for message in source:
+                        self.give_back(message, GIVE_BACK_DELAY)
+                    source.clear()
+                queues.drop_if_idle(b, queue)
+
+    def bridge_started(self, b, first: bool) -> None:
+        """A new bridge knows no consumer, credit or pulled message: bind again from scratch.
+        What was pulled comes back from JetStream after ack_wait (at least once): the pulled
+        messages still waiting here go. The first bridge got every command sent so far already."""
+        if first:
+            return
+        for name in self.bound:
+            queue = b.queues.get(name)
+            if queue is not None:
+                for source in (queue.messages, queue.parked, queue.blocked):
+                    kept = [m for m in source if m not in self.pulled]
+                    source.clear()
+                    source.extend(kept)
+        self.pulled.clear()
+        self.held.clear()
+        for name in self.bound:
+            self.bound[name] = 0
+            self.dirty.add(name)
+            self.out.append(self.binds[name])
