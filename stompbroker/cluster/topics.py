@@ -83,7 +83,6 @@ class Topics:
         self.setup_due: float | None = 0.0    # when to (re)open the bucket and its watch; None: done
         self.changed = asyncio.Event()        # the local interest changed: write the entry
         self.put_task = None
-        self.next_refresh = 0.0
         self.inline_topic = Inline(self.received, False)
         self.inline_worker = Inline(self.received, True)
         self.stats = {"messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0, "duplicates": 0,
