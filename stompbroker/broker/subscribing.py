@@ -154,6 +154,8 @@ def remove_subscription(b, session: Session, sub: Subscription) -> None:
     b.index.remove(sub.destination, sub)
     if b.backplane is not None and sub.durable is None and sub.temp is None:
         b.backplane.unsubscribed(sub.destination)
+    if b.backplane is not None:  # a queue (or durable) nobody here reads any more stops being pulled
+        b.backplane.queues.left(sub)
     if sub.durable is not None:  # detach: its messages wait for the client to come back
         sub.durable.sub = None
     if sub.temp is not None and sub.temp.sub is sub:  # a temporary queue's messages wait too

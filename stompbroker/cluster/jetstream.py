@@ -310,7 +310,9 @@ class QueueBridge:
             for puller in list(self.pullers.values()):
                 await puller.ask()
 
-    def handle(self, command: tuple) -> None:
+    async def handle(self, command: tuple) -> None:
+        """One command; commands are handled in order, and only an unbind is awaited here: its
+        UNSUB must reach the server before the naks that follow it (see ``cluster/queuing.py``)."""
         kind = command[0]
         if kind in ("ack", "nak", "term"):
             held = self.held.pop(command[1], None)
@@ -328,7 +330,7 @@ class QueueBridge:
             _, key, stream_kind, consumer, filter_subject, start_ms, replace = command
             old = self.pullers.pop(key, None)
             if old is not None:
-                self.spawn(old.close())
+                await old.close()
             stream = self.queue_stream if stream_kind == "q" else self.topic_stream
             puller = self.pullers[key] = Puller(self.nc, stream, consumer,
                                                 lambda msg, key=key: self._arrived(key, msg))
@@ -337,7 +339,7 @@ class QueueBridge:
             _, key, delete = command
             puller = self.pullers.pop(key, None)
             if puller is not None:
-                self.spawn(puller.close())
+                await puller.close()
             if delete:
                 self.spawn(self._delete(delete))
         elif kind == "replay":
@@ -388,7 +390,6 @@ class QueueBridge:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
     def _arrived(self, key: str, msg) -> None:
-        log.debug("pulled for %s: %s", key, msg.subject)
         ref = next(self.refs)
         self.held[ref] = (msg, time.monotonic())
         try:
@@ -426,7 +427,7 @@ class QueuesPart:
         self.bridge.emit(self.kind_event, 0, self.pack(event))
 
     async def _command(self, conn: int, aux: int, payload) -> None:
-        self.queues.handle(self.unpack(payload))
+        await self.queues.handle(self.unpack(payload))
 
     async def connected(self) -> None:
         self.queues.js = self.bridge.nc.jetstream(timeout=10)  # (stream and consumer calls on a loaded machine)

@@ -377,3 +377,40 @@ def test_a_transaction_publishes_at_commit_and_its_receipt_waits_for_the_store()
     assert a.frames(1) == []
     js.run()
     assert [o.headers["receipt-id"] for o in a.frames(1)] == ["c1"] and js.depth() == 1
+
+
+def test_a_delivery_the_writer_had_not_sent_when_its_connection_closed_still_goes_back_to_jetstream():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.subscribe(1, "/queue/w")
+    a.send(1, "/queue/w", b"unsent")
+    js.run()
+    assert len(a.messages(1)) == 1       # handed to the writer, not yet reported written
+    a.broker.on_closed(1)
+    js.run()
+    a.tick(0.2)
+    js.run()
+    assert len(js.out) == 1              # still out: the writer may yet send it
+    a.broker.on_written(1, 0, final=True)  # it did not: back to its queue here...
+    a.tick(0.2)
+    js.run()
+    assert js.out == {} and js.depth() == 1   # ...and from there back to JetStream
+    assert a.binds == {}
+
+
+def test_a_message_pulled_for_a_durable_just_detached_goes_back_to_jetstream():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1, login="u")
+    a.subscribe(1, "/topic/t", sub_id="d", durable="true")
+    js.run()
+    (key,) = a.binds
+    a.broker.on_closed(1)          # detached: the durable (and its queue) stay on this node
+    js.run()
+    assert a.binds == {}
+    b = a.broker                   # a message JetStream had sent before the unbind reached it
+    from stompbroker.broker.model import Message
+    from stompbroker.cluster.queuing import encode
+    b.backplane.queues.event(b, ("message", key, 99, 1, encode(Message("m1", "/topic/t", {}, b"x"), 0)), Q)
+    assert b.backplane.queues.out[-1] == ("nak", 99) and not b.queues[key].depth()
