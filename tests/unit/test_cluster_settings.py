@@ -26,7 +26,7 @@ def test_single_node_mode_never_imports_nats():
 def test_cluster_settings():
     config = make_config(cluster="nats://h1:4222, tls://h2:4222", node_id="n1")
     assert config.cluster == ["nats://h1:4222", "tls://h2:4222"]
-    assert config.cluster_name == "stompbroker" and config.cluster_timeout_ms == 5000
+    assert config.cluster_name == "stompbroker" and config.cluster_timeout_ms == 10000
     assert make_config().cluster == []
     for bad, words in [({"cluster": "h1:4222", "node_id": "n"}, "nats://"),
                        ({"cluster": "nats://h:1"}, "needs a node_id"),
