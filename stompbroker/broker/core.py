@@ -55,6 +55,8 @@ class Broker:
         self.worker_rr: dict[str, int] = {}
         self.stale = StaleQueue(config.TTL / 1000, config.max_stale_queue_size) if config.TTL > 0 else None
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
+        if config.cluster:  # message ids travel between nodes: the node's name keeps them apart there
+            self.token = f"{config.node_id}.{self.token}"
         self.diag = diag                 # the statistics provider (diag.stats.Statistics); it reads the broker
         if diag is not None and getattr(diag, "broker", self) is None:
             diag.broker = self           # (given unbound, as it cannot be made after the broker it reads)

@@ -269,3 +269,12 @@ def test_a_failed_message_after_an_error_lets_the_error_and_close_out():
     got = r.take(1)
     assert [(o.command or o.kind) for o in got] == ["ERROR", "CLOSE"]
     assert got[0]["message"] == "unknown command"
+
+
+def test_message_ids_of_nodes_started_at_the_same_moment_differ():
+    """Message ids cross nodes with their messages: two nodes whose brokers started in the same
+    millisecond must not number their messages alike (a consumer acking or de-duplicating by id
+    would confuse them)."""
+    a, b = rig(), Rig(cluster="nats://127.0.0.1:4222", node_id="n2", cluster_name="c")
+    assert a.wall == b.wall
+    assert a.broker.token != b.broker.token
