@@ -51,7 +51,7 @@ RULES = [
     ("stompbroker/processes/writer.py", r".*report$", "written counts"),
     ("stompbroker/processes/dispatcher.py", r".*progress$", "written counts"),
     ("stompbroker/processes/dispatcher.py", r".*(flush|flush_one|drain|write)$", "ring write"),
-    ("stompbroker/processes/dispatcher.py", r".*handle$", "ring read"),
+    ("stompbroker/processes/dispatcher.py", r".*(handle|frames)$", "ring read"),
     ("stompbroker/processes/reader.py", r".*(read|received|receive)$", "recv"),
     ("stompbroker/processes/reader.py", r".*(stomp|websocket|sniff)$", "parse"),
     ("stompbroker/processes/reader.py", r".*(frames|emit|push)$", "ring write"),

@@ -19,7 +19,7 @@ import logging
 import time
 
 from ..ipc import records as R
-from ..protocol.stomp import ProtocolError, parse_head
+from ..protocol.stomp import ProtocolError, parse_head_cached
 from . import (acks, confirmations, diagnostics, durables, queues, receipts, routing, sessions, subscribing,
                transactions)
 from ..ipc.outbox import Outbox
@@ -143,7 +143,7 @@ class Broker:
         try:
             # CONNECT and STOMP are never escaped; peek at the command before decoding.
             unescape = session.escape and not head.startswith((b"CONNECT", b"STOMP"))
-            command, headers = parse_head(head, unescape)
+            command, headers = parse_head_cached(head, unescape)
             handler = HANDLERS.get(command)
             if handler is None:
                 raise ProtocolError("unknown command", f"{command!r} is not a STOMP command",

@@ -118,15 +118,36 @@ class Message:
     def shared(self, escaped: bool) -> bytes:
         part = self._rendered[escaped]
         if part is None:
-            esc = escape if escaped else _no_newlines
-            lines = [f"message-id:{esc(self.id)}", f"destination:{esc(self.destination)}"]
-            for name, value in self.headers.items():
-                if name not in NOT_FORWARDED:
-                    lines.append(f"{esc(name)}:{esc(value)}")
-            lines.append(f"content-length:{len(self.body)}")
-            part = ("\n".join(lines) + "\n\n").encode() + self.body + b"\0"
+            body = self.body
+            # Everything after the message-id line repeats from one message of a producer to the
+            # next: it is rendered once and the message-id spliced in front of it.
+            key = (self.destination, len(body), *self.headers.items())
+            blocks = _BLOCKS[escaped]
+            block = blocks.get(key)
+            if block is None:
+                block = _header_block(self.destination, self.headers, len(body), escaped)
+                if len(blocks) >= BLOCK_CACHE_ENTRIES:
+                    blocks.clear()  # unique headers: the table is dropped whole, no bookkeeping per hit
+                blocks[key] = block
+            mid = escape(self.id) if escaped else _no_newlines(self.id)
+            part = b"".join((b"message-id:", mid.encode(), b"\n", block, body, b"\0"))
             self._rendered[escaped] = part
         return part
+
+
+BLOCK_CACHE_ENTRIES = 512
+_BLOCKS: tuple[dict, dict] = ({}, {})  # per escaping style: (destination, body length, *headers) -> block
+
+
+def _header_block(destination: str, headers: dict, length: int, escaped: bool) -> bytes:
+    """A MESSAGE's header lines after message-id, through the blank line."""
+    esc = escape if escaped else _no_newlines
+    lines = [f"destination:{esc(destination)}"]
+    for name, value in headers.items():
+        if name not in NOT_FORWARDED:
+            lines.append(f"{esc(name)}:{esc(value)}")
+    lines.append(f"content-length:{length}\n\n")
+    return "\n".join(lines).encode()
 
 
 def _no_newlines(value: str) -> str:

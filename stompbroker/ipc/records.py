@@ -35,6 +35,10 @@ class Kind(enum.IntEnum):
     SHUTDOWN = 10   # the reader stopped; drain and stop
     HTTP_REQUEST = 11  # payload: a plain HTTP request (console/http.py encode_request); answer, then close
     READER_START = 12  # a reader (re)started; payload: its first connection id (u64). Older ones are gone
+    FRAMES = 13     # the frames of one read: aux: how many (n); payload: n (head length, body length)
+                    # pairs (FRAME_SIZES, u32 each), then each head and body in turn. One record per
+                    # read instead of one per frame (a lone frame still goes as FRAME); the ring
+                    # still counts frames, so max_input_queue_size keeps its meaning
 
     # dispatcher -> writer
     DATA = 20       # payload: one STOMP frame (WebSocket-encoded by the writer where needed);
@@ -64,6 +68,7 @@ WS_CLOSE = Kind.WS_CLOSE.value
 SHUTDOWN = Kind.SHUTDOWN.value
 HTTP_REQUEST = Kind.HTTP_REQUEST.value
 READER_START = Kind.READER_START.value
+FRAMES = Kind.FRAMES.value
 DATA = Kind.DATA.value
 RAW = Kind.RAW.value
 WS_ON = Kind.WS_ON.value
@@ -83,6 +88,20 @@ WRITTEN_LAST = 1      # head flag: the writer is stopping, this is its last repo
 WRITTEN_STARTED = 2   # head flag: a writer (re)started; what its predecessor held is not coming
 WRITTEN_FINAL = 1 << 63
 CONN_ID = struct.Struct("<Q")
+FRAME_SIZE = 4  # bytes per length in a FRAMES record's table
+
+
+def frame_sizes(count: int) -> struct.Struct:
+    """The length table of a FRAMES record of ``count`` frames (2 * count u32)."""
+    sizes = _SIZES.get(count)
+    if sizes is None:
+        sizes = struct.Struct(f"<{2 * count}I")
+        if len(_SIZES) < 256:
+            _SIZES[count] = sizes
+    return sizes
+
+
+_SIZES: dict[int, struct.Struct] = {}
 # A CLOSE record's WebSocket close code, so the broker asks for a close frame without the codec
 # (the writer encodes it, RFC 6455 5.5.1; the codes are protocol/websocket.py's CloseCode).
 WS_CLOSE_CODE = struct.Struct("!H")

@@ -218,6 +218,8 @@ class Dispatcher:
                 if kind == R.FRAME:
                     split = start + aux
                     broker.on_frame(conn, blob[start:split], blob[split:stop], now)
+                elif kind == R.FRAMES:
+                    self.frames(blob, start, conn, aux, now)
                 elif kind == R.OPEN:
                     broker.on_open(conn, aux, blob[start:stop].decode(), now)
                 elif kind == R.CLOSED:
@@ -246,6 +248,24 @@ class Dispatcher:
         for box in boxes:
             box.stamp = 0  # records made by timers are not stamped
         return True
+
+    def frames(self, blob: bytes, start: int, conn: int, count: int, now: float) -> None:
+        """The frames of one read (a FRAMES record), each fed as a FRAME record's would be."""
+        broker = self.broker
+        on_frame = broker.on_frame
+        sizes = R.frame_sizes(count).unpack_from(blob, start)
+        pos = start + R.FRAME_SIZE * 2 * count
+        for i in range(0, 2 * count, 2):
+            split = pos + sizes[i]
+            stop = split + sizes[i + 1]
+            try:
+                on_frame(conn, blob[pos:split], blob[split:stop], now)
+            except Exception:
+                log.exception("internal error on connection %d; closing it", conn)
+                broker.on_internal_error(conn)
+            pos = stop
+            if broker.unfinished:
+                self.drain(conn)
 
     def transport(self, kind: int, conn: int, payload: bytes) -> None:
         """HTTP and WebSocket control traffic: written raw by the connection's writer."""

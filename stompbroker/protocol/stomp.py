@@ -9,7 +9,7 @@ Two halves:
 
 import re
 
-__all__ = ["ProtocolError", "FrameParser", "parse_head", "escape", "unescape", "render_frame"]
+__all__ = ["ProtocolError", "FrameParser", "parse_head", "parse_head_cached", "escape", "unescape", "render_frame"]
 
 
 class ProtocolError(Exception):
@@ -319,6 +319,29 @@ def parse_head(head: bytes, unescape: bool) -> tuple[str, dict[str, str]]:
                 raise
         if name not in headers:
             headers[name] = value
+    return command, headers
+
+
+# Producers repeat their heads byte for byte (same destination, same content-length, no per-message
+# header), so the dispatcher remembers the last few hundred short heads it decoded, one table per
+# escaping mode. A hit costs a lookup and a dict copy instead of a decode, split and loop.
+HEAD_CACHE_ENTRIES = 512
+HEAD_CACHE_MAX_HEAD = 512  # longer heads are rarely repeated; they are decoded every time
+_HEADS: tuple[dict, dict] = ({}, {})
+
+
+def parse_head_cached(head: bytes, unescape: bool) -> tuple[str, dict[str, str]]:
+    """parse_head, remembered for short heads. The caller gets its own dict (handlers may change it)."""
+    if len(head) > HEAD_CACHE_MAX_HEAD:
+        return parse_head(head, unescape)
+    cache = _HEADS[unescape]
+    hit = cache.get(head)
+    if hit is not None:
+        return hit[0], hit[1].copy()
+    command, headers = parse_head(head, unescape)  # a bad head raises here every time: never remembered
+    if len(cache) >= HEAD_CACHE_ENTRIES:
+        cache.clear()  # a table of unique heads is dropped whole: no bookkeeping per hit
+    cache[head] = (command, headers.copy())
     return command, headers
 
 

@@ -505,3 +505,23 @@ def test_rendered_frames_parse_back_whatever_the_chunking(frames, cuts, crlf_bea
         if sent_body:
             expected.setdefault("content-length", str(len(sent_body)))
         assert parse_head(head, True) == (cmd, expected)
+
+
+def test_a_remembered_head_decodes_as_parse_head_does_and_each_caller_gets_its_own_dict():
+    from stompbroker.protocol import stomp
+    heads = [b"SEND\ndestination:/queue/a\ncontent-length:3", b"SEND\ndestination:/queue/a\\cb\nx:\\n",
+             b"SUBSCRIBE\nid:1\ndestination:/topic/t\nid:2", b"SEND\ndestination:/queue/" + b"x" * 600]
+    for unescape in (True, False):
+        for head in heads:
+            first = stomp.parse_head_cached(head, unescape)
+            first[1]["destination"] = "changed"  # a handler may rewrite its copy
+            assert stomp.parse_head_cached(head, unescape) == stomp.parse_head(head, unescape)
+    assert stomp.parse_head_cached(heads[1], True)[1]["destination"] == "/queue/a:b"
+    assert stomp.parse_head_cached(heads[1], False)[1]["destination"] == "/queue/a\\cb"
+    for _ in range(2):  # a bad head is refused every time, with its receipt
+        with pytest.raises(ProtocolError) as err:
+            stomp.parse_head_cached(b"SEND\nreceipt:r\nx:\\q", True)
+        assert (err.value.message, err.value.receipt) == ("invalid header escape", "r")
+    for i in range(stomp.HEAD_CACHE_ENTRIES * 2):  # unique heads: the table stays bounded
+        assert stomp.parse_head_cached(b"SEND\nid:%d" % i, False)[1] == {"id": str(i)}
+    assert len(stomp._HEADS[False]) <= stomp.HEAD_CACHE_ENTRIES

@@ -1,0 +1,43 @@
+"""A MESSAGE's shared part: the header block after message-id is rendered once and reused."""
+
+from __future__ import annotations
+
+from stompbroker.broker import model
+from stompbroker.broker.model import Message
+from stompbroker.protocol.stomp import FrameParser, parse_head, render_frame
+
+
+def rendered_from_scratch(message: Message, escaped: bool) -> bytes:
+    """What the MESSAGE's shared part must be: every forwarded header, escaped per style."""
+    fix = (lambda v: v) if escaped else (lambda v: v.replace("\r", " ").replace("\n", " "))
+    pairs = [("message-id", fix(message.id)), ("destination", fix(message.destination))]
+    pairs += [(fix(n), fix(v)) for n, v in message.headers.items() if n not in model.NOT_FORWARDED]
+    pairs.append(("content-length", str(len(message.body))))
+    return render_frame("MESSAGE", pairs, message.body, escape_headers=escaped)[len("MESSAGE\n"):]
+
+
+def test_each_message_gets_its_own_id_and_the_same_block_as_a_fresh_rendering():
+    headers = {"destination": "/queue/a", "receipt": "r", "content-length": "3", "x:y": "a\nb\\c",
+               "persistent": "true", "priority": "4"}
+    for escaped in (True, False):
+        for i in range(3):
+            for body in (b"abc", b"a\0c", b""):
+                message = Message(f"t-{i}", "/queue/a", headers, body)
+                part = message.shared(escaped)
+                assert part == rendered_from_scratch(message, escaped)
+                assert message.shared(escaped) is part
+    message = Message("t-9", "/queue/a", headers, b"a\0c")
+    ((head, body),) = FrameParser().feed(b"MESSAGE\n" + message.shared(True))
+    assert body == b"a\0c"
+    assert parse_head(head, True)[1] == {"message-id": "t-9", "destination": "/queue/a", "x:y": "a\nb\\c",
+                                         "priority": "4", "content-length": "3"}
+
+
+def test_a_header_or_destination_that_differs_gets_its_own_block_and_the_table_stays_bounded():
+    a = Message("t-1", "/topic/a", {"destination": "/topic/a", "k": "1"}, b"x").shared(True)
+    b = Message("t-1", "/topic/b", {"destination": "/topic/a", "k": "1"}, b"x").shared(True)
+    c = Message("t-1", "/topic/a", {"destination": "/topic/a", "k": "2"}, b"x").shared(True)
+    assert len({a, b, c}) == 3 and b"destination:/topic/b\n" in b and b"\nk:2\n" in c
+    for i in range(model.BLOCK_CACHE_ENTRIES * 2):
+        assert Message("t", "/topic/a", {"n": str(i)}, b"").shared(False).endswith(f"\nn:{i}\ncontent-length:0\n\n\0".encode())
+    assert len(model._BLOCKS[False]) <= model.BLOCK_CACHE_ENTRIES
