@@ -32,6 +32,11 @@ PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for mess
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
 STATUS = "Status"
+PER_SUBJECT_FULL = 10077   # JetStream's "store failed" code, with "maximum messages per subject exceeded"
+
+
+class QueueFull(Exception):
+    """The queue stream holds max_queue_messages for this destination (discard-new per subject)."""
 
 
 def queue_stream(cluster_name: str) -> str:
@@ -43,10 +48,13 @@ def topic_stream(cluster_name: str) -> str:
 
 
 async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, work_queue: bool,
-                         max_age: float = 0.0) -> int:
+                         max_age: float = 0.0, per_subject: int = 0) -> int:
     """Create (or update) a stream; returns the replicas it got. ``replicas`` 0 means 3 when the
-    NATS cluster can hold them, else 1."""
-    config = api.StreamConfig(
+    NATS cluster can hold them, else 1. ``per_subject``: the most messages one subject holds; a
+    publish over it is refused (discard-new per subject), never an older message dropped."""
+    limits = dict(max_msgs_per_subject=per_subject, discard=api.DiscardPolicy.NEW,
+                  discard_new_per_subject=True) if per_subject else {}
+    config = api.StreamConfig(**limits,
         name=name, subjects=subjects, storage=api.StorageType.FILE,
         retention=api.RetentionPolicy.WORK_QUEUE if work_queue else api.RetentionPolicy.LIMITS,
         max_age=max_age or None, duplicate_window=min(DUPLICATE_WINDOW, max_age or DUPLICATE_WINDOW), num_replicas=replicas or 3)
@@ -119,7 +127,12 @@ async def publish(js, subject: str, payload: bytes, msg_id: str, deadline: float
         if left <= 0:
             raise TimeoutError(f"JetStream did not store the message within the timeout ({subject})")
         try:
-            return await js.publish(subject, payload, timeout=min(left, 2.0), headers=dict(headers))
+            try:
+                return await js.publish(subject, payload, timeout=min(left, 2.0), headers=dict(headers))
+            except nats.js.errors.APIError as exc:  # (a 503 ServiceUnavailableError, retried below)
+                if exc.err_code == PER_SUBJECT_FULL and "per subject" in (exc.description or ""):
+                    raise QueueFull(exc.description) from None
+                raise
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError, nats.errors.ConnectionClosedError,
                 nats.errors.NoRespondersError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError):
             pass
@@ -282,7 +295,8 @@ class QueueBridge:
         while True:
             try:
                 self.replicas = await declare_stream(self.js, self.queue_stream, [f"{name}.q.>"],
-                                                     self.replicas_hint, work_queue=True)
+                                                     self.replicas_hint, work_queue=True,
+                                                     per_subject=self.config.max_queue_messages)
                 await declare_stream(self.js, self.topic_stream, [f"{name}.d.>"], self.replicas or 1,
                                      work_queue=False, max_age=retention)
                 self.ready.set()
@@ -358,6 +372,9 @@ class QueueBridge:
             await publish(self.js, subject, payload, msg_id, deadline)
         except (TimeoutError, asyncio.TimeoutError):
             self.emit(("failed", token, "JetStream did not store it in time", False))
+            return
+        except QueueFull as exc:
+            self.emit(("failed", token, str(exc), "full"))
             return
         except Exception as exc:
             self.emit(("failed", token, str(exc) or type(exc).__name__, True))

@@ -15,7 +15,8 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
   ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
   ("replay", token, filter_subjects, since_ms)              stored topic messages since then
 
-and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused),
+and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused)
+(refused: False when it may have been stored, True when refused, "full" for a full queue),
 ("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
 Both travel as one record each, packed by ``pack``/``unpack``.
 
@@ -200,15 +201,20 @@ class ClusterQueues:
             self.out.append(("term", pending.then))
         self.backplane._published(b, token)
 
-    def failed_publish(self, b, token: int, reason: str, refused: bool = False) -> None:
-        """JetStream could not store it in time, or refused it: its sender gets an ERROR (with the
-        receipt it waits for); a dead letter that could not be stored stays where it was (nak)."""
+    def failed_publish(self, b, token: int, reason: str, refused: bool | str = False) -> None:
+        """JetStream could not store it in time, or refused it (``"full"``: the queue holds
+        max_queue_messages in the stream): its sender gets an ERROR (with the receipt it waits
+        for); a dead letter that could not be stored stays where it was (nak)."""
         pending = self.pending.pop(token, None)
         if pending is None:
             return
         if pending.then:
             self.out.append(("nak", pending.then))
-        if refused:
+        if refused == "full":
+            self.backplane._failed(b, token, "queue full", "the queue holds max_queue_messages "
+                                   f"({self.config.max_queue_messages}) messages across the cluster, the most "
+                                   "allowed; the message was not stored")
+        elif refused:
             self.backplane._failed(b, token, "message not stored", f"the cluster refused this message: {reason}")
         else:
             self.backplane._failed(b, token, "cluster unavailable", f"the cluster could not store this message "
@@ -293,7 +299,7 @@ class ClusterQueues:
         elif kind == "stored":
             self.stored(b, item[1])
         elif kind == "failed":
-            self.failed_publish(b, item[1], item[2], bool(item[3]) if len(item) > 3 else False)
+            self.failed_publish(b, item[1], item[2], item[3] if len(item) > 3 else False)
         elif kind == "replayed":
             self.replayed(b, item[1], item[2], queues)
         elif kind == "replay_end":

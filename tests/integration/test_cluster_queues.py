@@ -299,3 +299,53 @@ def test_a_producer_retry_with_the_same_dedup_id_is_delivered_once(start_nodes):
     consumer.frame("SUBSCRIBE", {"destination": "/queue/orders", "id": "c"})
     got = drain(consumer, 1.5)
     assert [g[2] for g in got] == [b"pay 42", b"pay 43"]
+
+
+def test_max_queue_messages_holds_across_the_cluster(start_nodes):
+    """A queue holds at most max_queue_messages in the whole cluster: SENDs from two nodes fill it,
+    the next one (from either) gets ERROR queue full with its receipt-id, as on one node; nothing
+    receipted is lost, and once consumed the queue takes messages again."""
+    nodes = start_nodes(3, "max_queue_messages=5")
+    sent, receipted = [], set()
+    for i in range(5):
+        w = wire(nodes[i % 2])
+        body = f"m{i}"
+        w.frame("SEND", {"destination": "/queue/capped", "persistent": "true", "receipt": body}, body.encode())
+        command, headers, _ = w.read(timeout=15)
+        assert (command, headers.get("receipt-id")) == ("RECEIPT", body), (command, headers)
+        sent.append(body)
+        receipted.add(body)
+        w.close()
+    refused = 0
+    for node in nodes[:2]:
+        w = wire(node)
+        w.frame("SEND", {"destination": "/queue/capped", "persistent": "true", "receipt": "over"}, b"over")
+        command, headers, body = w.read(timeout=15)
+        assert command == "ERROR" and headers.get("message") == "queue full", (command, headers, body)
+        assert headers.get("receipt-id") == "over"
+        w.expect_closed()
+        refused += 1
+    consumer = Client(nodes[2])
+    consumer.conn.subscribe("/queue/capped", id="c", ack="client-individual")
+    consumer.wait(lambda c: len(c.messages) >= 5, what="the kept messages")
+    time.sleep(0.5)  # (a 6th stored message would arrive meanwhile)
+    delivered = [m.body for m in consumer.messages]
+    result = counts(sent, receipted, delivered)
+    print("max_queue_messages across nodes:", result, "refused", refused)
+    assert result == {"sent": 5, "receipted": 5, "delivered": 5, "lost": 0, "duplicated": 0}
+    assert refused == 2 and "over" not in delivered
+    for m in consumer.messages:
+        consumer.conn.ack(m.headers["ack"])
+    deadline = time.monotonic() + 10  # (the acks reach JetStream a little later: room comes back)
+    while True:
+        w = wire(nodes[1])
+        w.frame("SEND", {"destination": "/queue/capped", "persistent": "true", "receipt": "again"}, b"again")
+        command, headers, _ = w.read(timeout=15)
+        w.close()
+        if command == "RECEIPT" or time.monotonic() > deadline:
+            break
+        assert headers.get("message") == "queue full", headers
+        time.sleep(0.2)
+    assert (command, headers.get("receipt-id")) == ("RECEIPT", "again"), (command, headers)
+    consumer.wait(lambda c: len(c.messages) == 6, what="the message sent after room was made")
+    consumer.close()
