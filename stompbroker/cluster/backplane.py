@@ -24,6 +24,7 @@ import orjson
 from ..broker.names import DIAG_PREFIX, QUEUE_PREFIX, TEMP_PREFIXES, REPLY_PREFIXES, WORKER_PREFIX
 from ..broker.subscriptions import SubscriptionIndex
 from . import records as C
+from .records import DURABLE_MARK
 from .queuing import ClusterQueues, pack, unpack
 from .subjects import topic_subject, worker_subject
 
@@ -56,6 +57,8 @@ class Backplane:
         self.local: dict[str, int] = {}  # pattern -> local subscriptions (topics and #workers)
         self.remote = SubscriptionIndex()  # other nodes' patterns (Remote entries)
         self.remote_by: dict[str, Remote] = {}
+        self.durables = SubscriptionIndex()  # the other nodes' durable subscription patterns (Remote entries)
+        self.durables_by: dict[str, Remote] = {}
         self.connected = False           # the bridge's last word: NATS reachable
         self.status: dict = {}           # the bridge's last STATUS
         self.tokens = itertools.count(1)
@@ -82,6 +85,22 @@ class Backplane:
         else:
             del self.local[pattern]
         self.out.add(C.INTEREST, 0, pattern.encode(), n - 1)
+
+    def durable(self, pattern: str, delta: int) -> None:
+        """A durable subscription to ``pattern`` was made (+1) or ended (-1) on this node: announced
+        with the node's interest, so every node keeps the topic messages it matches."""
+        key = DURABLE_MARK + pattern
+        n = self.local.get(key, 0) + delta
+        if n > 0:
+            self.local[key] = n
+        else:
+            self.local.pop(key, None)
+        self.out.add(C.INTEREST, 0, key.encode(), max(n, 0))
+
+    def durable_wants(self, b, destination: str) -> bool:
+        """Does a durable subscription anywhere in the cluster match this topic destination?"""
+        return bool((b.durables and b.durable_index.match(destination))
+                    or (self.durables_by and self.durables.match(destination)))
 
     def remote_count(self, destination: str) -> int:
         return sum(r.count for r in self.remote.match(destination))
@@ -219,6 +238,7 @@ class Backplane:
                 self._remote(b, payload.decode(), aux)
             elif kind == C.REMOTE_RESET:
                 self.remote, self.remote_by = SubscriptionIndex(), {}
+                self.durables, self.durables_by = SubscriptionIndex(), {}
             elif kind == C.STATUS:
                 self.status = orjson.loads(payload)
                 connected = bool(self.status.get("connected"))
@@ -247,19 +267,27 @@ class Backplane:
             log.exception("cluster record %s could not be handled", kind)
 
     def _remote(self, b, pattern: str, count: int) -> None:
-        entry = self.remote_by.get(pattern)
+        if pattern.startswith(DURABLE_MARK):
+            self._remote_in(self.durables, self.durables_by, pattern[1:], count)
+            return
+        if self._remote_in(self.remote, self.remote_by, pattern, count) and b.stale is not None and shared(pattern):
+            self._stale_to(b, pattern)
+
+    @staticmethod
+    def _remote_in(index, by: dict, pattern: str, count: int) -> bool:
+        """Another node's count for a pattern; True if the pattern is new."""
+        entry = by.get(pattern)
         if count <= 0:
             if entry is not None:
-                del self.remote_by[pattern]
-                self.remote.remove(pattern, entry)
-            return
+                del by[pattern]
+                index.remove(pattern, entry)
+            return False
         if entry is not None:
             entry.count = count
-            return
-        entry = self.remote_by[pattern] = Remote(pattern, count)
-        self.remote.add(pattern, entry)
-        if b.stale is not None and shared(pattern):
-            self._stale_to(b, pattern)
+            return False
+        entry = by[pattern] = Remote(pattern, count)
+        index.add(pattern, entry)
+        return True
 
     def _stale_to(self, b, pattern: str) -> None:
         """Another node has a new subscription: it takes this node's stale messages it matches."""
@@ -286,7 +314,7 @@ class Backplane:
             "bytes_out": s.get("bytes_out", 0),
             "reconnects": s.get("reconnects", 0),
             "subscriptions": s.get("subscriptions", 0),
-            "local_patterns": len(self.local),
+            "local_patterns": sum(1 for p in self.local if not p.startswith(DURABLE_MARK)),
             "remote_patterns": len(self.remote_by),
             "remote_subscriptions": sum(r.count for r in self.remote_by.values()),
             "held": len(self.owners),

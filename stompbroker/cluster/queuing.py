@@ -230,8 +230,9 @@ class ClusterQueues:
     # -- broker hooks --------------------------------------------------------------------------
     def takes(self, b, message: Message, session) -> bool:
         """A SEND being published: a queue message goes to JetStream only (True); a topic message
-        sent with persistent:true is also kept in the topic stream for durable subscriptions and
-        replay-from, and goes on to live subscribers (False)."""
+        sent with persistent:true, or matching a durable subscription anywhere in the cluster, is
+        also kept in the topic stream for durable subscriptions and replay-from, and goes on to
+        live subscribers (False). (Durable subscriptions read only that stream, never live.)"""
         destination = message.destination
         persistent = message.headers.get("persistent")
         if destination.startswith(QUEUE_PREFIX):
@@ -239,8 +240,8 @@ class ClusterQueues:
                 return False
             self.publish(b, message, session if persistent != "false" else None)
             return True
-        if persistent == "true" and not destination.startswith(
-                (DIAG_PREFIX, WORKER_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES):
+        if not destination.startswith((DIAG_PREFIX, WORKER_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES) and (
+                persistent == "true" or self.backplane.durable_wants(b, destination)):
             self.publish(b, message, session, subject=topic_subject(self.name, destination))
         return False
 
@@ -251,6 +252,10 @@ class ClusterQueues:
             return
         if durable_key is not None:
             existing = b.durables.get(durable_key)
+            if existing is None or existing.pattern != destination:  # (durables.attach makes it anew)
+                if existing is not None:
+                    self.backplane.durable(existing.pattern, -1)
+                self.backplane.durable(destination, +1)
             self.bind(b, f"durable:{durable_key}", "d", durable_consumer(durable_key),
                       topic_filters(self.name, destination), int(b.clock() * 1000),
                       replace=existing is not None and existing.pattern != destination)
@@ -262,6 +267,7 @@ class ClusterQueues:
 
     def drop_durable(self, b, durable) -> None:
         """An UNSUBSCRIBE ended a durable subscription: its consumer goes, on every node."""
+        self.backplane.durable(durable.pattern, -1)
         self.bound.pop(durable.queue.name, None)
         self.binds.pop(durable.queue.name, None)
         self.out.append(("unbind", durable.queue.name, durable_consumer(durable.name)))

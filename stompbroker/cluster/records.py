@@ -45,6 +45,9 @@ BRIDGE_START, STATUS, REMOTE, MESSAGE = (Kind.BRIDGE_START.value, Kind.STATUS.va
 PUBLISHED, FAILED, REMOTE_RESET = Kind.PUBLISHED.value, Kind.FAILED.value, Kind.REMOTE_RESET.value
 QUEUE_CMD, QUEUE_EVENT = Kind.QUEUE_CMD.value, Kind.QUEUE_EVENT.value
 PUBLISH_WORKER = 1
+# Starts an INTEREST/REMOTE pattern that is a durable subscription's (announced in the interest
+# bucket; every node keeps the topic messages it matches in JetStream). NUL starts no destination.
+DURABLE_MARK = "\x00"
 
 
 def record(kind: int, conn: int = 0, payload: bytes = b"", aux: int = 0) -> bytes:

@@ -25,6 +25,7 @@ from collections import deque
 import orjson
 
 from . import records as C
+from .records import DURABLE_MARK
 from .subjects import cover, pattern_filters, worker_subject
 
 log = logging.getLogger("stompbroker.cluster")
@@ -104,6 +105,8 @@ class Topics:
         filters = []
         workers = {}
         for pattern in self.local:
+            if pattern.startswith(DURABLE_MARK):  # (announced only: its messages go to JetStream)
+                continue
             if pattern.startswith("#"):
                 if "*" not in pattern:  # worker wildcards stay local
                     subject = worker_subject(self.cluster, pattern)

@@ -10,7 +10,7 @@ import time
 import pytest
 import stomp
 
-from tests.stompwire import Wire
+from tests.stompwire import Wire, drain
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -385,3 +385,59 @@ def test_the_console_shows_the_cluster(start_nodes):
     assert not errors, errors
     for c in (c0, c1):
         c.disconnect()
+
+
+def test_durable_gets_plain_topic_messages_sent_on_another_node_while_away(start_nodes):
+    """A durable subscription gets every matching topic message, as on one node, not only the
+    persistent ones: made on node B, away, a plain SEND on node A, back on node C: it gets it once;
+    a live subscriber on A gets it at once and once."""
+    def wire(node, **headers):
+        w = Wire(node.connect())
+        w.connect(**headers)
+        return w
+
+    a, b, c = start_nodes(3)
+
+    def durable(node):
+        w = wire(node, **{"client-id": "app"})
+        w.frame("SUBSCRIBE", {"destination": "/topic/plain", "id": "d", "ack": "client-individual",
+                              "activemq.subscriptionName": "keep", "receipt": "sub"})
+        command, headers, _ = w.read(timeout=15)
+        assert (command, headers.get("receipt-id")) == ("RECEIPT", "sub"), (command, headers)
+        return w
+
+    w = durable(b)
+    live = wire(a)
+    live.frame("SUBSCRIBE", {"destination": "/topic/plain", "id": "l", "receipt": "lsub"})
+    assert live.read(timeout=15)[1].get("receipt-id") == "lsub"
+    time.sleep(1.0)  # (node A learns of B's durable subscription)
+    w.close()        # away: the durable subscription stays
+    time.sleep(0.3)
+    sender = wire(a)
+    sent = ["p1", "p2"]
+    for body in sent:
+        sender.frame("SEND", {"destination": "/topic/plain", "receipt": body}, body.encode())
+        command, headers, _ = sender.read(timeout=15)
+        assert (command, headers.get("receipt-id")) == ("RECEIPT", body), (command, headers)
+    w = durable(c)   # back, on a third node
+    got = []
+    deadline = time.monotonic() + 15
+    while len(got) < 2 and time.monotonic() < deadline:
+        command, headers, body = w.read(timeout=15)
+        if command == "MESSAGE":
+            got.append(body.decode())
+            w.frame("ACK", {"id": headers["ack"]})
+    got += [f[2].decode() for f in drain(w, 1.0) if f[0] == "MESSAGE"]
+    live_got = [f[2].decode() for f in drain(live, 1.0) if f[0] == "MESSAGE"]
+    print("durable got", got, "live got", live_got)
+    assert got == sent
+    assert live_got == sent
+    # attached on the sending node: from JetStream only, never also live
+    here = wire(c)
+    here.frame("SEND", {"destination": "/topic/plain", "receipt": "p3"}, b"p3")
+    assert here.read(timeout=15)[1].get("receipt-id") == "p3"
+    frames = drain(w, 1.5)
+    assert [f[2] for f in frames if f[0] == "MESSAGE"] == [b"p3"], frames
+    assert [f[2] for f in drain(live, 1.0) if f[0] == "MESSAGE"] == [b"p3"]
+    for x in (w, live, sender, here):
+        x.close()

@@ -278,3 +278,24 @@ def test_message_ids_of_nodes_started_at_the_same_moment_differ():
     a, b = rig(), Rig(cluster="nats://127.0.0.1:4222", node_id="n2", cluster_name="c")
     assert a.wall == b.wall
     assert a.broker.token != b.broker.token
+
+
+def test_durable_patterns_are_announced_and_plain_topic_messages_matching_any_are_kept():
+    r = rig()
+    bp = r.broker.backplane
+    r.connect(1)
+    r.subscribe(1, "/topic/d", "d1", durable="true")
+    assert to_bridge(r) == [("INTEREST", 0, 1, b"\x00/topic/d")]   # announced, marked durable
+    feed(r, remote("\x00/topic/r*"))                                 # another node's durable
+    assert bp.durable_wants(r.broker, "/topic/rx") and bp.durable_wants(r.broker, "/topic/d")
+    assert not bp.durable_wants(r.broker, "/topic/other") and not bp.remote_by  # (no live interest)
+    bp.queues.out.clear()
+    r.send(1, "/topic/rx", b"kept")
+    r.send(1, "/topic/other", b"not kept")
+    r.send(1, "/topic/d", b"kept too")
+    kept = [(c[2], c[4]) for c in bp.queues.out if c[0] == "publish"]
+    assert [subject for subject, _ in kept] == ["c.d.t.topic.rx", "c.d.t.topic.d"]
+    r.frame(1, "UNSUBSCRIBE", id="d1")
+    assert ("INTEREST", 0, 0, b"\x00/topic/d") in to_bridge(r)
+    feed(r, remote("\x00/topic/r*", 0))
+    assert not bp.durable_wants(r.broker, "/topic/rx")
