@@ -68,7 +68,8 @@ def persist(b, queue: Queue, message: Message) -> None:
 
 
 def discard(b, queue: Queue, message: Message) -> None:
-    """A queued message leaves without delivery (expired, or pushed out of a full queue)."""
+    """A queued message is done with: written to an auto-ack consumer, expired, or pushed out of a
+    full queue. It leaves the store, or is settled with JetStream in cluster mode."""
     if message.seq:
         b.store.delete(message.seq)
         message.seq = 0
