@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+
+import pytest
 
 from stompbroker.ipc import records as R
 from stompbroker.processes import dispatcher, reader
+from stompbroker.processes.common import Resources
+from stompbroker.settings import make_config
+
+
+@pytest.fixture
+def resources():
+    config = make_config(processors=3, input_queue_bytes=1 << 20, output_queue_bytes=1 << 20,
+                         max_frame_size=65536)
+    listener = socket.socket()
+    res = Resources(config, listener)
+    yield config, res
+    signal.set_wakeup_fd(-1)  # the dispatcher installs its own for SIGHUP
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    res.close()
+    listener.close()
 
 
 def outbox_records(d):
