@@ -2,13 +2,18 @@
 
 Everything here is asyncio over one nats-py connection; the decisions (how many to pull, when to
 ack, nak, dead-letter) are made by the dispatcher (``cluster/queuing.py``) and arrive as calls.
+Which stream holds what is ``cluster/shards.py``'s: ``cluster_streams`` shards of each kind.
 
-- Stream ``<cluster_name>_QUEUES`` (work-queue retention): subjects ``<cluster_name>.q.<dest>``,
-  one durable pull consumer per queue destination, shared by every node: each message goes to one
-  node, and leaves the stream when acknowledged.
-- Stream ``<cluster_name>_TOPICS`` (limits retention, ``max_age`` = replay_retention): subjects
-  ``<cluster_name>.d.<dest>``: topic messages kept for durable subscriptions (one durable pull
-  consumer each) and replay-from (a short-lived consumer from a start time).
+- Queue streams (work-queue retention): one durable pull consumer per queue destination in the
+  stream of its shard, shared by every node: each message goes to one node, and leaves the stream
+  when acknowledged.
+- Topic streams (limits retention, ``max_age`` = replay_retention): topic messages kept for
+  durable subscriptions (one durable pull consumer each, in every shard its pattern may match)
+  and replay-from (a short-lived consumer from a start time).
+- A queue or durable is read from its shard in every layout whose streams exist (``PullGroup``),
+  so messages stored before the shard count changed drain to the same consumers. The streams are
+  listed every few seconds (``survey``): what exists, how deep, who leads; and the leaders of
+  this node's layout are spread over the NATS servers (``shards.moves``, stepdowns).
 
 Pulls are raw pull requests (``$JS.API.CONSUMER.MSG.NEXT``) answered on one inbox per consumer, so
 each message is handed on the moment it arrives (nats-py's ``fetch`` waits to fill its batch).
@@ -20,11 +25,15 @@ import asyncio
 import datetime
 import itertools
 import logging
+import random
 import time
 
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.js import api
+
+from . import shards
 
 log = logging.getLogger("stompbroker.cluster")
 
@@ -33,18 +42,12 @@ PULL_SLACK = 2.0           # a request not ended by the server this long after i
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
 STATUS = "Status"
 PER_SUBJECT_FULL = 10077   # JetStream's "store failed" code, with "maximum messages per subject exceeded"
+SURVEY_EVERY = 5.0         # seconds between listings of the streams (depths, leaders, layouts)
+MOVE_TRIES = 3             # leader moves that did not land before the server is taken not to honour them
 
 
 class QueueFull(Exception):
     """The queue stream holds max_queue_messages for this destination (discard-new per subject)."""
-
-
-def queue_stream(cluster_name: str) -> str:
-    return f"{cluster_name}_QUEUES"
-
-
-def topic_stream(cluster_name: str) -> str:
-    return f"{cluster_name}_TOPICS"
 
 
 async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, work_queue: bool,
@@ -144,23 +147,42 @@ async def publish(js, subject: str, payload: bytes, msg_id: str, deadline: float
         delay = min(delay * 2, 0.5)
 
 
+class Credit:
+    """The credit a dispatcher gave one queue or durable, shared by its pullers (``PullGroup``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+
 class Puller:
     """Pulls one consumer's messages as credits allow and hands each to ``on_message(msg)`` at once.
 
     ``want`` is the credit the dispatcher gave and messages have not used yet; it may go below
     zero when the dispatcher takes credit back while requests are out (what they still bring is
-    handed on, and the dispatcher puts it back). Requests ask for ``want - asked`` more."""
+    handed on, and the dispatcher puts it back). Requests ask for ``want - asked`` more. Pullers
+    of one group share it (``shared``)."""
 
-    def __init__(self, nc, stream: str, consumer: str, on_message):
+    def __init__(self, nc, stream: str, consumer: str, on_message, shared: Credit | None = None):
         self.nc = nc
+        self.stream = stream
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.on_message = on_message
         self.inbox = nc.new_inbox()
         self.sub = None
-        self.want = 0
+        self.shared = shared or Credit()
         self.requests: dict[str, list] = {}   # reply subject -> [messages still expected, deadline]
         self.ids = itertools.count(1)
         self.closed = False
+
+    @property
+    def want(self) -> int:
+        return self.shared.value
+
+    @want.setter
+    def want(self, value: int) -> None:
+        self.shared.value = value
 
     async def start(self) -> None:
         self.sub = await self.nc.subscribe(self.inbox + ".*", cb=self._arrived)
@@ -218,6 +240,44 @@ class Puller:
                 pass
 
 
+class PullGroup:
+    """The pulls of one queue or durable: a ``Puller`` on each stream that may hold its messages
+    (its shard in every layout present; every shard for a wildcard durable), sharing one credit.
+    Each asks for the whole credit, so a group of k streams may bring up to k times it: what the
+    dispatcher did not ask for waits in its local queue (it takes that credit back)."""
+
+    def __init__(self, kind: str, consumer: str, pattern: str, start_ms: int):
+        self.kind = kind
+        self.consumer = consumer
+        self.pattern = pattern
+        self.start_ms = start_ms
+        self.shared = Credit()
+        self.members: dict[str, Puller] = {}   # stream -> its puller
+        self.closed = False
+
+    @property
+    def want(self) -> int:
+        return self.shared.value
+
+    @want.setter
+    def want(self, value: int) -> None:
+        self.shared.value = value
+
+    async def ask(self) -> None:
+        for puller in list(self.members.values()):
+            await puller.ask()
+
+    def reset(self) -> None:
+        """A new connection: the requests out on the old one are gone."""
+        for puller in self.members.values():
+            puller.requests.clear()
+
+    async def close(self) -> None:
+        self.closed = True
+        for puller in list(self.members.values()):
+            await puller.close()
+
+
 async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000):
     """The messages of ``stream`` on ``filters`` stored since ``since_s`` (epoch seconds), in
     order, read by a short-lived consumer; stops at what was there when it began."""
@@ -250,6 +310,46 @@ async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000)
             pass
 
 
+async def replay_merged(js, sources: list[tuple[str, list[str]]], since_s: float, limit: int = 100_000):
+    """``replay`` of several streams at once, merged by the time each message was stored."""
+    heads = []
+    readers = [replay(js, stream, filters, since_s, limit) for stream, filters in sources]
+    try:
+        for reader in readers:
+            msg = await anext(reader, None)
+            if msg is not None:
+                heads.append([msg.metadata.timestamp, len(heads), msg, reader])
+        left = limit
+        while heads and left > 0:
+            head = min(heads, key=lambda h: (h[0], h[1]))
+            yield head[2]
+            left -= 1
+            msg = await anext(head[3], None)
+            if msg is None:
+                heads.remove(head)
+            else:
+                head[0], head[2] = msg.metadata.timestamp, msg
+    finally:
+        for reader in readers:
+            await reader.aclose()
+
+
+def _epoch(rfc3339) -> float | None:
+    if not rfc3339:
+        return None
+    if isinstance(rfc3339, datetime.datetime):
+        return rfc3339.timestamp()
+    text = str(rfc3339).replace("Z", "+00:00")
+    if "." in text:  # (nanoseconds: Python reads at most microseconds)
+        head, _, rest = text.partition(".")
+        digits = "".join(itertools.takewhile(str.isdigit, rest))
+        text = f"{head}.{digits[:6]}{rest[len(digits):]}"
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
 class QueueBridge:
     """The bridge's half of ``cluster/queuing.py``: runs its commands on JetStream and sends its
     events back with ``emit(tuple)``. Pulled messages are held by a number (``ref``) until the
@@ -261,17 +361,26 @@ class QueueBridge:
         self.js = js
         self.config = config
         self.emit = emit
-        name = config.cluster_name
-        self.queue_stream = queue_stream(name)
-        self.topic_stream = topic_stream(name)
+        self.cluster = config.cluster_name
+        self.shards = config.cluster_streams   # this node's layout
         self.ack_wait = config.cluster_ack_wait_ms / 1000
-        self.pullers: dict[str, Puller] = {}
+        self.pullers: dict[str, PullGroup] = {}
         self.held: dict[int, tuple] = {}      # ref -> (message, when it was last touched)
         self.refs = itertools.count(1)
         self.ready = asyncio.Event()
         self.tasks: set = set()
         self.replicas = 0
         self.replicas_hint = config.cluster_replicas   # 0: 3 if the NATS cluster takes them, else 1
+        self.present: set[str] = set()        # this cluster's queue and topic streams that exist
+        self.streams: list[dict] = []         # the last survey: each stream's figures, for STATUS
+        self.next_survey = 0.0
+        self.moving: dict[str, tuple[str, int]] = {}   # stream -> (server asked to lead it, moves that did not land)
+        self.balancing = True
+        self.moves = 0
+
+    def own(self, kind: str) -> list[str]:
+        """This node's layout's streams of ``kind``."""
+        return [shards.stream_name(self.cluster, kind, self.shards, i) for i in range(self.shards)]
 
     def spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -283,33 +392,46 @@ class QueueBridge:
         self.spawn(self._keeper())
 
     def status(self) -> dict:
-        return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas}
+        return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas,
+                "streams": self.streams, "cluster_streams": self.shards, "leader_moves": self.moves}
 
     async def stop(self) -> None:
         for task in list(self.tasks):
             task.cancel()
 
     async def _declare(self) -> None:
-        name = self.config.cluster_name
-        retention = getattr(self.config, "replay_retention", 3600.0) or 3600.0
         while True:
             try:
-                self.replicas = await declare_stream(self.js, self.queue_stream, [f"{name}.q.>"],
-                                                     self.replicas_hint, work_queue=True,
-                                                     per_subject=self.config.max_queue_messages)
-                await declare_stream(self.js, self.topic_stream, [f"{name}.d.>"], self.replicas or 1,
-                                     work_queue=False, max_age=retention)
-                self.ready.set()
-                log.info("JetStream streams %s and %s ready (%d replicas)", self.queue_stream, self.topic_stream,
-                         self.replicas)
-                return
+                await self.declare()
+                break
             except Exception as exc:  # NATS not there yet, no meta leader yet: try again
                 log.info("JetStream streams not declared yet: %s", exc)
                 await asyncio.sleep(0.5)
+        self.ready.set()
+        await self.survey()
+
+    async def declare(self) -> None:
+        """Create (or update) this node's layout's streams."""
+        retention = getattr(self.config, "replay_retention", 3600.0) or 3600.0
+        queues, topics = self.own(shards.QUEUES), self.own(shards.TOPICS)
+
+        def subjects(kind, i):
+            return [shards.subject_root(self.cluster, kind, self.shards, i) + ".>"]
+        # the first one finds out how many replicas the NATS cluster takes
+        self.replicas = await declare_stream(self.js, queues[0], subjects(shards.QUEUES, 0), self.replicas_hint,
+                                             work_queue=True, per_subject=self.config.max_queue_messages)
+        await asyncio.gather(
+            *[declare_stream(self.js, name, subjects(shards.QUEUES, i), self.replicas or 1, work_queue=True,
+                             per_subject=self.config.max_queue_messages) for i, name in enumerate(queues) if i],
+            *[declare_stream(self.js, name, subjects(shards.TOPICS, i), self.replicas or 1, work_queue=False,
+                             max_age=retention) for i, name in enumerate(topics)])
+        self.present.update(queues + topics)
+        log.info("JetStream: %d queue and %d topic streams ready (%d replicas)", len(queues), len(topics),
+                 self.replicas)
 
     async def _keeper(self) -> None:
         """Held messages stay ours (in progress) while the node lives; lost pull requests are
-        asked again."""
+        asked again; the streams are surveyed every SURVEY_EVERY seconds."""
         every = max(min(self.ack_wait / 3, 1.0), 0.05)
         while True:
             await asyncio.sleep(every)
@@ -321,9 +443,97 @@ class QueueBridge:
                         await msg.in_progress()
                     except Exception:
                         pass
-            for puller in list(self.pullers.values()):
-                await puller.ask()
+            for group in list(self.pullers.values()):
+                await group.ask()
+            if self.ready.is_set() and now >= self.next_survey:
+                await self.survey()
 
+    # -- streams: what exists, and who leads -----------------------------------------------------
+    async def list_streams(self) -> list[api.StreamInfo]:
+        infos, offset = [], 0
+        for _ in range(64):  # (pages of 256 streams)
+            resp = orjson.loads((await self.nc.request("$JS.API.STREAM.LIST", orjson.dumps({"offset": offset}),
+                                                       timeout=5)).data)
+            page = resp.get("streams") or []
+            infos.extend(api.StreamInfo.from_response(s) for s in page)
+            offset += len(page)
+            if not page or offset >= resp.get("total", 0):
+                break
+        return infos
+
+    async def survey(self) -> None:
+        """List the streams: their figures for STATUS, the layouts to read, the leaders to spread."""
+        self.next_survey = time.monotonic() + SURVEY_EVERY * random.uniform(0.8, 1.2)
+        try:
+            infos = await self.list_streams()
+        except Exception as exc:
+            log.debug("cluster: stream list: %r", exc)
+            return
+        mine = [i for i in infos if shards.parse_stream(self.cluster, i.config.name)]
+        present = {i.config.name for i in mine}
+        if not present >= set(self.own(shards.QUEUES) + self.own(shards.TOPICS)):
+            try:  # one of this node's streams was deleted (by hand?): publishes need it
+                await self.declare()
+            except Exception as exc:
+                log.warning("cluster: this node's streams cannot be declared again: %r", exc)
+        if present != self.present:
+            self.present = present | set(self.own(shards.QUEUES) + self.own(shards.TOPICS))
+            for key, group in list(self.pullers.items()):
+                self.reconcile(key, group)
+        self.streams = [self._figures(i) for i in sorted(
+            (i for i in infos if i.config.name.startswith((f"{self.cluster}_", f"KV_{self.cluster}_"))),
+            key=lambda i: i.config.name)]
+        if self.balancing:
+            await self.balance({i.config.name: i for i in mine})
+
+    def _figures(self, info) -> dict:
+        parsed = shards.parse_stream(self.cluster, info.config.name)
+        cluster = info.cluster
+        return {"name": info.config.name, "messages": info.state.messages, "bytes": info.state.bytes,
+                "stored": info.state.last_seq, "leader": (cluster.leader or "") if cluster else "",
+                "replicas": info.config.num_replicas or 1,
+                "shard": f"{parsed[2]}/{parsed[1]}" if parsed else ""}
+
+    async def balance(self, infos: dict) -> None:
+        """Spread the leaders of this node's layout over the servers, each kind on its own: one
+        stepdown with a preferred server per move (JetStream elects it; a moment's pause for that
+        shard's publishes, which retry). Every node may do it: they plan alike from the same state,
+        and a second request for a move already made is refused (already leader)."""
+        for stream, (target, failed) in list(self.moving.items()):  # did the last moves land?
+            info = infos.get(stream)
+            leader = info.cluster.leader if info is not None and info.cluster else None
+            if leader == target or info is None:
+                del self.moving[stream]
+            elif leader:
+                self.moving[stream] = (target, failed + 1)
+                if failed + 1 >= MOVE_TRIES:
+                    self.balancing = False
+                    log.warning("cluster: stream leaders are not moving to the servers asked for (NATS before "
+                                "2.11 ignores a preferred server); leaving them where JetStream put them")
+                    return
+        for kind in (shards.QUEUES, shards.TOPICS):
+            streams = {}
+            for name in self.own(kind):
+                info = infos.get(name)
+                if info is None or info.cluster is None or (info.config.num_replicas or 1) < 2:
+                    continue
+                peers = [info.cluster.leader] if info.cluster.leader else []
+                peers += [r.name for r in info.cluster.replicas or [] if r.current and not r.offline]
+                streams[name] = (info.cluster.leader or "", peers)
+            for name, target in shards.moves(streams):
+                try:
+                    resp = orjson.loads((await self.nc.request(
+                        f"$JS.API.STREAM.LEADER.STEPDOWN.{name}",
+                        orjson.dumps({"placement": {"preferred": target}}), timeout=2)).data)
+                except Exception as exc:
+                    log.debug("cluster: leader of %s not moved: %r", name, exc)
+                    continue
+                if resp.get("success"):
+                    self.moves += 1
+                    log.info("cluster: stream %s: leader moved from %s to %s", name, streams[name][0], target)
+                    self.moving[name] = (target, self.moving.get(name, ("", 0))[1])
+
+    # -- commands from the dispatcher ------------------------------------------------------------
     async def handle(self, command: tuple) -> None:
         """One command; commands are handled in order, and only an unbind is awaited here: its
         UNSUB must reach the server before the naks that follow it (see ``cluster/queuing.py``)."""
@@ -336,29 +546,50 @@ class QueueBridge:
             _, token, subject, msg_id, payload, timeout_ms = command
             self.spawn(self._publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000))
         elif kind == "credit":
-            puller = self.pullers.get(command[1])
-            if puller is not None:
-                puller.want += command[2]
-                self.spawn(puller.ask())
+            group = self.pullers.get(command[1])
+            if group is not None:
+                group.want += command[2]
+                self.spawn(group.ask())
         elif kind == "bind":
-            _, key, stream_kind, consumer, filter_subject, start_ms, replace = command
+            _, key, stream_kind, consumer, pattern, start_ms, replace = command
             old = self.pullers.pop(key, None)
             if old is not None:
                 await old.close()
-            stream = self.queue_stream if stream_kind == "q" else self.topic_stream
-            puller = self.pullers[key] = Puller(self.nc, stream, consumer,
-                                                lambda msg, key=key: self._arrived(key, msg))
-            self.spawn(self._bind(puller, stream, consumer, filter_subject, start_ms, replace))
+            group = self.pullers[key] = PullGroup(stream_kind, consumer, pattern, start_ms)
+            if replace:  # a durable subscribed anew to another destination: its old consumers go first
+                self.spawn(self._replace(key, group))
+            else:
+                self.reconcile(key, group)
         elif kind == "unbind":
             _, key, delete = command
-            puller = self.pullers.pop(key, None)
-            if puller is not None:
-                await puller.close()
+            group = self.pullers.pop(key, None)
+            if group is not None:
+                await group.close()
             if delete:
                 self.spawn(self._delete(delete))
         elif kind == "replay":
-            _, token, filter_subject, since_ms = command
-            self.spawn(self._replay(token, filter_subject, since_ms))
+            _, token, pattern, since_ms = command
+            self.spawn(self._replay(token, pattern, since_ms))
+
+    def sources(self, kind: str, pattern: str) -> list[tuple[str, list[str]]]:
+        """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
+        node's layout, and in every other layout whose streams exist."""
+        layouts = set(shards.layouts(self.cluster, self.present, kind)) | {self.shards}
+        return [(stream, filters) for stream, filters in shards.reads(self.cluster, kind, pattern, layouts)
+                if stream in self.present or stream in self.own(kind)]
+
+    def reconcile(self, key: str, group: PullGroup) -> None:
+        """Pull from every stream that may hold the group's messages, and from no other."""
+        if group.closed:
+            return
+        wanted = dict(self.sources(group.kind, group.pattern))
+        for stream in [s for s in group.members if s not in wanted]:  # (its stream was deleted)
+            self.spawn(group.members.pop(stream).close())
+        for stream, filters in wanted.items():
+            if stream not in group.members:
+                puller = group.members[stream] = Puller(self.nc, stream, group.consumer,
+                                                        lambda msg, key=key: self._arrived(key, msg), group.shared)
+                self.spawn(self._bind(group, puller, stream, filters))
 
     async def _settle(self, msg, kind: str, delay: float | None = None) -> None:
         try:
@@ -381,28 +612,51 @@ class QueueBridge:
             return
         self.emit(("stored", token))
 
-    async def _bind(self, puller: Puller, stream: str, consumer: str, filter_subject: str, start_ms: int,
-                    replace: bool) -> None:
-        while not puller.closed:
+    async def _start_time(self, group: PullGroup, stream: str) -> float | None:
+        """When a durable's consumer in ``stream`` starts: as its consumers in the group's other
+        streams did (a layout that came later holds nothing older), else when it was made."""
+        if group.kind != shards.TOPICS:
+            return None
+        starts = []
+        for other in list(group.members):
+            if other == stream:
+                continue
+            try:
+                info = await self.js.consumer_info(other, group.consumer)
+            except Exception:
+                continue
+            start = _epoch(info.config.opt_start_time)
+            if start is not None:
+                starts.append(start)
+        if starts:
+            return min(starts)
+        return group.start_ms / 1000 if group.start_ms else None
+
+    async def _bind(self, group: PullGroup, puller: Puller, stream: str, filters: list[str]) -> None:
+        while not puller.closed and not group.closed:
             try:
                 await self.ready.wait()
-                if replace:
-                    await delete_consumer(self.js, stream, consumer)
-                    replace = False
-                await declare_consumer(self.js, stream, consumer, filter_subject, self.ack_wait,
-                                       start_time=start_ms / 1000 if start_ms else None)
+                await declare_consumer(self.js, stream, group.consumer, filters, self.ack_wait,
+                                       start_time=await self._start_time(group, stream))
                 await puller.start()
                 await puller.ask()
-                log.debug("pulling %s (%s) from %s, credit %d", consumer, filter_subject, stream, puller.want)
+                log.debug("pulling %s (%s) from %s, credit %d", group.consumer, filters, stream, puller.want)
                 return
             except Exception as exc:
-                log.info("JetStream consumer %s not ready yet: %s", consumer, exc)
+                log.info("JetStream consumer %s not ready yet: %s", group.consumer, exc)
                 await asyncio.sleep(0.5)
 
+    async def _replace(self, key: str, group: PullGroup) -> None:
+        await self._delete(group.consumer)
+        if self.pullers.get(key) is group:
+            self.reconcile(key, group)
+
     async def _delete(self, consumer: str) -> None:
+        """A durable's consumers go from every topic stream."""
         try:
             await self.ready.wait()
-            await delete_consumer(self.js, self.topic_stream, consumer)
+            for stream in sorted(s for s in self.present if shards.parse_stream(self.cluster, s)[0] == shards.TOPICS):
+                await delete_consumer(self.js, stream, consumer)
         except Exception as exc:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
@@ -415,13 +669,13 @@ class QueueBridge:
             delivered = 1
         self.emit(("message", key, ref, delivered, msg.data))
 
-    async def _replay(self, token: int, filter_subject: str, since_ms: float) -> None:
+    async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:
             await asyncio.wait_for(self.ready.wait(), self.config.cluster_timeout_ms / 1000)
-            async for msg in replay(self.js, self.topic_stream, filter_subject, since_ms / 1000):
+            async for msg in replay_merged(self.js, self.sources(shards.TOPICS, pattern), since_ms / 1000):
                 self.emit(("replayed", token, msg.data))
         except Exception as exc:
-            log.warning("replay of %s failed: %s", filter_subject, exc)
+            log.warning("replay of %s failed: %s", pattern, exc)
         self.emit(("replay_end", token))
 
 
@@ -453,9 +707,9 @@ class QueuesPart:
             self.started = True
             await self.queues.start()
             return
-        for puller in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
-            puller.requests.clear()
-            await puller.ask()
+        for group in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
+            group.reset()
+            await group.ask()
 
     def status(self) -> dict:
         return self.queues.status()

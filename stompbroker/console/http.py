@@ -175,6 +175,8 @@ class Site:
         if path == "/api/overview":
             value = {key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
                                                      "writers", "process", "latency")}
+            if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
+                value["cluster"] = snapshot["cluster"]
         elif path == "/api/queues":
             value = snapshot["queues"]
         else:

@@ -11,6 +11,7 @@ import nats
 import pytest
 
 from stompbroker.cluster import jetstream as J
+from stompbroker.cluster import shards
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ async def connect(urls, i=0):
 
 
 async def setup_queue(js, name, ack_wait=30.0):
-    stream = J.queue_stream(name)
+    stream = shards.stream_name(name, shards.QUEUES, 1, 0)
     replicas = await J.declare_stream(js, stream, [f"{name}.q.>"], 0, work_queue=True)
     await J.declare_consumer(js, stream, "c1", f"{name}.q.a", ack_wait)
     return stream, replicas
@@ -155,7 +156,7 @@ def test_replay_from_a_start_time_and_a_durable_topic_consumer(nats_url):
     async def main():
         name = "t" + uuid.uuid4().hex[:8]
         nc, js = await connect(nats_url)
-        stream = J.topic_stream(name)
+        stream = shards.stream_name(name, shards.TOPICS, 1, 0)
         await J.declare_stream(js, stream, [f"{name}.d.>"], 0, work_queue=False, max_age=60)
         for i in range(3):
             await J.publish(js, f"{name}.d.news", b"old%d" % i, f"o{i}", time.monotonic() + 5)
@@ -184,7 +185,7 @@ def test_a_durable_consumer_declared_for_other_subjects_starts_afresh(nats_url):
     async def main():
         name = "t" + uuid.uuid4().hex[:8]
         nc, js = await connect(nats_url)
-        stream = J.topic_stream(name)
+        stream = shards.stream_name(name, shards.TOPICS, 1, 0)
         await J.declare_stream(js, stream, [f"{name}.d.>"], 0, work_queue=False, max_age=60)
         await J.declare_consumer(js, stream, "dur", [f"{name}.d.a"], 30.0, start_time=time.time() - 1)
         await J.publish(js, f"{name}.d.a", b"for a", "a1", time.monotonic() + 5)
