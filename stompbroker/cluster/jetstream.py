@@ -253,7 +253,9 @@ class PullGroup:
         self.start_ms = start_ms
         self.shared = Credit()
         self.members: dict[str, Puller] = {}   # stream -> its puller
+        self.binding: set = set()              # tasks declaring its consumers
         self.closed = False
+        self.deleted = False                   # a durable's end (UNSUBSCRIBE): its consumers go
 
     @property
     def want(self) -> int:
@@ -382,10 +384,11 @@ class QueueBridge:
         """This node's layout's streams of ``kind``."""
         return [shards.stream_name(self.cluster, kind, self.shards, i) for i in range(self.shards)]
 
-    def spawn(self, coro) -> None:
+    def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     async def start(self) -> None:
         self.spawn(self._declare())
@@ -564,9 +567,10 @@ class QueueBridge:
             _, key, delete = command
             group = self.pullers.pop(key, None)
             if group is not None:
+                group.deleted = bool(delete)
                 await group.close()
             if delete:
-                self.spawn(self._delete(delete))
+                self.spawn(self._delete(delete, group))
         elif kind == "replay":
             _, token, pattern, since_ms = command
             self.spawn(self._replay(token, pattern, since_ms))
@@ -589,7 +593,9 @@ class QueueBridge:
             if stream not in group.members:
                 puller = group.members[stream] = Puller(self.nc, stream, group.consumer,
                                                         lambda msg, key=key: self._arrived(key, msg), group.shared)
-                self.spawn(self._bind(group, puller, stream, filters))
+                task = self.spawn(self._bind(group, puller, stream, filters))
+                group.binding.add(task)
+                task.add_done_callback(group.binding.discard)
 
     async def _settle(self, msg, kind: str, delay: float | None = None) -> None:
         try:
@@ -633,11 +639,16 @@ class QueueBridge:
         return group.start_ms / 1000 if group.start_ms else None
 
     async def _bind(self, group: PullGroup, puller: Puller, stream: str, filters: list[str]) -> None:
-        while not puller.closed and not group.closed:
+        """Declare the consumer and pull it. A durable's consumer is declared even when its
+        subscription left meanwhile: it keeps what is sent for the durable until it comes back."""
+        durable = group.kind == shards.TOPICS
+        while not group.deleted and (durable or not (puller.closed or group.closed)):
             try:
                 await self.ready.wait()
                 await declare_consumer(self.js, stream, group.consumer, filters, self.ack_wait,
                                        start_time=await self._start_time(group, stream))
+                if puller.closed or group.closed:
+                    return
                 await puller.start()
                 await puller.ask()
                 log.debug("pulling %s (%s) from %s, credit %d", group.consumer, filters, stream, puller.want)
@@ -651,9 +662,11 @@ class QueueBridge:
         if self.pullers.get(key) is group:
             self.reconcile(key, group)
 
-    async def _delete(self, consumer: str) -> None:
-        """A durable's consumers go from every topic stream."""
+    async def _delete(self, consumer: str, group: PullGroup | None = None) -> None:
+        """A durable's consumers go from every topic stream (once any being declared are made)."""
         try:
+            if group is not None and group.binding:
+                await asyncio.wait(list(group.binding), timeout=self.config.cluster_timeout_ms / 1000)
             await self.ready.wait()
             for stream in sorted(s for s in self.present if shards.parse_stream(self.cluster, s)[0] == shards.TOPICS):
                 await delete_consumer(self.js, stream, consumer)
@@ -672,6 +685,7 @@ class QueueBridge:
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:
             await asyncio.wait_for(self.ready.wait(), self.config.cluster_timeout_ms / 1000)
+            await self.survey()  # (every layout's streams, as they are now: a replay reads them once)
             async for msg in replay_merged(self.js, self.sources(shards.TOPICS, pattern), since_ms / 1000):
                 self.emit(("replayed", token, msg.data))
         except Exception as exc:
