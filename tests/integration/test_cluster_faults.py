@@ -72,11 +72,14 @@ class Producer(threading.Thread):
     """Persistent SENDs with a receipt each, one at a time; a SEND without a receipt (node died,
     ERROR) is sent again with the same dedup-id on the next node of the list, so it is stored once."""
 
-    def __init__(self, name: str, nodes: list, first: int, stats: Stats, stop: threading.Event):
+    def __init__(self, name: str, nodes: list, first: int, stats: Stats, stop: threading.Event, queue: str = QUEUE):
         super().__init__(name=name, daemon=True)
         self.tag, self.nodes, self.at, self.stats, self.stop_event = name, nodes, first, stats, stop
+        self.queue = queue
         self.failure: BaseException | None = None
         self.receipted_on: dict[int, int] = defaultdict(int)  # node index -> receipts from it
+        self.receipt_times: list[float] = []                  # when each receipt came (monotonic)
+        self.retried: set[str] = set()                        # ids sent again (no receipt the first time)
 
     def run(self):
         try:
@@ -92,21 +95,24 @@ class Producer(threading.Thread):
             with self.stats.lock:
                 self.stats.sent.add(mid)
             try:
-                w.frame("SEND", {"destination": QUEUE, "persistent": "true", "receipt": mid, "dedup-id": mid},
+                w.frame("SEND", {"destination": self.queue, "persistent": "true", "receipt": mid, "dedup-id": mid},
                         mid.encode())
                 cmd, headers, body = w.read(timeout=TIMEOUT_MS / 1000 + 10)
             except (OSError, ConnectionError, TimeoutError):
                 w = self._reconnect(w)
+                self.retried.add(mid)
                 continue  # the same id again
             if cmd == "RECEIPT" and headers.get("receipt-id") == mid:
                 with self.stats.lock:
                     self.stats.receipted.add(mid)
                 self.receipted_on[self.at] += 1
+                self.receipt_times.append(time.monotonic())
                 seq += 1
             elif cmd == "ERROR":
                 with self.stats.lock:
                     self.stats.errors.append(headers.get("message", ""))
                 w = self._reconnect(w)  # an ERROR closes the connection; the same id again
+                self.retried.add(mid)
             else:
                 raise AssertionError(f"{self.tag}: unexpected {cmd} {headers}")
         w.close()
@@ -131,9 +137,10 @@ class Consumer(threading.Thread):
     delivered and unacknowledged); on a lost connection it goes to the next node and subscribes again."""
 
     def __init__(self, name: str, nodes: list, first: int, stats: Stats, stop: threading.Event,
-                 draining: threading.Event, hold: int = 5):
+                 draining: threading.Event, hold: int = 5, queue: str = QUEUE):
         super().__init__(name=name, daemon=True)
         self.tag, self.nodes, self.at, self.stats = name, nodes, first, stats
+        self.queue = queue
         self.stop_event, self.draining, self.hold = stop, draining, hold
         self.held: list[tuple[str, str]] = []   # (ack id, message id) delivered, not acknowledged yet
         self.held_at_kill: dict[int, list[str]] = {}
@@ -149,7 +156,7 @@ class Consumer(threading.Thread):
 
     def _subscribe(self) -> Wire:
         w = connect(self.nodes[self.at], self.tag)
-        w.frame("SUBSCRIBE", {"destination": QUEUE, "id": "s", "ack": "client-individual",
+        w.frame("SUBSCRIBE", {"destination": self.queue, "id": "s", "ack": "client-individual",
                               "prefetch-count": "20", "receipt": "sub"})
         assert w.read()[0] == "RECEIPT"
         self.subscribed.set()
