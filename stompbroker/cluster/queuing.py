@@ -179,9 +179,9 @@ class ClusterQueues:
         if session is not None:
             bp.owners[token] = (session, deadline + 2)
             bp.waiting.setdefault(session, []).append([token, None, False, message.headers.get("receipt")])
-        self.out.append(("publish", token, subject or shards.queue_subject(self.name, self.shards, message.destination),
-                         msg_id.replace("\r", " ").replace("\n", " "), encode(message, wall_ms),
-                         int(self.config.cluster_timeout_ms)))
+        subject = subject or shards.queue_subject(self.name, self.shards, message.destination)
+        self.out.append(("publish", token, subject, msg_id.replace("\r", " ").replace("\n", " "),
+                         encode(message, wall_ms), int(self.config.cluster_timeout_ms)))
         return token
 
     def stored(self, b, token: int) -> None:

@@ -25,15 +25,38 @@ pytestmark = pytest.mark.timeout(150)
 ACK_WAIT_MS = 2000
 
 
-def wait_drained(stats: Stats, seconds: float) -> None:
-    """Until every receipted message was delivered (or ``seconds``), then a moment for late duplicates."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with stats.lock:
-            if stats.receipted <= set(stats.deliveries):
-                break
-        time.sleep(0.1)
-    time.sleep(0.5)
+class Load:
+    """A receipted producer and an acknowledging consumer per queue (test_cluster_faults' threads),
+    each starting on the node given; ``finish`` stops the producers, waits until every receipted
+    message was delivered (or ``drain_s``), stops the consumers and returns the counts."""
+
+    def __init__(self, nodes: list, queues: list[str], producer_at, consumer_at):
+        self.stats = Stats()
+        self.stop_producers, self.stop_consumers, self.draining = threading.Event(), threading.Event(), threading.Event()
+        self.producers = [Producer(f"p{i}", nodes, producer_at(i), self.stats, self.stop_producers, queue=q)
+                          for i, q in enumerate(queues)]
+        self.consumers = [Consumer(f"c{i}", nodes, consumer_at(i), self.stats, self.stop_consumers, self.draining,
+                                   queue=q) for i, q in enumerate(queues)]
+
+    def finish(self, drain_s: float = 40.0) -> dict:
+        stats = self.stats
+        self.stop_producers.set()
+        for p in self.producers:
+            p.join(30)
+        self.draining.set()
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline:
+            with stats.lock:
+                if stats.receipted <= set(stats.deliveries):
+                    break
+            time.sleep(0.1)
+        time.sleep(0.5)  # anything delivered twice shows up now
+        self.stop_consumers.set()
+        for c in self.consumers:
+            c.join(10)
+        failures = [t.failure for t in self.producers + self.consumers if t.failure]
+        assert not failures, failures
+        return stats.counts()
 
 
 def stream_messages(nats, names: list[str]) -> dict[str, int]:
@@ -61,46 +84,33 @@ def test_changing_the_shard_count_on_a_live_cluster_drains_the_old_streams(start
         return node
 
     nodes = [start(i, 2) for i in range(3)]   # (clients read the list as it is replaced, node by node)
-    stats, stop_producers, stop_consumers, draining = Stats(), threading.Event(), threading.Event(), threading.Event()
-    producers = [Producer(f"p{i}", nodes, i % 3, stats, stop_producers, queue=q) for i, q in enumerate(queues)]
-    consumers = [Consumer(f"c{i}", nodes, (i + 1) % 3, stats, stop_consumers, draining, queue=q)
-                 for i, q in enumerate(queues)]
-    for p in producers:
+    load = Load(nodes, queues, lambda i: i % 3, lambda i: (i + 1) % 3)
+    for p in load.producers:
         p.start()
     try:
         # a backlog in the 2-shard streams first, then the rolling restart to 3 shards under load,
         # consumers coming in on the first node that runs 3 shards
         deadline = time.monotonic() + 10
-        while len(stats.receipted) < 200 and time.monotonic() < deadline:
+        while len(load.stats.receipted) < 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         for i in range(3):
             nodes[i].stop()
             nodes[i] = start(i, 3)
             if i == 0:
-                for c in consumers:
+                for c in load.consumers:
                     c.start()
             time.sleep(1.0)   # load on the mixed cluster
         time.sleep(2.0)
     finally:
-        stop_producers.set()
-        for p in producers:
-            p.join(30)
-        draining.set()
-        wait_drained(stats, 40)
-        stop_consumers.set()
-        for c in consumers:
-            c.join(10)
-    failures = [t.failure for t in producers + consumers if t.failure]
-    assert not failures, failures
-    c = stats.counts()
+        c = load.finish()
     line = report("shard count 2 -> 3, rolling restart", c)
     assert c["receipted"] > 300, line
     assert c["lost"] == 0, line
     # a duplicate not marked redelivered is only ever a producer's retry (its node stopped before the
     # receipt) that reached a node of the other layout: stored in another stream, where JetStream's
     # de-duplication does not see the first copy (docs/cluster.md)
-    retried = set().union(*(p.retried for p in producers))
-    unflagged = {mid for mid, d in stats.deliveries.items() if any(not r for _, r in d[1:])}
+    retried = set().union(*(p.retried for p in load.producers))
+    unflagged = {mid for mid, d in load.stats.deliveries.items() if any(not r for _, r in d[1:])}
     assert unflagged <= retried, (unflagged - retried, line)
     # the old layout's queue streams drained, none stranded; the durable finds what waited for it
     old = [shards.stream_name(cluster_name, shards.QUEUES, 2, i) for i in range(2)]
@@ -178,14 +188,12 @@ def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_pr
         hot = queues[0]
         victim_server = next(s.index for s in nats5.servers if s.name == leaders[streams[0]])
         victim_node = 0
-        stats, stop_producers, stop_consumers, draining = Stats(), threading.Event(), threading.Event(), threading.Event()
-        producers = [Producer(f"p{i}", nodes, i, stats, stop_producers, queue=q) for i, q in enumerate(queues)]
-        producers.append(Producer("p-hot", nodes, 1, stats, stop_producers, queue=hot))
-        consumers = [Consumer(f"c{i}", nodes, (i + 2) % 5, stats, stop_consumers, draining, queue=q)
-                     for i, q in enumerate(queues)]
-        for c in consumers:
+        load = Load(nodes, queues, lambda i: i, lambda i: (i + 2) % 5)
+        producers = load.producers
+        producers.append(Producer("p-hot", nodes, 1, load.stats, load.stop_producers, queue=hot))
+        for c in load.consumers:
             c.start()
-        for c in consumers:
+        for c in load.consumers:
             assert c.subscribed.wait(10), c.failure
         for p in producers:
             p.start()
@@ -196,17 +204,7 @@ def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_pr
             kill_node(nodes[victim_node])
             time.sleep(12.0)
         finally:
-            stop_producers.set()
-            for p in producers:
-                p.join(30)
-            draining.set()
-            wait_drained(stats, 40)
-            stop_consumers.set()
-            for c in consumers:
-                c.join(10)
-        failures = [t.failure for t in producers + consumers if t.failure]
-        assert not failures, failures
-        c = stats.counts()
+            c = load.finish()
         line = report("5 servers, kill -9 the busiest shard's leader and its producer's node", c)
         assert c["sent"] > 300 and c["receipted"] > 300, line
         assert c["lost"] == 0, line
@@ -219,7 +217,10 @@ def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_pr
             after = [t for t in p.receipt_times if t > killed_at]
             assert after, (p.tag, line)
             pauses[p.tag] = round(max(b - a for a, b in zip(sorted(times), sorted(times)[1:]) if b > killed_at), 1)
-        print(f"cluster 5 servers: killed {nats5.servers[victim_server].name} (leader of {streams[0]}) and n0; "
+        before = {q: sum(1 for p in producers if p.queue == q for t in p.receipt_times if t < killed_at) for q in queues}
+        assert max(before, key=before.get) == hot, before   # it was the busiest shard when it lost its leader
+        print(f"cluster 5 servers: receipts per shard before the kill {list(before.values())}; killed "
+              f"{nats5.servers[victim_server].name} (leader of {streams[0]}) and n0; "
               f"longest pause per producer (s): {pauses}")
         assert max(pauses.values()) < 12.0, pauses
         # the producers of shards the dead server did not lead, on nodes that lived, hardly paused
