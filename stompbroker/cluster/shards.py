@@ -21,6 +21,7 @@ every server leading as many shards of a kind as any other, give or take one.
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 
@@ -62,12 +63,14 @@ def _tail(cluster: str, subject: str) -> str:
     return subject[len(cluster) + 1:]
 
 
+@functools.lru_cache(maxsize=4096)   # (once per destination, not per message)
 def queue_subject(cluster: str, n: int, destination: str) -> str:
     """Where a queue message to ``destination`` is published in layout ``n``."""
     tail = _tail(cluster, subjects.queue_subject(cluster, destination))[2:]  # (after "q.")
     return f"{subject_root(cluster, QUEUES, n, shard_of(destination, n))}.{tail}"
 
 
+@functools.lru_cache(maxsize=4096)
 def topic_subject(cluster: str, n: int, destination: str) -> str:
     """Where a topic message kept for durables and replay is published in layout ``n``: the
     topic's own subject (``cluster/subjects.py``) under its shard's root."""
