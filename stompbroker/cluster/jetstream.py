@@ -11,9 +11,8 @@ Which stream holds what is ``cluster/shards.py``'s: ``cluster_streams`` shards o
   durable subscriptions (one durable pull consumer each, in every shard its pattern may match)
   and replay-from (a short-lived consumer from a start time).
 - A queue or durable is read from its shard in every layout whose streams exist (``PullGroup``),
-  so messages stored before the shard count changed drain to the same consumers. The streams are
-  listed every few seconds (``survey``): what exists, how deep, who leads; and the leaders of
-  this node's layout are spread over the NATS servers (``shards.moves``, stepdowns).
+  so messages stored before the shard count changed drain to the same consumers. Which exist, and
+  their leaders spread over the NATS servers: ``cluster/leaders.py``.
 
 Pulls are raw pull requests (``$JS.API.CONSUMER.MSG.NEXT``) answered on one inbox per consumer, so
 each message is handed on the moment it arrives (nats-py's ``fetch`` waits to fill its batch).
@@ -25,15 +24,13 @@ import asyncio
 import datetime
 import itertools
 import logging
-import random
 import time
 
 import nats.errors
 import nats.js.errors
-import orjson
 from nats.js import api
 
-from . import shards
+from . import leaders, shards
 
 log = logging.getLogger("stompbroker.cluster")
 
@@ -42,8 +39,6 @@ PULL_SLACK = 2.0           # a request not ended by the server this long after i
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
 STATUS = "Status"
 PER_SUBJECT_FULL = 10077   # JetStream's "store failed" code, with "maximum messages per subject exceeded"
-SURVEY_EVERY = 5.0         # seconds between listings of the streams (depths, leaders, layouts)
-MOVE_TRIES = 3             # leader moves that did not land before the server is taken not to honour them
 
 
 class QueueFull(Exception):
@@ -291,12 +286,13 @@ async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000)
     try:
         sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
         # (a new consumer of a replicated stream may not know its pending count yet: read until a
-        # message says none is left, or nothing comes)
+        # message says none is left, or nothing comes: for a while when it said some are there)
+        wait = 5.0 if info.num_pending else 1.0
         left = limit
         while left > 0:
             try:
-                msgs = await sub.fetch(min(left, 256), timeout=1.0)
-            except nats.errors.TimeoutError:
+                msgs = await sub.fetch(min(left, 256), timeout=wait)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 break
             for msg in msgs:
                 yield msg
@@ -314,19 +310,18 @@ async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000)
 
 async def replay_merged(js, sources: list[tuple[str, list[str]]], since_s: float, limit: int = 100_000):
     """``replay`` of several streams at once, merged by the time each message was stored."""
-    heads = []
     readers = [replay(js, stream, filters, since_s, limit) for stream, filters in sources]
     try:
-        for reader in readers:
-            msg = await anext(reader, None)
-            if msg is not None:
-                heads.append([msg.metadata.timestamp, len(heads), msg, reader])
+        # every stream's first message at once (an empty one takes a fetch's timeout to say so)
+        firsts = await asyncio.gather(*[_next(reader, stream) for reader, (stream, _) in zip(readers, sources)])
+        heads = [[msg.metadata.timestamp, i, msg, reader, sources[i][0]]
+                 for i, (msg, reader) in enumerate(zip(firsts, readers)) if msg is not None]
         left = limit
         while heads and left > 0:
             head = min(heads, key=lambda h: (h[0], h[1]))
             yield head[2]
             left -= 1
-            msg = await anext(head[3], None)
+            msg = await _next(head[3], head[4])
             if msg is None:
                 heads.remove(head)
             else:
@@ -334,6 +329,16 @@ async def replay_merged(js, sources: list[tuple[str, list[str]]], since_s: float
     finally:
         for reader in readers:
             await reader.aclose()
+
+
+async def _next(reader, stream: str):
+    """The next message of one stream's replay, None at its end or when JetStream failed it (the
+    other streams' go on)."""
+    try:
+        return await anext(reader, None)
+    except Exception as exc:
+        log.warning("replay of %s failed: %r", stream, exc)
+        return None
 
 
 def _epoch(rfc3339) -> float | None:
@@ -373,12 +378,7 @@ class QueueBridge:
         self.tasks: set = set()
         self.replicas = 0
         self.replicas_hint = config.cluster_replicas   # 0: 3 if the NATS cluster takes them, else 1
-        self.present: set[str] = set()        # this cluster's queue and topic streams that exist
-        self.streams: list[dict] = []         # the last survey: each stream's figures, for STATUS
-        self.next_survey = 0.0
-        self.moving: dict[str, tuple[str, int]] = {}   # stream -> (server asked to lead it, moves that did not land)
-        self.balancing = True
-        self.moves = 0
+        self.listing = leaders.Survey(nc, self.cluster, self.own(shards.QUEUES) + self.own(shards.TOPICS))
 
     def own(self, kind: str) -> list[str]:
         """This node's layout's streams of ``kind``."""
@@ -396,7 +396,7 @@ class QueueBridge:
 
     def status(self) -> dict:
         return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas,
-                "streams": self.streams, "cluster_streams": self.shards, "leader_moves": self.moves}
+                "streams": self.listing.streams, "cluster_streams": self.shards, "leader_moves": self.listing.moves}
 
     async def stop(self) -> None:
         for task in list(self.tasks):
@@ -428,13 +428,12 @@ class QueueBridge:
                              per_subject=self.config.max_queue_messages) for i, name in enumerate(queues) if i],
             *[declare_stream(self.js, name, subjects(shards.TOPICS, i), self.replicas or 1, work_queue=False,
                              max_age=retention) for i, name in enumerate(topics)])
-        self.present.update(queues + topics)
         log.info("JetStream: %d queue and %d topic streams ready (%d replicas)", len(queues), len(topics),
                  self.replicas)
 
     async def _keeper(self) -> None:
         """Held messages stay ours (in progress) while the node lives; lost pull requests are
-        asked again; the streams are surveyed every SURVEY_EVERY seconds."""
+        asked again; the streams are listed every ``leaders.SURVEY_EVERY`` seconds."""
         every = max(min(self.ack_wait / 3, 1.0), 0.05)
         while True:
             await asyncio.sleep(every)
@@ -448,93 +447,24 @@ class QueueBridge:
                         pass
             for group in list(self.pullers.values()):
                 await group.ask()
-            if self.ready.is_set() and now >= self.next_survey:
+            if self.ready.is_set() and now >= self.listing.due:
                 await self.survey()
 
-    # -- streams: what exists, and who leads -----------------------------------------------------
-    async def list_streams(self) -> list[api.StreamInfo]:
-        infos, offset = [], 0
-        for _ in range(64):  # (pages of 256 streams)
-            resp = orjson.loads((await self.nc.request("$JS.API.STREAM.LIST", orjson.dumps({"offset": offset}),
-                                                       timeout=5)).data)
-            page = resp.get("streams") or []
-            infos.extend(api.StreamInfo.from_response(s) for s in page)
-            offset += len(page)
-            if not page or offset >= resp.get("total", 0):
-                break
-        return infos
-
     async def survey(self) -> None:
-        """List the streams: their figures for STATUS, the layouts to read, the leaders to spread."""
-        self.next_survey = time.monotonic() + SURVEY_EVERY * random.uniform(0.8, 1.2)
-        try:
-            infos = await self.list_streams()
-        except Exception as exc:
-            log.debug("cluster: stream list: %r", exc)
+        """List the streams (``cluster/leaders.py``): the layouts to read, this node's streams
+        declared again if one was deleted, the figures for STATUS, the leaders spread."""
+        before = self.listing.present
+        infos = await self.listing.run()
+        if infos is None:
             return
-        mine = [i for i in infos if shards.parse_stream(self.cluster, i.config.name)]
-        present = {i.config.name for i in mine}
-        if not present >= set(self.own(shards.QUEUES) + self.own(shards.TOPICS)):
+        if not {i.config.name for i in infos} >= set(self.listing.own):
             try:  # one of this node's streams was deleted (by hand?): publishes need it
                 await self.declare()
             except Exception as exc:
                 log.warning("cluster: this node's streams cannot be declared again: %r", exc)
-        if present != self.present:
-            self.present = present | set(self.own(shards.QUEUES) + self.own(shards.TOPICS))
+        if self.listing.present != before:
             for key, group in list(self.pullers.items()):
                 self.reconcile(key, group)
-        self.streams = [self._figures(i) for i in sorted(
-            (i for i in infos if i.config.name.startswith((f"{self.cluster}_", f"KV_{self.cluster}_"))),
-            key=lambda i: i.config.name)]
-        if self.balancing:
-            await self.balance({i.config.name: i for i in mine})
-
-    def _figures(self, info) -> dict:
-        parsed = shards.parse_stream(self.cluster, info.config.name)
-        cluster = info.cluster
-        return {"name": info.config.name, "messages": info.state.messages, "bytes": info.state.bytes,
-                "stored": info.state.last_seq, "leader": (cluster.leader or "") if cluster else "",
-                "replicas": info.config.num_replicas or 1,
-                "shard": f"{parsed[2]}/{parsed[1]}" if parsed else ""}
-
-    async def balance(self, infos: dict) -> None:
-        """Spread the leaders of this node's layout over the servers, each kind on its own: one
-        stepdown with a preferred server per move (JetStream elects it; a moment's pause for that
-        shard's publishes, which retry). Every node may do it: they plan alike from the same state,
-        and a second request for a move already made is refused (already leader)."""
-        for stream, (target, failed) in list(self.moving.items()):  # did the last moves land?
-            info = infos.get(stream)
-            leader = info.cluster.leader if info is not None and info.cluster else None
-            if leader == target or info is None:
-                del self.moving[stream]
-            elif leader:
-                self.moving[stream] = (target, failed + 1)
-                if failed + 1 >= MOVE_TRIES:
-                    self.balancing = False
-                    log.warning("cluster: stream leaders are not moving to the servers asked for (NATS before "
-                                "2.11 ignores a preferred server); leaving them where JetStream put them")
-                    return
-        for kind in (shards.QUEUES, shards.TOPICS):
-            streams = {}
-            for name in self.own(kind):
-                info = infos.get(name)
-                if info is None or info.cluster is None or (info.config.num_replicas or 1) < 2:
-                    continue
-                peers = [info.cluster.leader] if info.cluster.leader else []
-                peers += [r.name for r in info.cluster.replicas or [] if r.current and not r.offline]
-                streams[name] = (info.cluster.leader or "", peers)
-            for name, target in shards.moves(streams):
-                try:
-                    resp = orjson.loads((await self.nc.request(
-                        f"$JS.API.STREAM.LEADER.STEPDOWN.{name}",
-                        orjson.dumps({"placement": {"preferred": target}}), timeout=2)).data)
-                except Exception as exc:
-                    log.debug("cluster: leader of %s not moved: %r", name, exc)
-                    continue
-                if resp.get("success"):
-                    self.moves += 1
-                    log.info("cluster: stream %s: leader moved from %s to %s", name, streams[name][0], target)
-                    self.moving[name] = (target, self.moving.get(name, ("", 0))[1])
 
     # -- commands from the dispatcher ------------------------------------------------------------
     async def handle(self, command: tuple) -> None:
@@ -578,9 +508,10 @@ class QueueBridge:
     def sources(self, kind: str, pattern: str) -> list[tuple[str, list[str]]]:
         """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
         node's layout, and in every other layout whose streams exist."""
-        layouts = set(shards.layouts(self.cluster, self.present, kind)) | {self.shards}
+        present = self.listing.present
+        layouts = set(shards.layouts(self.cluster, present, kind)) | {self.shards}
         return [(stream, filters) for stream, filters in shards.reads(self.cluster, kind, pattern, layouts)
-                if stream in self.present or stream in self.own(kind)]
+                if stream in present]
 
     def reconcile(self, key: str, group: PullGroup) -> None:
         """Pull from every stream that may hold the group's messages, and from no other."""
@@ -668,7 +599,9 @@ class QueueBridge:
             if group is not None and group.binding:
                 await asyncio.wait(list(group.binding), timeout=self.config.cluster_timeout_ms / 1000)
             await self.ready.wait()
-            for stream in sorted(s for s in self.present if shards.parse_stream(self.cluster, s)[0] == shards.TOPICS):
+            topics = shards.layouts(self.cluster, self.listing.present, shards.TOPICS)
+            for stream in sorted(shards.stream_name(self.cluster, shards.TOPICS, n, i) for n, ids in topics.items()
+                                 for i in ids):
                 await delete_consumer(self.js, stream, consumer)
         except Exception as exc:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
@@ -689,7 +622,7 @@ class QueueBridge:
             async for msg in replay_merged(self.js, self.sources(shards.TOPICS, pattern), since_ms / 1000):
                 self.emit(("replayed", token, msg.data))
         except Exception as exc:
-            log.warning("replay of %s failed: %s", pattern, exc)
+            log.warning("replay of %s failed: %r", pattern, exc)
         self.emit(("replay_end", token))
 
 
