@@ -110,9 +110,14 @@ def layouts(cluster: str, names, kind: str) -> dict[int, set[int]]:
 
 def moves(streams: dict[str, tuple[str, list[str]]]) -> list[tuple[str, str]]:
     """Leader moves that spread ``streams`` (name -> (leader, servers that could lead it: its
-    current replicas, leader included)) over the servers: [(stream, new leader)], fewest first.
-    A server leads at most one more stream than any other that could take one of its streams;
-    streams with one replica, or whose leader is unknown, stay where they are."""
+    current replicas, leader included)) over the servers: [(stream, new leader)].
+
+    A server should lead at most one more stream than any other, as far as the replicas allow.
+    Each step finds a chain from a server leading the most to one leading at least two fewer:
+    ``A`` leads a stream ``B`` holds a copy of, ``B`` leads one ``C`` holds a copy of, ... (with
+    3 copies over 5 servers the two ends may share no stream), and moves each stream of the chain
+    one server on: ``A`` leads one fewer, the end one more, the others as many. Streams with one
+    replica, or whose leader is unknown (an election), stay where they are."""
     count: dict[str, int] = {}
     for leader, peers in streams.values():
         for server in peers:
@@ -120,22 +125,40 @@ def moves(streams: dict[str, tuple[str, list[str]]]) -> list[tuple[str, str]]:
         if leader:
             count[leader] = count.get(leader, 0) + 1
     led = {name: leader for name, (leader, _) in streams.items() if leader}
-    out = []
-    for _ in range(len(streams)):
-        best = None
-        for name in sorted(led):
-            leader = led[name]
-            targets = [s for s in streams[name][1] if s != leader and count[s] < count[leader] - 1]
-            if targets:
-                target = min(targets, key=lambda s: (count[s], s))
-                gain = count[leader] - count[target]
-                if best is None or gain > best[0]:
-                    best = (gain, name, target)
-        if best is None:
-            return out
-        _, name, target = best
-        count[led[name]] -= 1
-        count[target] += 1
-        led[name] = target
-        out.append((name, target))
-    return out
+    for _ in range(2 * len(streams)):   # each step evens the counts a little: few steps
+        for start in sorted(count, key=lambda s: (-count[s], s)):
+            chain = _chain(start, count, led, streams)
+            if chain:
+                for name, server in chain:
+                    led[name] = server
+                count[start] -= 1
+                count[chain[-1][1]] += 1
+                break
+        else:
+            break
+    return [(name, led[name]) for name in sorted(led) if led[name] != streams[name][0]]
+
+
+def _chain(start: str, count: dict, led: dict, streams: dict) -> list[tuple[str, str]]:
+    """[(stream, its next leader)] from ``start`` to a server leading at least two fewer, or []."""
+    by_leader: dict[str, list[str]] = {}
+    for name in sorted(led):
+        by_leader.setdefault(led[name], []).append(name)
+    came: dict[str, tuple[str, str]] = {start: ("", "")}   # server -> (the server before it, the stream)
+    todo = [start]
+    while todo:
+        server = todo.pop(0)
+        for name in by_leader.get(server, ()):
+            for peer in sorted(streams[name][1]):
+                if peer in came:
+                    continue
+                came[peer] = (server, name)
+                if count[peer] <= count[start] - 2:
+                    chain = []
+                    while peer != start:
+                        before, via = came[peer]
+                        chain.append((via, peer))
+                        peer = before
+                    return chain[::-1]
+                todo.append(peer)
+    return []

@@ -184,13 +184,11 @@ def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_pr
         while len(set((leaders := stream_leaders(nats5, streams)).values())) < 5:
             assert time.monotonic() < deadline, leaders
             time.sleep(0.5)
-        # the busiest shard: its queue gets two producers (on nodes 0 and 1), the others one each
-        hot = queues[0]
-        victim_server = next(s.index for s in nats5.servers if s.name == leaders[streams[0]])
-        victim_node = 0
+        # one queue gets two producers (on nodes 0 and 1), the others one each; after a few seconds
+        # of load, the shard that stored the most receipted messages is the busiest
         load = Load(nodes, queues, lambda i: i, lambda i: (i + 2) % 5)
         producers = load.producers
-        producers.append(Producer("p-hot", nodes, 1, load.stats, load.stop_producers, queue=hot))
+        producers.append(Producer("p-hot", nodes, 1, load.stats, load.stop_producers, queue=queues[0]))
         for c in load.consumers:
             c.start()
         for c in load.consumers:
@@ -199,6 +197,14 @@ def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_pr
             p.start()
         try:
             time.sleep(3.0)
+            before = {q: sum(len(p.receipt_times) for p in producers if p.queue == q) for q in queues}
+            hot = max(before, key=before.get)
+            stream = streams[queues.index(hot)]
+            leader = stream_leaders(nats5, [stream])[stream]
+            victim_server = next(s.index for s in nats5.servers if s.name == leader)
+            victim_node = next(p.at for p in producers if p.queue == hot)   # (a node producing into it)
+            # producers of the other shards, on the nodes that live
+            calm = [p.tag for p in producers if p.queue != hot and p.at != victim_node]
             killed_at = time.monotonic()
             nats5.kill(victim_server)
             kill_node(nodes[victim_node])
@@ -217,12 +223,10 @@ def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_pr
             after = [t for t in p.receipt_times if t > killed_at]
             assert after, (p.tag, line)
             pauses[p.tag] = round(max(b - a for a, b in zip(sorted(times), sorted(times)[1:]) if b > killed_at), 1)
-        before = {q: sum(1 for p in producers if p.queue == q for t in p.receipt_times if t < killed_at) for q in queues}
-        assert max(before, key=before.get) == hot, before   # it was the busiest shard when it lost its leader
         print(f"cluster 5 servers: receipts per shard before the kill {list(before.values())}; killed "
-              f"{nats5.servers[victim_server].name} (leader of {streams[0]}) and n0; "
+              f"{leader} (leader of the busiest, {hot}'s) and n{victim_node}; "
               f"longest pause per producer (s): {pauses}")
         assert max(pauses.values()) < 12.0, pauses
         # the producers of shards the dead server did not lead, on nodes that lived, hardly paused
-        calm = [p.tag for p in producers if p.queue != hot and p.tag != f"p{victim_node}"]
+        # (the other leaders are on other servers: the nodes spread them)
         assert all(pauses[t] < 4.0 for t in calm), (calm, pauses)

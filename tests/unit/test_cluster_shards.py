@@ -88,3 +88,13 @@ def test_moves_go_only_to_current_replicas_and_leave_single_copies():
     assert {t for _, t in moves} == {"c"} and len(moves) == 2
     assert S.moves({f"s{i}": ("a", ["a"]) for i in range(4)}) == []          # one replica: nowhere to go
     assert S.moves({"s0": ("", ["a", "b"]), "s1": ("", ["a", "b"])}) == []   # no leader (electing)
+
+
+def test_moves_chain_through_a_server_when_the_ends_share_no_stream():
+    # 3 copies over 5 servers: a leads two streams, e leads none, and no stream of a has a copy on e;
+    # b leads one that e holds: b's goes to e, one of a's to b
+    streams = {"s0": ("a", ["a", "b", "c"]), "s1": ("a", ["a", "b", "d"]), "s2": ("b", ["b", "e", "c"]),
+               "s3": ("c", ["c", "d", "a"]), "s4": ("d", ["d", "c", "b"])}
+    moves = S.moves(streams)
+    assert sorted(spread(streams, moves).values()) == [1, 1, 1, 1, 1], moves
+    assert len(moves) == 2 and ("s2", "e") in moves
