@@ -95,10 +95,9 @@ class Resources:
         _supervisor_pid = os.getpid()
         self.listener = listener
         self.tls_listener = tls_listener
-        # Big enough for a few maximum-size frames in flight.
-        margin = 4 * config.max_frame_size + (1 << 20)
-        self.input_ring = Ring(max(config.input_queue_bytes, margin), config.max_input_queue_size)
-        self.output_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(config.writers)]
+        input_bytes, output_bytes = config.ring_bytes  # big enough for a few maximum-size frames in flight
+        self.input_ring = Ring(input_bytes, config.max_input_queue_size)
+        self.output_rings = [Ring(output_bytes) for _ in range(config.writers)]
         self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
         self.written_channel = self._written_pair()  # writers -> dispatcher: deliveries sent
         self.reader_generation = 0  # set by the supervisor before each reader start: unique connection ids
@@ -110,7 +109,7 @@ class Resources:
         self.writer_latency = [SharedHistogram(latency.BUCKETS) for _ in range(config.writers)]
         self.supervisor_stats = SharedStats(SUPERVISOR_STATS)
         # cluster mode: dispatcher -> bridge and bridge -> dispatcher (cluster/records.py)
-        self.bridge_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(2)] if config.cluster else []
+        self.bridge_rings = [Ring(output_bytes) for _ in range(2)] if config.cluster else []
         self.diag_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # dispatcher -> dump file
         for sock in self.diag_channel:  # room for a few large lines (many queues) before one is dropped
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)

@@ -27,6 +27,7 @@ from ..store.sqlite import Store
 from ..ipc import records as R
 from ..cluster import records as C
 from ..ipc.outbox import Outbox
+from ..protocol.stomp import render_frame
 from . import common
 from .login_checker import LoginChecker, load_users
 from .login_checker import log as auth_log
@@ -82,14 +83,25 @@ class Dispatcher:
         if config.store == "sqlite" and config.cluster:
             log.warning("store=sqlite is not used in cluster mode: JetStream keeps queues and durable subscriptions")
         elif config.store == "sqlite":
-            self.store = Store(config.store_path, config.checkpoint, config.replay_retention)
-            recovered = self.broker.recover(self.store, time.monotonic())
+            self.store = self.recover(config)
             self.wait_fds.append(self.store.done_fd)
-            log.info("store %s: recovered %d queued messages and %d durable subscriptions",
-                     config.store_path, recovered, len(self.broker.durables))
         os.write(resources.dispatcher_ready[1], b"R")  # the supervisor starts the reader after this
         self.dump_channel = resources.diag_channel[0] if config.diag_dump else None
         self.next_dump = time.monotonic() + config.diag_interval / 1000
+
+    def recover(self, config) -> Store:
+        """Open the store and load it, setting aside the stored messages whose names the broker
+        would now refuse."""
+        store = Store(config.store_path, config.checkpoint, config.replay_retention)
+        recovered, too_long = self.broker.recover(store, time.monotonic())
+        if too_long:
+            moved = store.quarantine(too_long, "destination longer than max_destination_length")
+            log.warning("store %s: quarantined %d stored messages whose destination is longer than "
+                        "max_destination_length (%d bytes); stompbroker-store export --quarantined shows them, "
+                        "release puts them back", config.store_path, moved, config.max_destination_length)
+        log.info("store %s: recovered %d queued messages and %d durable subscriptions",
+                 config.store_path, recovered, len(self.broker.durables))
+        return store
 
     def run(self) -> None:
         ring = self.ring
@@ -284,7 +296,14 @@ class Dispatcher:
 
     # -- the console, API and metrics (console/http.py) ------------------------------------------------
     def http_request(self, conn: int, payload: bytes, now: float) -> None:
-        method, target, authorization, accept = http.decode_request(payload)
+        method = target = "?"
+        try:
+            method, target, authorization, accept = http.decode_request(payload)
+            self.http_route(conn, method, target, authorization, accept)
+        except Exception as exc:  # an HTTP client gets an HTTP answer, never a STOMP ERROR
+            self.http_answer(conn, self.site.failed(method, target, exc))
+
+    def http_route(self, conn: int, method: str, target: str, authorization: str, accept: str) -> None:
         route, response = self.site.route(method, target)
         if response is None and route != "static" and self.auth is not None and self.auth.required:
             credentials = http.basic_credentials(authorization)
@@ -297,7 +316,7 @@ class Dispatcher:
                 self.logins.submit(conn, *credentials, address)  # one check in flight per address, as for CONNECT
                 return
         if response is None:
-            response = self.respond(method, target, accept)
+            response = self.site.respond(method, target, accept)
         self.http_answer(conn, response)
 
     def http_checked(self, conn: int, user: str | None, now: float) -> None:
@@ -317,16 +336,13 @@ class Dispatcher:
         if not self.auth.is_admin(user):
             self.http_answer(conn, http.forbidden())
             return
-        # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
-        token = self.auth.console_token(user, time.time()) if self.site.route(method, target)[0] == "page" else ""
-        self.http_answer(conn, self.respond(method, target, accept, user, token))
-
-    def respond(self, *request) -> bytes:
         try:
-            return self.site.respond(*request)
-        except Exception:  # a bug costs this request a 500, never the broker
-            log.exception("internal error answering %s %s", request[0], request[1][:200])
-            return http.text_response(500, "Internal Server Error", "internal error (see the broker's log)")
+            # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
+            token = self.auth.console_token(user, time.time()) if self.site.route(method, target)[0] == "page" else ""
+            response = self.site.respond(method, target, accept, user, token)
+        except Exception as exc:
+            response = self.site.failed(method, target, exc)
+        self.http_answer(conn, response)
 
     def http_answer(self, conn: int, response: bytes) -> None:
         session = self.broker.sessions.get(conn)
@@ -432,9 +448,9 @@ class Dispatcher:
         buf, count = box.take()
         # A batch over the limit by one record (a record is at most a quarter of the ring, the limit
         # half of it) fits the ring; more (many replies at once, e.g. receipts released by the
-        # store) is cut first.
+        # store, or one record too big for the ring) is cut first.
         if len(buf) > box.limit + (box.limit >> 1):
-            for piece, n in batches(buf, box.limit):
+            for piece, n in batches(buf, box.limit, self.rings[box.index].capacity):
                 self.write(box.index, piece, n)
         else:
             self.write(box.index, buf, count)
@@ -447,18 +463,44 @@ class Dispatcher:
         ring.notify()
 
 
-def batches(buf: bytearray, limit: int):
+def batches(buf: bytearray, limit: int, capacity: int):
     """Cut a batch of records into batches of at most ``limit`` bytes plus one record, so each fits
-    the ring (whose capacity is at least twice the limit)."""
+    the ring (whose capacity is at least twice the limit). A record that could never fit the ring
+    (every answer is bounded to a quarter of it: this is the last guard, not the rule) is replaced
+    by an error to its connection and a close: it costs that requester its answer, never the
+    dispatcher (an exception here would restart every process)."""
     view = memoryview(buf)
     start = pos = count = 0
     end = len(buf)
+    most = capacity - 64  # the ring's batch header, with room to spare
     while pos < end:
-        pos += R.unpack_header(buf, pos)[0]
+        length, kind, conn, _, stamp = R.unpack_header(buf, pos)
+        if count and pos - start + length > most:  # (a record bigger than the usual quarter of the ring)
+            yield bytes(view[start:pos]), count
+            start, count = pos, 0
+        if length > most:
+            yield too_large(kind, conn, length, stamp, most), 2
+            pos += length
+            start = pos
+            continue
+        pos += length
         count += 1
         if pos - start > limit or pos == end:
             yield bytes(view[start:pos]), count
             start, count = pos, 0
+
+
+def too_large(kind: int, conn: int, size: int, stamp: int, most: int) -> bytes:
+    """The records that stand for one too big for the ring: a STOMP ERROR (an HTTP 500 for a raw
+    HTTP answer), then a close."""
+    log.error("an answer of %d bytes for connection %d is larger than its output queue takes (%d): the "
+              "connection gets an error instead", size, conn, most)
+    if kind == R.RAW:
+        reply = http.text_response(500, "Internal Server Error", "the answer is too large (see the broker's log)")
+    else:
+        reply = render_frame("ERROR", {"message": "answer too large", "content-type": "text/plain"},
+                             f"the broker's answer of {size} bytes is larger than it can send at once".encode())
+    return R.record(R.RAW if kind == R.RAW else R.DATA, conn, reply, 0, stamp) + R.record(R.CLOSE, conn)
 
 
 def run(config, resources) -> None:
