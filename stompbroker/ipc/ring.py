@@ -63,6 +63,7 @@ class Ring:
         self.data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._written = 0  # producer-private count of records written
+        self._held = None  # consumer-private: (head, records) of a read not released yet
 
     # -- producer side -------------------------------------------------------------------------
     def try_write(self, blob, nrecords: int) -> bool:
@@ -107,6 +108,7 @@ class Ring:
         for slot in (HEAD, READ, TAIL, WAITING, WRITTEN):
             self._ctl[slot] = 0
         self._written = 0
+        self._held = None
         for fd in (self.data_fd, self.space_fd):
             try:
                 os.eventfd_read(fd)
@@ -114,8 +116,12 @@ class Ring:
                 pass
 
     # -- consumer side -------------------------------------------------------------------------
-    def read(self, max_bytes: int = 1 << 20) -> bytes:
-        """Copy out whole batches, at least one if any, up to about max_bytes; b'' when empty."""
+    def read(self, max_bytes: int = 1 << 20, hold: bool = False) -> bytes:
+        """Copy out whole batches, at least one if any, up to about max_bytes; b'' when empty.
+
+        ``hold``: leave them in the ring until ``release()`` (the producer cannot overwrite them
+        meanwhile), so another process can read the same bytes again if this one dies handling
+        them (the supervisor does, to name what killed the dispatcher)."""
         ctl = self._ctl
         head = ctl[HEAD]
         tail = ctl[TAIL]
@@ -131,11 +137,24 @@ class Ring:
             head += _BATCH.size + size
         if not parts:
             return b""
+        if hold:
+            self._held = (head, records)
+        else:
+            self._advance(head, records)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def release(self) -> None:
+        """Let the producer have the space of what the last ``read(hold=True)`` copied out."""
+        if self._held is not None:
+            self._advance(*self._held)
+            self._held = None
+
+    def _advance(self, head: int, records: int) -> None:
+        ctl = self._ctl
         ctl[HEAD] = head
         ctl[READ] += records
         if ctl[WAITING]:
             os.eventfd_write(self.space_fd, 1)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def clear_wakeup(self) -> None:
         try:

@@ -13,6 +13,7 @@ from setproctitle import setproctitle
 
 from ..diag import latency
 from ..ipc.ring import Ring, anonymous_segment
+from .poison import Note
 from .titles import title
 
 log = logging.getLogger("stompbroker")
@@ -108,6 +109,8 @@ class Resources:
         self.writer_stats = [SharedStats(WRITER_STATS) for _ in range(config.writers)]
         self.writer_latency = [SharedHistogram(latency.BUCKETS) for _ in range(config.writers)]
         self.supervisor_stats = SharedStats(SUPERVISOR_STATS)
+        self.dispatcher_note = Note()  # what the dispatcher is handling, for the supervisor if it dies (poison.py)
+        self.quarantine: dict = {}     # inputs that killed it twice, set by the supervisor before forking it
         # cluster mode: dispatcher -> bridge and bridge -> dispatcher (cluster/records.py)
         self.bridge_rings = [Ring(output_bytes) for _ in range(2)] if config.cluster else []
         self.diag_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # dispatcher -> dump file
@@ -130,10 +133,12 @@ class Resources:
     def close(self) -> None:
         for ring in [self.input_ring, *self.output_rings, *self.bridge_rings]:
             ring.close()
-        for stats in [self.reader_stats, *self.writer_stats, *self.writer_latency, self.supervisor_stats]:
+        for stats in [self.reader_stats, *self.writer_stats, *self.writer_latency, self.supervisor_stats,
+                      self.dispatcher_note]:
             stats.close()
 
     def reset(self) -> None:
+        self.dispatcher_note.idle()
         self.input_ring.reset()
         for ring in [*self.output_rings, *self.bridge_rings]:
             ring.reset()

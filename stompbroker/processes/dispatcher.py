@@ -29,6 +29,7 @@ from ..cluster import records as C
 from ..ipc.outbox import Outbox
 from ..protocol.stomp import render_frame
 from . import common
+from . import poison
 from .login_checker import LoginChecker, load_users
 from .login_checker import log as auth_log
 
@@ -79,21 +80,41 @@ class Dispatcher:
         signal.set_wakeup_fd(signal_w)
         signal.signal(signal.SIGHUP, lambda signum, frame: None)
         self.wait_fds.append(self.signal_r)
+        # What it handles is noted for the supervisor, which quarantines an input that killed it twice.
+        self.note = resources.dispatcher_note
+        refusals = poison.Refusals(resources.quarantine)
+        self.quarantined_rows = refusals.rows
+        self.refusals = refusals if refusals.inputs else None  # (None: one test per input)
+        marker = poison.fault_marker()
+        if marker is not None:
+            self.broker.on_frame = poison.die_on(marker, self.broker.on_frame)
         self.store = None
         if config.store == "sqlite" and config.cluster:
             log.warning("store=sqlite is not used in cluster mode: JetStream keeps queues and durable subscriptions")
         elif config.store == "sqlite":
-            self.store = self.recover(config)
+            self.store = self.recover(config, marker)
             self.wait_fds.append(self.store.done_fd)
         os.write(resources.dispatcher_ready[1], b"R")  # the supervisor starts the reader after this
         self.dump_channel = resources.diag_channel[0] if config.diag_dump else None
         self.next_dump = time.monotonic() + config.diag_interval / 1000
 
-    def recover(self, config) -> Store:
-        """Open the store and load it, setting aside the stored messages whose names the broker
-        would now refuse."""
+    def recover(self, config, marker: bytes | None) -> Store:
+        """Open the store and load it; first set aside the stored messages that killed a dispatcher
+        twice while loading, then those whose names the broker would now refuse."""
         store = Store(config.store_path, config.checkpoint, config.replay_retention)
-        recovered, too_long = self.broker.recover(store, time.monotonic())
+        if self.quarantined_rows:
+            moved = store.quarantine(self.quarantined_rows, "the dispatcher died twice loading it")
+            log.error("store %s: quarantined %d stored messages that killed the dispatcher twice while loading "
+                      "(seq %s); stompbroker-store export --quarantined shows them", config.store_path, moved,
+                      ", ".join(map(str, self.quarantined_rows[:20])))
+
+        def loading(seq: int, body: bytes) -> None:
+            self.note.loading(seq)
+            if marker is not None and marker in body:
+                poison.die()
+
+        recovered, too_long = self.broker.recover(store, time.monotonic(), loading)
+        self.note.idle()
         if too_long:
             moved = store.quarantine(too_long, "destination longer than max_destination_length")
             log.warning("store %s: quarantined %d stored messages whose destination is longer than "
@@ -142,10 +163,13 @@ class Dispatcher:
             if ready is None or self.signal_r in ready:
                 self.signals()
             while running:
-                blob = ring.read(READ_BYTES)
+                blob = ring.read(READ_BYTES, hold=True)  # kept in the ring while handled (poison.py)
                 if not blob:
                     break
+                self.note.input(len(blob))
                 running = self.handle(blob, time.monotonic())
+                self.note.idle()
+                ring.release()
                 if self.backplane is not None and self.from_bridge.used_bytes:
                     self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring
                 self.commit()
@@ -215,13 +239,18 @@ class Dispatcher:
         broker = self.broker
         boxes = self.outboxes
         unpack = R.unpack_header
+        note = self.note.slots
+        refusals = self.refusals
         pos, end = 0, len(blob)
         current = 0
         while pos < end:
             length, kind, conn, aux, stamp = unpack(blob, pos)
+            note[poison.RECORD] = pos
             start = pos + R.HEADER_SIZE
             stop = pos + length
             pos = stop
+            if refusals is not None and self.refused(kind, conn, aux, blob, start, stop):
+                continue
             if stamp != current:  # the frames of one read share a stamp
                 current = stamp
                 for box in boxes:
@@ -265,19 +294,46 @@ class Dispatcher:
         """The frames of one read (a FRAMES record), each fed as a FRAME record's would be."""
         broker = self.broker
         on_frame = broker.on_frame
+        note = self.note.slots
+        refusals = self.refusals
         sizes = R.frame_sizes(count).unpack_from(blob, start)
         pos = start + R.FRAME_SIZE * 2 * count
         for i in range(0, 2 * count, 2):
             split = pos + sizes[i]
             stop = split + sizes[i + 1]
+            note[poison.FRAME] = i >> 1
             try:
-                on_frame(conn, blob[pos:split], blob[split:stop], now)
+                if refusals is not None and refusals.frame(blob[pos:split], blob[split:stop]):
+                    self.refuse(conn, blob[pos:split])
+                else:
+                    on_frame(conn, blob[pos:split], blob[split:stop], now)
             except Exception:
                 log.exception("internal error on connection %d; closing it", conn)
                 broker.on_internal_error(conn)
             pos = stop
             if broker.unfinished:
                 self.drain(conn)
+
+    def refused(self, kind: int, conn: int, aux: int, blob: bytes, start: int, stop: int) -> bool:
+        """A quarantined input (it killed the dispatcher twice) gets its refusal instead of being handled."""
+        if kind == R.FRAME:
+            head = blob[start:start + aux]
+            if self.refusals.frame(head, blob[start + aux:stop]):
+                self.refuse(conn, head)
+                return True
+        elif kind == R.HTTP_REQUEST and self.refusals.request(blob[start:stop]):
+            log.warning("refused a quarantined HTTP request on connection %d", conn)
+            self.http_answer(conn, http.text_response(500, "Internal Server Error", "this request made the broker "
+                                                      "fail twice; it is refused (see the broker's log)"))
+            return True
+        return False
+
+    def refuse(self, conn: int, head: bytes) -> None:
+        log.warning("refused a quarantined frame on connection %d", conn)
+        receipt = next((line[8:].decode(errors="replace") for line in head.split(b"\n") if line.startswith(b"receipt:")),
+                       None)
+        self.broker.on_bad_frame(conn, "refused", "this frame made the broker fail twice; it is quarantined (see the "
+                                 "broker's log)", receipt)
 
     def transport(self, kind: int, conn: int, payload: bytes) -> None:
         """HTTP and WebSocket control traffic: written raw by the connection's writer."""

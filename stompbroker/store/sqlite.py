@@ -101,6 +101,38 @@ def check(path: str) -> int:
         raise StoreError(f"{path} cannot be used as a store: {exc}") from None
 
 
+def quarantined(path: str) -> int:
+    """How many messages a (checked) store holds in quarantine."""
+    db = connect(path)
+    try:
+        db.executescript(SCHEMA)
+        return db.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+    finally:
+        db.close()
+
+
+def release(path: str, seqs: list[int] | None = None) -> int:
+    """Quarantined messages (all, or those of ``seqs``) back into their queues; the broker must be
+    stopped (it loads queues at start). Returns how many moved."""
+    try:
+        db = connect(path)
+        try:
+            db.executescript(SCHEMA)
+            where, args = ("WHERE seq IN (SELECT value FROM json_each(?))", (orjson.dumps(seqs).decode(),)) \
+                if seqs else ("", ())
+            db.execute("BEGIN IMMEDIATE")
+            before = db.total_changes
+            db.execute(f"INSERT OR IGNORE INTO messages SELECT {MESSAGE_COLUMNS} FROM quarantine {where}", args)
+            moved = db.total_changes - before
+            db.execute(f"DELETE FROM quarantine {where}", args)
+            db.execute("COMMIT")
+            return moved
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot release quarantined messages: {exc}") from None
+
+
 class Store:
     def __init__(self, path: str, checkpoint: float, replay_retention: float):
         self.path = path
