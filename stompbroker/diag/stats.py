@@ -95,7 +95,8 @@ class Statistics:
 
     def list_part(self, name: str, offset: int) -> tuple[str, dict[str, str]]:
         """The items of a list query from ``offset`` that fit in the answer budget, and the headers
-        ``total`` (items in all) and, when some are left out, ``truncated:true`` and ``next-offset``."""
+        ``total`` (items in all; when cut or asked from an offset) and, when some are left out,
+        ``truncated:true`` and ``next-offset``."""
         budget = self.config.answer_bytes
         if name == "queues":
             items = self.broker.queue_stats()
@@ -104,7 +105,8 @@ class Statistics:
         else:
             items = self.broker.index.patterns()
             text, end = answers.joined(items, offset, budget)
-        more = {"total": str(len(items))}
+        # stompica's answer, byte for byte, unless cut or asked for from an offset
+        more = {"total": str(len(items))} if offset or end < len(items) else {}
         if end < len(items):
             more.update({"truncated": "true", "next-offset": str(end)})
         return text, more

@@ -63,7 +63,7 @@ class Ring:
         self.data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._written = 0  # producer-private count of records written
-        self._held = None  # consumer-private: (head, records) of a read not released yet
+        self._held = None  # consumer-private: the head after a read not released yet
 
     # -- producer side -------------------------------------------------------------------------
     def try_write(self, blob, nrecords: int) -> bool:
@@ -119,9 +119,23 @@ class Ring:
     def read(self, max_bytes: int = 1 << 20, hold: bool = False) -> bytes:
         """Copy out whole batches, at least one if any, up to about max_bytes; b'' when empty.
 
-        ``hold``: leave them in the ring until ``release()`` (the producer cannot overwrite them
-        meanwhile), so another process can read the same bytes again if this one dies handling
-        them (the supervisor does, to name what killed the dispatcher)."""
+        ``hold``: keep their bytes in the ring until ``release()`` (the producer cannot overwrite
+        them meanwhile), so another process can ``peek`` at them if this one dies handling them
+        (the supervisor does, to name what killed the dispatcher)."""
+        blob, head, records = self._copy(max_bytes)
+        if blob:
+            self._ctl[READ] += records  # (taken: no longer pending, even while its bytes are held)
+            if hold:
+                self._held = head
+            else:
+                self._advance(head)
+        return blob
+
+    def peek(self, max_bytes: int) -> bytes:
+        """What ``read`` would copy out, changing nothing (the batches a dead consumer held)."""
+        return self._copy(max_bytes)[0]
+
+    def _copy(self, max_bytes: int) -> tuple[bytes, int, int]:
         ctl = self._ctl
         head = ctl[HEAD]
         tail = ctl[TAIL]
@@ -135,24 +149,17 @@ class Ring:
             total += size
             records += count
             head += _BATCH.size + size
-        if not parts:
-            return b""
-        if hold:
-            self._held = (head, records)
-        else:
-            self._advance(head, records)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return (parts[0] if len(parts) == 1 else b"".join(parts)), head, records
 
     def release(self) -> None:
         """Let the producer have the space of what the last ``read(hold=True)`` copied out."""
         if self._held is not None:
-            self._advance(*self._held)
+            self._advance(self._held)
             self._held = None
 
-    def _advance(self, head: int, records: int) -> None:
+    def _advance(self, head: int) -> None:
         ctl = self._ctl
         ctl[HEAD] = head
-        ctl[READ] += records
         if ctl[WAITING]:
             os.eventfd_write(self.space_fd, 1)
 

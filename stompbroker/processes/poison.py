@@ -93,7 +93,7 @@ def suspect(note: Note, ring) -> tuple[bytes | int | None, str]:
         return int(slots[ROW]), f"stored message {slots[ROW]} (while loading the store)"
     if what != INPUT:
         return None, "no input (between inputs: a tick, a store commit, the writers' counts)"
-    blob = ring.read(slots[BLOB], hold=True)
+    blob = ring.peek(slots[BLOB])
     pos = slots[RECORD]
     if len(blob) != slots[BLOB] or pos + R.HEADER_SIZE > len(blob):
         return None, "an input record no longer readable"
