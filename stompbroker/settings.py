@@ -91,7 +91,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_connections", _int, 10_000, "most open client connections; more are refused with an ERROR"),
     Setting("max_subscriptions", _int, 1_000, "most subscriptions per connection"),
     Setting("max_answer_bytes", _int, 1 * MB, "largest answer the broker builds: a DIAG answer, a /queue/monitor status, an /api page, a /metrics body (at most a quarter of output_queue_bytes); longer lists are cut and continue (see README, Diagnostics and Console)"),
-    Setting("metrics_max_queues", _int, 1_000, "most queues with series of their own in /metrics (the deepest; all queues are summed in stompbroker_queues_*)"),
+    Setting("metrics_max_queues", _int, 1_000, "most queues with series of their own in /metrics, the deepest (0 = none); stompbroker_queues, stompbroker_queued_messages and stompbroker_unacked_messages count all of them"),
     Setting("max_pending_bytes", _int, 16 * MB, "unsent output per connection; past it, a connection that took nothing for 1 s (or has 4x this unsent) is closed as a slow consumer"),
     Setting("write_buffer_size", _int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
     Setting("heartbeat_min_ms", _int, 100, "the broker never sends or expects heart-beats more often than this"),
