@@ -31,7 +31,7 @@ def offset(headers: dict, receipt) -> int:
     text = headers.get("offset")
     if text is None:
         return 0
-    if len(text) > 12 or not text.isdigit():
+    if len(text) > 12 or not (text.isascii() and text.isdigit()):
         raise ProtocolError("invalid offset", "offset must be a whole number from 0 (a DIAG answer's next-offset)",
                             receipt)
     return int(text)

@@ -136,7 +136,7 @@ def paging(query: dict) -> tuple[int, int]:
     values = []
     for name, default, most in (("page", 1, 10 ** 9), ("page_size", PAGE_SIZE, MAX_PAGE_SIZE)):
         text = query.get(name, [str(default)])[0]
-        if not text.isdigit() or len(text) > 10 or not 1 <= int(text) <= most:
+        if not (text.isascii() and text.isdigit()) or len(text) > 10 or not 1 <= int(text) <= most:
             raise BadRequest(f"{name} must be a whole number from 1 to {most}, not {text[:40]!r}")
         values.append(int(text))
     return values[0], values[1]

@@ -239,13 +239,13 @@ class Dispatcher:
         broker = self.broker
         boxes = self.outboxes
         unpack = R.unpack_header
-        note = self.note.slots
+        note, at = self.note.slots, poison.RECORD
         refusals = self.refusals
         pos, end = 0, len(blob)
         current = 0
         while pos < end:
             length, kind, conn, aux, stamp = unpack(blob, pos)
-            note[poison.RECORD] = pos
+            note[at] = pos
             start = pos + R.HEADER_SIZE
             stop = pos + length
             pos = stop
@@ -294,14 +294,14 @@ class Dispatcher:
         """The frames of one read (a FRAMES record), each fed as a FRAME record's would be."""
         broker = self.broker
         on_frame = broker.on_frame
-        note = self.note.slots
+        note, at = self.note.slots, poison.FRAME
         refusals = self.refusals
         sizes = R.frame_sizes(count).unpack_from(blob, start)
         pos = start + R.FRAME_SIZE * 2 * count
         for i in range(0, 2 * count, 2):
             split = pos + sizes[i]
             stop = split + sizes[i + 1]
-            note[poison.FRAME] = i >> 1
+            note[at] = i  # (twice the frame's index)
             try:
                 if refusals is not None and refusals.frame(blob[pos:split], blob[split:stop]):
                     self.refuse(conn, blob[pos:split])

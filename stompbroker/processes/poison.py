@@ -102,7 +102,7 @@ def suspect(note: Note, ring) -> tuple[bytes | int | None, str]:
     if kind == R.FRAME:
         head, body = blob[start:start + aux], blob[start + aux:stop]
     elif kind == R.FRAMES:
-        index = slots[FRAME]
+        index = slots[FRAME] >> 1  # (the dispatcher writes twice the index: its loop's counter)
         if index >= aux:
             return None, "an input record no longer readable"
         sizes = R.frame_sizes(aux).unpack_from(blob, start)

@@ -362,7 +362,7 @@ def test_a_diag_list_answer_says_where_it_was_cut_and_continues_from_an_offset()
     assert (first["queues"], first["truncated"], first["next-offset"], first["total"]) == (
         "<queues from 0>", "true", "3", "9")
     assert second["queues"] == "<queues from 3>" and second["next-offset"] == "6"
-    rig.frame(1, "DIAG", {"offset": "-1", "receipt": "r"}, body=b"queues")
+    rig.frame(1, "DIAG", {"offset": "²", "receipt": "r"}, body=b"queues")  # (a digit to isdigit, not to int)
     error = rig.error(1)
     assert error["message"] == "invalid offset" and error["receipt-id"] == "r"
 

@@ -299,7 +299,7 @@ def test_api_queues_pages_by_name_with_totals():
     status, last = page(s, "/api/queues?page=3&page_size=100")
     assert [q["destination"] for q in last["items"]] == [f"/queue/{i:03d}" for i in range(200, 250)]
     assert page(s, "/api/queues?page=4")[1]["items"] == []
-    for bad in ("page=0", "page=x", "page_size=501", "page_size=-1", "page=" + "9" * 40):
+    for bad in ("page=0", "page=x", "page_size=501", "page_size=-1", "page=" + "9" * 40, "page=%C2%B2"):
         status, body = page(s, "/api/queues?" + bad)
         assert status == 400, bad
 

@@ -37,7 +37,7 @@ def test_the_supervisor_reads_back_the_frame_being_handled(ring_and_note):
     assert key == poison.frame_key(b"SEND\ndestination:/queue/a", b"body")  # the receipt does not count
     assert text == "SEND frame to /queue/a (40 bytes, connection 7)"
     note.slots[poison.RECORD] = len(first) + len(frame)
-    note.slots[poison.FRAME] = 1                  # the second frame of the FRAMES record
+    note.slots[poison.FRAME] = 2                  # the second frame of the FRAMES record (twice its index)
     key, text = poison.suspect(note, ring)
     assert key == poison.frame_key(b"SEND\ndestination:/queue/c", b"two") and "/queue/c" in text
     note.slots[poison.RECORD] = 0                 # an OPEN: nothing to quarantine
