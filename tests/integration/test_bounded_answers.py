@@ -10,8 +10,6 @@ broker never restarted (the first connection still works, no "restarting" in the
 
 from __future__ import annotations
 
-import base64
-import http.client
 import json
 import signal
 import sqlite3
@@ -21,24 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from stompbroker.protocol.stomp import unescape
 from stompbroker.security import hash_secret
 from stompwire import Wire, connected
+from test_console import basic, get
 
 BIG = "x" * 55_000
 LONG_NAMES = ("max_destination_length=65536", "max_id_length=65536")
 BUDGET = 1 << 20  # max_answer_bytes' default
-
-
-def get(broker, path, headers=None, timeout=30.0):
-    conn = http.client.HTTPConnection(broker.host, broker.port, timeout=timeout)
-    try:
-        conn.request("GET", path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        conn.close()
-
-
-def basic(login, password):
-    return {"Authorization": "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode()}
 
 
 def make_queues(w: Wire, count: int, receipt: bool = False) -> None:
@@ -118,7 +103,7 @@ def test_metrics_after_a_user_made_130_queues_of_55_kb_names(start_broker, tmp_p
     bob.connect(login="bob", passcode="builder")
     make_queues(bob, 130)
     for accept in ("", "application/openmetrics-text; version=1.0.0"):
-        status, head, body = get(b, "/metrics", {**basic("root", "toor"), "Accept": accept})
+        status, head, body = get(b, "/metrics", headers={**basic("root", "toor"), "Accept": accept})
         assert status == 200 and len(body) <= BUDGET, (status, len(body))
         samples = {(s.name, *s.labels.values()): s.value
                    for family in text_string_to_metric_families(body.decode()) for s in family.samples}
@@ -126,7 +111,7 @@ def test_metrics_after_a_user_made_130_queues_of_55_kb_names(start_broker, tmp_p
         listed = samples[("stompbroker_queues_listed",)]
         assert 0 < listed < 131  # five series of 55 KB names each: a few fit in 1 MB
         assert len([k for k in samples if k[0] == "stompbroker_queue_messages"]) == listed
-    status, _, body = get(b, "/api/queues?page=2&page_size=100", basic("root", "toor"))
+    status, _, body = get(b, "/api/queues?page=2&page_size=100", headers=basic("root", "toor"))
     page = json.loads(body)
     assert status == 200 and page["total_count"] == 131 and page["truncated"] is True and page["item_count"] >= 10
     still_serving(b, bob)
@@ -158,10 +143,10 @@ def test_metrics_negotiation_never_fails(start_broker):
     b = start_broker("processors=3")
     for accept in ("application/openmetrics-text; version=abc", "application/openmetrics-text; version=9.9.9",
                    "application/openmetrics-text; q=x", "application/json"):
-        status, head, body = get(b, "/metrics", {"Accept": accept})
+        status, head, body = get(b, "/metrics", headers={"Accept": accept})
         assert status == 200 and head["content-type"] == "text/plain; version=0.0.4; charset=utf-8", accept
         assert b"stompbroker_http_internal_errors_total 0.0" in body
-    status, head, body = get(b, "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
+    status, head, body = get(b, "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert head["content-type"] == "application/openmetrics-text; version=1.0.0; charset=utf-8"
     assert "Traceback" not in b.log() and "internal error" not in b.log()
 
