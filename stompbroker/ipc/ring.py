@@ -153,9 +153,13 @@ class Ring:
 
     def release(self) -> None:
         """Let the producer have the space of what the last ``read(hold=True)`` copied out."""
-        if self._held is not None:
-            self._advance(self._held)
+        head = self._held
+        if head is not None:
             self._held = None
+            ctl = self._ctl
+            ctl[HEAD] = head
+            if ctl[WAITING]:
+                os.eventfd_write(self.space_fd, 1)
 
     def _advance(self, head: int) -> None:
         ctl = self._ctl

@@ -126,6 +126,7 @@ class Dispatcher:
 
     def run(self) -> None:
         ring = self.ring
+        note = self.note.slots
         running = True
         while running:
             deadlines = []
@@ -166,9 +167,10 @@ class Dispatcher:
                 blob = ring.read(READ_BYTES, hold=True)  # kept in the ring while handled (poison.py)
                 if not blob:
                     break
-                self.note.input(len(blob))
+                note[poison.BLOB] = len(blob)
+                note[poison.WHAT] = poison.INPUT
                 running = self.handle(blob, time.monotonic())
-                self.note.idle()
+                note[poison.WHAT] = poison.IDLE
                 ring.release()
                 if self.backplane is not None and self.from_bridge.used_bytes:
                     self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring

@@ -45,11 +45,9 @@ class Note:
 
     def __init__(self):
         self._shm = anonymous_segment(8 * 8)
-        self.slots = self._shm.buf.cast("Q")  # the dispatcher writes RECORD and FRAME per input directly
-
-    def input(self, blob_length: int) -> None:
-        self.slots[BLOB] = blob_length
-        self.slots[WHAT] = INPUT
+        # the dispatcher's input loops write BLOB, WHAT (INPUT, IDLE), RECORD and FRAME here directly:
+        # a store each, no call
+        self.slots = self._shm.buf.cast("Q")
 
     def loading(self, seq: int) -> None:
         self.slots[ROW] = seq

@@ -24,6 +24,12 @@ def frames_record(conn: int, frames: list) -> bytes:
     return R.record(R.FRAMES, conn, sizes + b"".join(parts), len(frames))
 
 
+def noting(note, blob: bytes) -> None:
+    """What the dispatcher's loop writes before it handles a blob."""
+    note.slots[poison.BLOB] = len(blob)
+    note.slots[poison.WHAT] = poison.INPUT
+
+
 def test_the_supervisor_reads_back_the_frame_being_handled(ring_and_note):
     ring, note = ring_and_note
     first = R.record(R.OPEN, 7, b"127.0.0.1:5000", 0)
@@ -31,7 +37,7 @@ def test_the_supervisor_reads_back_the_frame_being_handled(ring_and_note):
     several = frames_record(8, [(b"SEND\ndestination:/queue/b", b"one"), (b"SEND\ndestination:/queue/c", b"two")])
     assert ring.try_write(first + frame, 2) and ring.try_write(several, 2)
     blob = ring.read(1 << 16, hold=True)          # the dispatcher's read
-    note.input(len(blob))
+    noting(note, blob)
     note.slots[poison.RECORD] = len(first)        # handling the FRAME
     key, text = poison.suspect(note, ring)
     assert key == poison.frame_key(b"SEND\ndestination:/queue/a", b"body")  # the receipt does not count
@@ -52,7 +58,7 @@ def test_two_deaths_on_one_input_quarantine_it(ring_and_note):
     deaths = poison.Deaths()
     for death in range(2):
         assert ring.try_write(request, 1)
-        note.input(len(ring.read(1 << 16, hold=True)))
+        noting(note, ring.read(1 << 16, hold=True))
         note.slots[poison.RECORD] = 0
         assert deaths.died(note, ring) is (death == 1)
         ring.reset()
