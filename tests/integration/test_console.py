@@ -125,6 +125,7 @@ def test_metrics_speaks_openmetrics_when_asked(broker):
 # -- the JSON API and DIAG totals ------------------------------------------------------------------
 def diag_frame(broker, query):
     w = Wire(broker.connect())
+    w.connect()
     w.send(f"DIAG\n\n{query}\0".encode())
     command, headers, _ = w.read()
     assert command == "DIAG"

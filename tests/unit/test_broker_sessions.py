@@ -342,8 +342,8 @@ class FakeDiag:
         return b"Queue: x\n"
 
 
-def test_diag_frame_answers_a_query_even_before_connect():
-    rig = Rig(diag=FakeDiag())
+def test_diag_frame_answers_a_query_before_connect_as_stompica_did_when_asked_to():
+    rig = Rig(diag=FakeDiag(), diag_before_connect=True)
     rig.open(1)
     rig.frame(1, "DIAG", body=b"session-size\n", receipt="d")
     got = rig.frames(1)
@@ -351,8 +351,8 @@ def test_diag_frame_answers_a_query_even_before_connect():
     assert got[0]["session-size"] == "<session-size>"   # stompica's form: the answer is a header
 
 
-def test_diag_before_connect_can_be_switched_off():
-    rig = Rig(diag=FakeDiag(), diag_before_connect=False)
+def test_diag_needs_a_session_by_default():
+    rig = Rig(diag=FakeDiag())
     rig.open(1)
     rig.frame(1, "DIAG", body=b"session-size")
     assert rig.error(1)["message"] == "not connected"
@@ -412,3 +412,19 @@ def test_stomp_1_0_header_values_are_not_escaped():
     rig.frame(2, "SEND", {"destination": "/topic/t", "note": "a\\nb"})   # 1.2: an escaped line break
     (message,) = rig.messages(1)
     assert message["note"] == "a b"   # 1.0 cannot carry it: the break becomes a space
+
+
+def test_diag_topic_answers_reach_only_admins_when_diag_is_for_admins():
+    auth = FakeAuth(admins=("root",))
+    rig = Rig(auth=auth, diag=FakeDiag(), diag_admin_only=True)
+    for conn, login in ((1, "root"), (2, "bob")):
+        rig.open(conn)
+        rig.frame(conn, "CONNECT", accept_version="1.2", login=login, passcode="p")
+        rig.broker.on_auth(conn, login, rig.now)
+        rig.take(conn)
+    rig.subscribe(1, "DIAG/r")
+    rig.subscribe(2, "*")
+    rig.send(1, "DIAG/r", body=b"session")
+    assert rig.messages(1)[0]["answer"] == "session" and rig.take(2) == []
+    rig.subscribe(2, "DIAG/r", sub_id="d", receipt="r")
+    assert rig.error(2)["message"] == "permission denied for DIAG/r"
