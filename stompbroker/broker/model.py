@@ -66,6 +66,11 @@ class Session:
 
 
     @property
+    def address(self) -> str:
+        """The client's address, without its port: what login back-offs are kept by."""
+        return self.peer.rsplit(":", 1)[0]
+
+    @property
     def id(self) -> str:
         """The session id told in CONNECTED ("" before): made when asked, not kept per connection."""
         return f"{self.token}-{self.conn}" if self.token else ""

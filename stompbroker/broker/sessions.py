@@ -38,32 +38,25 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
     if b.auth is not None and b.auth.required:
         session.pending = (version, cx, cy, headers)
         session.backlog = []  # frames that arrive before the verdict wait here
-        b.logins.submit(session.conn, headers.get("login"), headers.get("passcode"),
-                        session.peer.rsplit(":", 1)[0])
+        b.logins.submit(session.conn, headers.get("login"), headers.get("passcode"), session.address)
         return
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
 
 
-def auth_done(b, conn: int, user: str | None, now: float) -> None:
-    """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""
+def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> None:
+    """A login check finished: CONNECTED and the frames that waited, or a refusal told after
+    ``delay`` seconds (the back-off the login queue gave it)."""
     session = b.sessions.get(conn)
     if session is None or session.pending is None:
         return
     version, cx, cy, headers = session.pending
     session.pending = None
     b.now = now
-    ip = session.peer.rsplit(":", 1)[0]
     if user is None:
-        failures = b.failures[ip] = b.failures.get(ip, 0) + 1
-        if len(b.failures) > 100_000:
-            b.failures.clear()
-        delay = min(b.config.auth_fail_delay_ms * 2 ** min(failures - 1, 10), 10_000) / 1000
-        log.warning("login refused for %r from %s (%d failures from there)", headers.get("login"), ip, failures)
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
         session.backlog = ()
         b.delayed.append((now + delay, conn))
         return
-    b.failures.pop(ip, None)
     connected(b, session, version, cx, cy, headers, user)
     backlog, session.backlog = session.backlog, ()
     for head, body in backlog:
@@ -168,7 +161,11 @@ def check_deadlines(b, now: float) -> None:
             continue
         if not session.connected:
             if connect_timeout and now - session.opened > connect_timeout:
-                receipts.error(b, session, "connect timeout", "no CONNECT frame in time")
+                if session.pending is not None:  # (closing the connection drops its check)
+                    receipts.error(b, session, "login not checked in time", "logins from this address wait "
+                                   "for their turn or back off after refusals; try again later")
+                else:
+                    receipts.error(b, session, "connect timeout", "no CONNECT frame in time")
         elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace + b.alive_lag:
             receipts.error(b, session, "heart-beat timeout",
                            f"nothing received for {now - session.last_seen:.1f} s "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import html
+import math
 import os
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -111,6 +112,18 @@ def unauthorized(reason: str = "log in as an admin user") -> bytes:
 
 def forbidden() -> bytes:
     return text_response(403, "Forbidden", "the console, API and metrics are for admin users")
+
+
+def too_many_requests(retry_after: float) -> bytes:
+    """The login's back-off (after refusals from its address) outlasts the time a request may wait."""
+    return text_response(429, "Too Many Requests", "logins from this address back off after refusals; "
+                         "try again later", {"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+def unavailable() -> bytes:
+    """The login could not be checked in time: too many are waiting."""
+    return text_response(503, "Service Unavailable", "too many logins are waiting to be checked; try again later",
+                         {"Retry-After": "1"})
 
 
 def _head_only(response: bytes) -> bytes:

@@ -292,20 +292,27 @@ def test_a_login_waits_for_the_check_and_frames_wait_with_it():
     assert rig.commands(1) == ["CONNECTED", "RECEIPT"]
 
 
-def test_a_refused_login_gets_its_error_after_a_growing_delay():
-    rig = Rig(auth=FakeAuth(), auth_fail_delay_ms=200)
-    delays = []
-    for conn in (1, 2):
-        rig.open(conn, peer="10.0.0.2:1")
-        rig.frame(conn, "CONNECT", accept_version="1.2", login="u", passcode="bad")
-        rig.broker.on_auth(conn, None, rig.now)
-        waited = 0
-        while not rig.take(conn):
-            rig.tick(0.05)
-            waited += 0.05
-            assert waited < 5
-        delays.append(waited)
-    assert 0.15 < delays[0] < 0.35 and delays[1] > delays[0] * 1.5
+def test_a_refused_login_gets_its_error_after_its_back_off():
+    rig = Rig(auth=FakeAuth())
+    rig.open(1, peer="10.0.0.2:1")
+    rig.frame(1, "CONNECT", accept_version="1.2", login="u", passcode="bad")
+    rig.broker.on_auth(1, None, rig.now, 0.5)  # the login queue's verdict: refused, told in 0.5 s
+    rig.tick(0.4)
+    assert rig.take(1) == []
+    rig.tick(0.2)
+    error = rig.error(1)
+    assert error["message"] == "access refused" and b"login or passcode" in error.body
+
+
+def test_a_login_not_checked_by_the_connect_timeout_is_told_so():
+    auth = FakeAuth()
+    rig = Rig(auth=auth, connect_timeout_ms=1000)
+    rig.open(1)
+    rig.frame(1, "CONNECT", accept_version="1.2", login="u", passcode="p")
+    rig.tick(1.2)
+    assert rig.error(1)["message"] == "login not checked in time"
+    rig.broker.on_closed(1)
+    assert auth.cancelled == [1]
 
 
 def test_closing_while_a_login_is_checked_cancels_it():

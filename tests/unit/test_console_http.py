@@ -83,6 +83,11 @@ def test_routes(method, target, route, status):
             assert b"\r\nAllow: GET, HEAD\r\n" in response
 
 
+def test_late_logins_get_http_answers_that_say_when_to_come_back():
+    assert re.search(rb"^HTTP/1.1 429 .*\r\nRetry-After: 3\r\n", http.too_many_requests(2.1), re.S)
+    assert re.search(rb"^HTTP/1.1 503 .*\r\nRetry-After: 1\r\n", http.unavailable(), re.S)
+
+
 def test_settings_turn_routes_off():
     assert site(console=False).route("GET", "/")[1].startswith(b"HTTP/1.1 404 ")
     assert site(console=False).route("GET", "/console/console.js")[1].startswith(b"HTTP/1.1 404 ")
