@@ -136,6 +136,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
+    Setting("console_token_ttl_ms", _int, 300_000, "with logins checked: how long a web console's STOMP passcode (single-use, for the address and user it was issued to) and the read-only session it opens last; the page renews both before then"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("log_format", str, "text", "text, or json: one JSON object per line (ts, level, process, pid, logger, message)"),
@@ -162,6 +163,11 @@ class Config:
             return self.values[name]
         except KeyError:
             raise AttributeError(name) from None
+
+    @property
+    def auth_required(self) -> bool:
+        """Logins are checked (auth=passwd, or a token secret)."""
+        return auth_on(self.values)
 
     @property
     def writers(self) -> int:
@@ -251,6 +257,8 @@ def validate(values: dict) -> None:
     if values["diag_before_connect"] and auth_on(values):
         raise ValueError("diag_before_connect=true needs auth=off and no secret: before CONNECT nobody has "
                          "logged in, and with logins checked only a session may ask DIAG")
+    if values["console_token_ttl_ms"] <= 0:
+        raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
     if values["checkpoint"] < 0 or values["replay_retention"] < 0:
         raise ValueError("checkpoint and replay_retention must not be negative")
     if not values["dead_letter_queue"].startswith("/queue/"):

@@ -150,6 +150,8 @@ class Broker:
             if not session.connected and command not in CONNECT_COMMANDS and not (
                     command == "DIAG" and self.config.diag_before_connect):
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
+            if session.console_until:
+                sessions.console_scope(command, headers)
             transaction = headers.get("transaction")
             if transaction is not None and command in TRANSACTIONAL:
                 transactions.hold(self, session, transaction, command, headers, body)

@@ -9,7 +9,8 @@ from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, render_frame
 from . import confirmations, receipts, subscribing, temporary
 from .model import Session
-from .names import MAX_HEART_BEAT, SERVER, VERSIONS, short
+from ..security.console_tokens import PREFIX as CONSOLE_PREFIX
+from .names import CONSOLE_COMMANDS, MAX_HEART_BEAT, MONITOR, SERVER, VERSIONS, short
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -36,9 +37,17 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
                             f"the client heart-beats every {cx} ms; the broker needs at least every "
                             f"{b.config.heartbeat_max_ms} ms", receipt)
     if b.auth is not None and b.auth.required:
+        login, passcode = headers.get("login"), headers.get("passcode")
+        if passcode and passcode.startswith(CONSOLE_PREFIX) and b.auth.console_login(login, passcode,
+                                                                                     session.address, b.now):
+            # the web console's page: no password check to wait for, a read-only session that ends
+            connected(b, session, version, cx, cy, headers, login)
+            session.console_until = b.now + b.auth.console.ttl
+            b.timed.add(session)
+            return
         session.pending = (version, cx, cy, headers)
         session.backlog = []  # frames that arrive before the verdict wait here
-        b.logins.submit(session.conn, headers.get("login"), headers.get("passcode"), session.address)
+        b.logins.submit(session.conn, login, passcode, session.address)
         return
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
 
@@ -86,6 +95,18 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     if out_interval:
         session.outbox.add(R.HEARTBEAT, session.conn, aux=out_interval)
     receipts.send_receipt(b, session, receipt)
+
+
+def console_scope(command: str, headers: dict) -> None:
+    """A session opened with a console passcode reads statistics (DIAG frames, /queue/monitor) and
+    nothing else: it publishes nothing and reads no user destination."""
+    if command not in CONSOLE_COMMANDS:
+        raise ProtocolError(f"permission denied for {command}", "a web console session may only ask DIAG "
+                            f"queries and read {MONITOR}", headers.get("receipt"))
+    destination = headers.get("destination")
+    if command == "SUBSCRIBE" and destination != MONITOR:
+        raise ProtocolError(f"permission denied for {short(destination or '')}", "a web console session may "
+                            f"only ask DIAG queries and read {MONITOR}", headers.get("receipt"))
 
 
 def heart_beat(value: str, receipt) -> tuple[int, int]:
@@ -166,6 +187,9 @@ def check_deadlines(b, now: float) -> None:
                                    "for their turn or back off after refusals; try again later")
                 else:
                     receipts.error(b, session, "connect timeout", "no CONNECT frame in time")
+        elif session.console_until and now >= session.console_until:
+            receipts.error(b, session, "session expired", "a web console session lasts console_token_ttl_ms; "
+                           "the page opens a new one before then")
         elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace + b.alive_lag:
             receipts.error(b, session, "heart-beat timeout",
                            f"nothing received for {now - session.last_seen:.1f} s "

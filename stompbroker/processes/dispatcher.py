@@ -321,10 +321,13 @@ class Dispatcher:
             heapq.heappush(self.http_delayed, (now + delay, conn, http.unauthorized("access refused")))
         elif not self.auth.is_admin(user):
             self.http_answer(conn, http.forbidden())
+        elif route == "token":  # the page's STOMP passcode: the browser keeps Basic credentials to itself
+            session = self.broker.sessions.get(conn)
+            if session is not None:
+                passcode = self.auth.console.mint(user, session.address, now)
+                self.http_answer(conn, http.token_answer(user, passcode, self.auth.console.ttl))
         else:
-            # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
-            token = self.auth.console_token(user, time.time()) if route == "page" else ""
-            self.http_answer(conn, self.respond(method, target, accept, user, token))
+            self.http_answer(conn, self.respond(method, target, accept))
 
     def http_late(self, now: float) -> None:
         """HTTP logins not checked within connect_timeout_ms: 429 when a back-off held them, 503

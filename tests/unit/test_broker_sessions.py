@@ -6,6 +6,7 @@ import pytest
 
 from broker_harness import Rig
 from stompbroker.ipc.records import alive_every
+from stompbroker.security.console_tokens import ConsoleTokens
 
 
 # -- CONNECT and versions ---------------------------------------------------------------------------
@@ -435,3 +436,49 @@ def test_diag_topic_answers_reach_only_admins_when_diag_is_for_admins():
     assert rig.messages(1)[0]["answer"] == "session" and rig.take(2) == []
     rig.subscribe(2, "DIAG/r", sub_id="d", receipt="r")
     assert rig.error(2)["message"] == "permission denied for DIAG/r"
+
+
+# -- the web console's read-only sessions -------------------------------------------------------------
+class ConsoleAuth(FakeAuth):
+    def __init__(self):
+        super().__init__(admins=("root",))
+        self.console = ConsoleTokens(ttl=60.0)
+
+    def console_login(self, login, passcode, address, now):
+        return self.is_admin(login) and self.console.redeem(login, passcode, address, now)
+
+
+def test_a_console_passcode_opens_a_read_only_session_at_once_that_ends():
+    auth = ConsoleAuth()
+    rig = Rig(auth=auth, diag=FakeDiag())
+    passcode = auth.console.mint("root", "10.0.0.9", rig.now)
+    rig.open(1, peer="10.0.0.9:4000")
+    rig.frame(1, "CONNECT", accept_version="1.2", login="root", passcode=passcode)
+    assert rig.commands(1) == ["CONNECTED"] and auth.submitted == []   # no password check to wait for
+    rig.frame(1, "DIAG", body=b"session-size")
+    rig.subscribe(1, "/queue/monitor", receipt="m")
+    assert rig.commands(1) == ["DIAG", "RECEIPT"]
+    for command, headers, refused in (("SEND", {"destination": "/queue/a"}, "SEND"),
+                                      ("BEGIN", {"transaction": "t"}, "BEGIN"),
+                                      ("SUBSCRIBE", {"destination": "/topic/*", "id": "x"}, "/topic/*")):
+        conn = 2 + len(rig.seen)
+        rig.open(conn, peer="10.0.0.9:4001")
+        rig.frame(conn, "CONNECT", accept_version="1.2", login="root",
+                  passcode=auth.console.mint("root", "10.0.0.9", rig.now))
+        rig.take(conn)
+        rig.frame(conn, command, headers, receipt="r")
+        error = rig.error(conn)
+        assert (error["message"], error["receipt-id"]) == (f"permission denied for {refused}", "r")
+    rig.tick(59.0)
+    assert [o.command for o in rig.take(1)] == ["MESSAGE"]  # a monitor status, no ERROR yet
+    rig.tick(1.5)
+    assert rig.error(1)["message"] == "session expired"
+
+
+def test_a_wrong_console_passcode_is_checked_like_any_passcode():
+    auth = ConsoleAuth()
+    rig = Rig(auth=auth)
+    passcode = auth.console.mint("root", "10.0.0.9", rig.now)
+    rig.open(1, peer="10.0.0.8:4000")   # another address
+    rig.frame(1, "CONNECT", accept_version="1.2", login="root", passcode=passcode)
+    assert rig.take(1) == [] and auth.submitted == [(1, "root", passcode, "10.0.0.8")]
