@@ -55,9 +55,13 @@ def _bool(text: str) -> bool:
 
 
 def _auto_bool(text: str) -> bool | None:
+    """A flag whose default follows other settings: "auto" (None until make_config derives it)."""
     if str(text).strip().lower() == "auto":
         return None
-    return _bool(text)
+    try:
+        return _bool(text)
+    except ValueError:
+        raise ValueError(f"expected auto, true or false (also yes/no, on/off, 1/0), got {text!r}") from None
 
 
 def _list(text: str) -> list[str]:
