@@ -299,9 +299,11 @@ class Dispatcher:
         if response is None and route != "static" and self.auth is not None and self.auth.required:
             credentials = http.basic_credentials(authorization)
             session = self.broker.sessions.get(conn)
+            if session is None:
+                return  # (gone already)
             if credentials is None:
                 response = http.unauthorized()
-            elif session is not None:
+            else:
                 # Checked off this thread in the same queue as CONNECTs (its back-offs, one check in
                 # flight per address); the answer comes in http_checked, or http_late says why not.
                 self.broker.on_http(conn)

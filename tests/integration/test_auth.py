@@ -147,10 +147,10 @@ def test_a_flood_of_guesses_from_one_address_does_not_delay_logins_from_another(
         sock.sendall(b"CONNECT\naccept-version:1.2\nlogin:root\npasscode:guess\n\n\0")
         flood.append(sock)
     time.sleep(0.3)  # the flood is queued before the honest login arrives
-    start = time.monotonic()
     w, frame = connect(secured, "root", "toor")
-    waited = time.monotonic() - start
-    assert frame[0] == "CONNECTED" and waited < 1.0, f"{waited:.2f} s"
+    assert frame[0] == "CONNECTED"
+    # answered before the flood's 4th check (after 300, 600, 1200 ms back-offs), not after 150 checks
+    assert secured.log().count("from 127.0.0.3") <= 3
     # One check at a time for the flooding address, each after its back-off: in 2 s at most the
     # refusals a sequential guesser gets (300, 600, 1200 ms back-offs: 3 or 4 checks).
     time.sleep(1.7)
