@@ -7,8 +7,11 @@ import os
 import re
 import time
 
+import pytest
+import websocket
 
 from stompbroker.diag import schema
+from stompbroker.security import hash_secret
 from stompwire import Wire
 
 
@@ -220,16 +223,24 @@ def test_dump_lines_name_their_node(start_broker, tmp_path):
 
 
 # -- nothing but CONNECT before login ---------------------------------------------------------------
-def test_diag_needs_a_session_and_admin_when_auth_is_on(start_broker, tmp_path):
-    import websocket
-
-    from stompbroker.security import hash_secret
+@pytest.fixture
+def secured(start_broker, tmp_path):
+    """auth=passwd with an admin, root/toor, and a user, bob/builder (diag_admin_only left to its default)."""
     path = tmp_path / "passwd"
     path.write_text(f"root:{hash_secret('toor')}:admin\nbob:{hash_secret('builder')}\n")
     path.chmod(0o600)
-    b = start_broker("auth=passwd", f"passwd_file={path}")
-    bob = wire(b, connect=False)
-    bob.connect(login="bob", passcode="builder")
+    return start_broker("auth=passwd", f"passwd_file={path}")
+
+
+def login(broker, user: str, passcode: str) -> Wire:
+    w = wire(broker, connect=False)
+    w.connect(login=user, passcode=passcode)
+    return w
+
+
+def test_diag_needs_a_session_and_admin_when_auth_is_on(secured):
+    b = secured
+    bob = login(b, "bob", "builder")
     bob.frame("SUBSCRIBE", {"id": "p", "destination": "/queue/bob-payroll-2026", "receipt": "s"})
     assert bob.read(timeout=15)[0] == "RECEIPT"
     anonymous = wire(b, connect=False)  # no CONNECT: nothing but an ERROR, naming no destination
@@ -240,33 +251,23 @@ def test_diag_needs_a_session_and_admin_when_auth_is_on(start_broker, tmp_path):
     ws.send("DIAG\n\nsubs\0")  # the same from a foreign web page
     answer = ws.recv()
     assert answer.startswith("ERROR") and "not connected" in answer and "payroll" not in answer
-    user = wire(b, connect=False)  # a user, not an admin: diag_admin_only is on with auth
-    user.connect(login="bob", passcode="builder")
+    user = login(b, "bob", "builder")  # a user, not an admin: diag_admin_only is on with auth
     user.send(b"DIAG\nreceipt:d\n\nsubs\0")
     cmd, headers, _ = user.read()
     assert (cmd, headers["message"], headers["receipt-id"]) == ("ERROR", "permission denied for DIAG", "d")
     for destination in ("/queue/monitor", "DIAG/bob"):
-        w = wire(b, connect=False)
-        w.connect(login="bob", passcode="builder")
+        w = login(b, "bob", "builder")
         w.frame("SUBSCRIBE", {"id": "m", "destination": destination})
         assert w.read(timeout=15)[1]["message"] == f"permission denied for {destination}"
-    root = wire(b, connect=False)
-    root.connect(login="root", passcode="toor")
+    root = login(b, "root", "toor")
     assert "/queue/bob-payroll-2026" in value(root, "subs")
 
 
-def test_a_wildcard_subscription_of_a_user_does_not_read_diag_answers(start_broker, tmp_path):
-    from stompbroker.security import hash_secret
-    path = tmp_path / "passwd"
-    path.write_text(f"root:{hash_secret('toor')}:admin\nbob:{hash_secret('builder')}\n")
-    path.chmod(0o600)
-    b = start_broker("auth=passwd", f"passwd_file={path}")
-    bob = wire(b, connect=False)
-    bob.connect(login="bob", passcode="builder")
+def test_a_wildcard_subscription_of_a_user_does_not_read_diag_answers(secured):
+    bob = login(secured, "bob", "builder")
     bob.frame("SUBSCRIBE", {"id": "all", "destination": "*", "receipt": "s"})
     assert bob.read(timeout=15)[0] == "RECEIPT"
-    root = wire(b, connect=False)
-    root.connect(login="root", passcode="toor")
+    root = login(secured, "root", "toor")
     root.frame("SUBSCRIBE", {"id": "d", "destination": "DIAG/root", "receipt": "s"})
     assert root.read(timeout=15)[0] == "RECEIPT"
     root.frame("SEND", {"destination": "DIAG/root"}, b"totals")
