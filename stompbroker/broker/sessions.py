@@ -1,5 +1,6 @@
-"""Connections: CONNECT/STOMP (versions, heart-beats, login checks and the refusal back-off),
-deadlines (connect timeout, heart-beat timeout), DISCONNECT and the end of a session."""
+"""Connections: CONNECT/STOMP (versions, heart-beats, login checks, refusals told after their
+back-off, the web console's read-only sessions), deadlines (connect timeout, heart-beat timeout,
+console session end), DISCONNECT and the end of a session."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import logging
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, render_frame
+from ..security.console_tokens import PREFIX as CONSOLE_PREFIX
 from . import confirmations, receipts, subscribing, temporary
 from .model import Session
-from ..security.console_tokens import PREFIX as CONSOLE_PREFIX
 from .names import CONSOLE_COMMANDS, MAX_HEART_BEAT, MONITOR, SERVER, VERSIONS, short
 
 log = logging.getLogger("stompbroker.broker")

@@ -190,8 +190,8 @@ class Site:
             page = self._file("index.html").decode()
             ws_path = (getattr(self.config, "ws_paths", None) or ["/"])[0]  # an allowed WebSocket path
             # With logins checked the page asks for a STOMP passcode (POST /console/token) before each login.
-            login = "token" if self.config.auth_required else ""
-            for name, value in (("login", login), ("ws_path", ws_path)):
+            auth = "token" if self.config.auth_required else ""
+            for name, value in (("auth", auth), ("ws_path", ws_path)):
                 page = page.replace("{{%s}}" % name, html.escape(value))
             return http_response(200, "OK", page.encode(), {"Content-Type": "text/html; charset=utf-8", **PAGE_HEADERS})
         snapshot = self.snapshot()

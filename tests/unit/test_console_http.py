@@ -115,9 +115,9 @@ def test_every_static_file_is_packaged_and_the_page_carries_no_passcode():
     for path in http.STATIC:
         response = s.respond("GET", path)
         assert response.startswith(b"HTTP/1.1 200 ") and len(response) > 300, path
-    assert b'name="stomp-login" content=""' in s.respond("GET", "/")
+    assert b'name="stomp-auth" content=""' in s.respond("GET", "/")
     page = site(auth_required=True).respond("GET", "/")  # the page asks for a passcode before each login
-    assert b'name="stomp-login" content="token"' in page and b"passcode" not in page
+    assert b'name="stomp-auth" content="token"' in page and b"passcode" not in page
     head = s.respond("HEAD", "/")
     assert head.endswith(b"\r\n\r\n") and b"Content-Length: " in head and b"<html" not in head
 

@@ -301,7 +301,7 @@
   // read-only. The session it opens ends after `expires_in` seconds, so the page opens a new one
   // before then.
   client.beforeConnect = async () => {
-    if (meta("stomp-login") !== "token") return;
+    if (meta("stomp-auth") !== "token") return;
     try {
       const answer = await fetch("/console/token", { method: "POST", credentials: "same-origin", cache: "no-store" });
       if (!answer.ok) throw new Error("HTTP " + answer.status);
