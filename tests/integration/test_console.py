@@ -483,7 +483,7 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
 def page_sessions(broker, seen: set) -> set:
     """``seen`` and the page's STOMP sessions open now (polled: each lasts a few seconds)."""
     body = get(broker, "/api/connections", headers=basic("root", "toor"))[2]
-    seen.update(c["session"] for c in json.loads(body)["connections"] if c["websocket"] and c["login"] == "root")
+    seen.update(c["session"] for c in json.loads(body)["items"] if c["websocket"] and c["login"] == "root")
     return seen
 
 
