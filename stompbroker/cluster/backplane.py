@@ -211,8 +211,24 @@ class Backplane:
         cq = self.queues
         cq.refill(b, queues)
         if cq.out:
+            out = self.out
+            settles = bytearray()   # consecutive acks, naks and terms go as one record
             for command in cq.out:
-                self.out.add(C.QUEUE_CMD, 0, pack(command))
+                kind = command[0]
+                op = C.SETTLE_OPS.get(kind)
+                if op is not None:
+                    settles += C.pack_settle(command[1], op, int((command[2] if len(command) > 2 else 0) * 1000))
+                    continue
+                if settles:
+                    out.add(C.QUEUE_SETTLE, 0, settles)
+                    settles = bytearray()
+                if kind == "publish":
+                    _, token, subject, msg_id, payload, timeout_ms = command
+                    out.add(C.QUEUE_PUBLISH, token, C.pack_queue_publish(subject, msg_id, payload), timeout_ms)
+                else:
+                    out.add(C.QUEUE_CMD, 0, pack(command))
+            if settles:
+                out.add(C.QUEUE_SETTLE, 0, settles)
             cq.out.clear()
 
     def session_ended(self, session) -> None:
@@ -252,6 +268,13 @@ class Backplane:
                 self._published(b, conn)
             elif kind == C.FAILED:
                 self._failed(b, conn)
+            elif kind == C.QUEUE_MESSAGE:
+                key, data = C.unpack_pulled(payload)
+                self.queues.arrived(b, key, conn, aux, data, queues)
+            elif kind == C.QUEUE_STORED:
+                stored = self.queues.stored
+                for token in C.unpack_tokens(payload):
+                    stored(b, token)
             elif kind == C.QUEUE_EVENT:
                 self.queues.event(b, unpack(payload), queues)
             elif kind == C.BRIDGE_START:
