@@ -24,154 +24,14 @@ import statistics
 import sys
 import time
 
+from .clusternodes import Cluster, Keepers, Nodes, consumers_on, remote_nodes, target_of
 from .procs import SpawnedBroker, system_busy
 from .report import new_result, summary_line
-from .wire import BenchError, Target
+from .scale import cluster_scale
+from .scale import table as scale_table
 
 SCENARIOS = ("fanout", "queue", "local")
 LOCAL_COST_TARGET = 0.10
-
-
-class Nodes:
-    """Several spawned brokers measured as one: CPU per node and process (``n0:dispatcher``...) and
-    of the NATS servers (``nats0``...), all in the total: the cluster's whole cost."""
-
-    def __init__(self, brokers: list, nats=None, label: str = "cluster"):
-        self.brokers = brokers
-        self.nats = nats
-        self.label = label
-
-    def cpu(self) -> dict:
-        import psutil
-
-        out = {"_total": 0.0}
-        for i, b in enumerate(self.brokers):
-            for role, seconds in b.cpu().items():
-                if role == "_total":
-                    out["_total"] += seconds
-                else:
-                    out[f"n{i}:{role}"] = seconds
-        for s in (self.nats.servers if self.nats else []):
-            try:
-                t = psutil.Process(s.proc.pid).cpu_times()
-            except (psutil.Error, AttributeError):
-                continue
-            out[s.name] = t.user + t.system
-            out[s.name + ":sys"] = t.system
-            out["_total"] += t.user + t.system
-        return out
-
-    def counters(self) -> dict:
-        """System calls and context switches per node process (BrokerProcs.counters, prefixed)."""
-        return {f"n{i}:{role}": c for i, b in enumerate(self.brokers) for role, c in b.counters().items()}
-
-    def processes(self) -> list:
-        return [p for b in self.brokers for p in b.processes()]
-
-    def pss(self):
-        return None, {}
-
-
-def target_of(broker, o) -> Target:
-    return Target("127.0.0.1", broker.port, f"ws://127.0.0.1:{broker.port}/ws", o.login, o.passcode, o.vhost)
-
-
-class Cluster:
-    """A NATS cluster and ``n`` broker nodes on it, for one run."""
-
-    def __init__(self, n: int, nats_servers: int, node_args: list[str], extra_env: dict | None = None):
-        from ..tools.natscluster import NatsCluster
-
-        self.nats = NatsCluster(nats_servers)
-        self.name = f"bench{os.getpid()}x{time.monotonic_ns() % 10**9}"
-        self.nodes = []
-        try:
-            for i in range(n):
-                self.nodes.append(SpawnedBroker([f"cluster={self.nats.url_setting}", f"cluster_name={self.name}",
-                                                 f"node_id=n{i}", *node_args], extra_env))
-            time.sleep(0.5)  # every process started, every bridge connected
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        for b in self.nodes:
-            b.stop()
-        self.nats.close()
-
-
-class Keepers:
-    """One connection per consumer node subscribed to the destination with a selector nothing
-    matches: it makes the node announce its interest before the run (runner.flow starts the producer
-    as soon as the consumers' SUBSCRIBEs are in, sooner than interest crosses the cluster), costs a
-    selector test per message, and receives nothing. A probe on the same connection, subscribed
-    after it, tells when node 0 knows: a node's interest entry is written whole, in order."""
-
-    def __init__(self, cluster, o, destinations: list[str], nodes: list[int], timeout: float = 20.0):
-        self.socks = []
-        try:
-            for k in nodes:
-                self.socks.append(self._keep(cluster, o, k, destinations, timeout))
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _connect(t: Target):
-        import socket
-        s = socket.create_connection((t.host, t.port), timeout=5)
-        login = f"login:{t.login}\npasscode:{t.passcode}\n" if t.login else ""
-        s.sendall(f"CONNECT\naccept-version:1.2\nhost:{t.vhost or '/'}\n{login}\n\0".encode())
-        return s
-
-    def _keep(self, cluster, o, k: int, destinations: list[str], timeout: float):
-        from ..tools.client import FrameReader, decode
-
-        keeper = self._connect(target_of(cluster.nodes[k], o))
-        probe = f"/topic/bench-probe-n{k}-{time.monotonic_ns()}"
-        keeper.sendall("".join(f"SUBSCRIBE\ndestination:{d}\nid:keep{i}\nselector:1 = 0\n\n\0"
-                               for i, d in enumerate(destinations)).encode()
-                       + f"SUBSCRIBE\ndestination:{probe}\nid:probe\n\n\0".encode())
-        pub = self._connect(target_of(cluster.nodes[0], o))
-        reader = FrameReader()
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"interest of node {k} did not reach node 0 within {timeout} s")
-                pub.sendall(f"SEND\ndestination:{probe}\n\nprobe\0".encode())
-                keeper.settimeout(0.3)
-                try:
-                    data = keeper.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    raise BenchError(f"node {k} closed the keeper connection")
-                reader.feed(data)
-                if any(decode(*raw).command == "MESSAGE" for raw in iter(reader.next, None)):
-                    keeper.sendall(b"UNSUBSCRIBE\nid:probe\n\n\0")
-                    return keeper
-        finally:
-            pub.close()
-
-    def close(self) -> None:
-        for s in self.socks:
-            s.close()
-
-
-def remote_nodes(n_nodes: int, count: int) -> list[int]:
-    """Node index per connection: ``count`` connections spread over nodes 1..n-1."""
-    others = list(range(1, n_nodes)) or [0]
-    return [others[i % len(others)] for i in range(count)]
-
-
-def consumers_on(runner, cluster, transport: str, dest: str, where: list[int]) -> list[dict]:
-    specs = []
-    per_node_procs = max(runner.opts.consumer_procs // max(len(set(where)), 1), 1)
-    for node in sorted(set(where)):
-        links = [[(dest, "0", [])] for w in where if w == node]
-        specs += runner.consumer_specs(target_of(cluster.nodes[node], runner.opts), transport, links, per_node_procs)
-    return specs
 
 
 def cluster_fanout(runner, copts, transport: str) -> dict:
@@ -464,7 +324,8 @@ def local_summary(results: list[dict], transport: str) -> dict:
 
 RUNS = {"fanout": lambda runner, copts, t: [cluster_fanout(runner, copts, t)],
         "queue": cluster_queue,
-        "local": cluster_local}
+        "local": cluster_local,
+        "scale": cluster_scale}
 
 
 def parse_cluster_args(argv):
@@ -480,6 +341,14 @@ def parse_cluster_args(argv):
                    help="queue: skip the NATS ceiling and the standalone sqlite node it is read against")
     p.add_argument("--nats-pending", type=int, default=256,
                    help="queue: PubAcks the NATS ceiling's nats-py publisher keeps outstanding")
+    p.add_argument("--scale", default="",
+                   help="scale-out under equal CPU instead of --scenario: node counts, e.g. 1,2,4 (bench/scale.py)")
+    p.add_argument("--cpu-quota", type=float, default=0.25,
+                   help="--scale: cores for each node and its NATS server (a cgroup each)")
+    p.add_argument("--scale-consumers", type=int, default=2,
+                   help="--scale: consumers (subscribers) of each node's destination, on the next node")
+    p.add_argument("--scale-kinds", default="queue,topic", help="--scale: traffic kinds, queue and/or topic")
+    p.add_argument("--r3", action="store_true", help="--scale: also cluster_replicas=3 queue runs where N >= 3")
     p.add_argument("-h", "--help", action="store_true")
     return p, *p.parse_known_args(argv)
 
@@ -495,8 +364,8 @@ def main(argv=None) -> int:
         print("\nand the bench options (stompbroker-bench --help): --spawn ARGS (node settings, default "
               "processors=2), --duration, --size, --fanout, --queue-consumers, --transports, --out ...")
         return 0
-    names = [w.strip() for w in copts.scenario.split(",") if w.strip()]
-    unknown = [w for w in names if w not in SCENARIOS]
+    names = [w.strip() for w in copts.scenario.split(",") if w.strip()] if not copts.scale else ["scale"]
+    unknown = [w for w in names if w not in RUNS]
     if unknown:
         raise SystemExit(f"unknown cluster scenario {unknown[0]!r} (known: {', '.join(SCENARIOS)})")
     if copts.nodes < 2:
@@ -506,7 +375,9 @@ def main(argv=None) -> int:
     o = parse_args(rest)
     o.out = o.out or os.path.join("out", time.strftime("bench-cluster-%Y%m%d-%H%M%S"))
     runner = Runner(o)
-    runner.label = f"stompbroker cluster {o.spawn} ({copts.nodes} nodes, {copts.nats_servers} NATS servers)"
+    runner.label = (f"stompbroker cluster {o.spawn} ({copts.nodes} nodes, {copts.nats_servers} NATS servers)"
+                    if not copts.scale else f"stompbroker cluster {o.spawn}, scale-out {copts.scale} nodes, "
+                                            f"{copts.cpu_quota} cores each")
     transports = [t for t in (o.transports or "tcp").split(",") if t]
     print(f"bench: {runner.label}; cluster scenarios {', '.join(names)}; results in {o.out}", flush=True)
     try:
@@ -516,6 +387,10 @@ def main(argv=None) -> int:
                     runner.results.append(res)
                     print(summary_line(res), flush=True)
                     runner.save()
+                    if res["scenario"] == "cluster-scale-summary":
+                        with open(os.path.join(o.out, "scale.md"), "w") as f:
+                            f.write(scale_table(res) + "\n")
+                        print(scale_table(res), flush=True)
                 time.sleep(o.pause)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
