@@ -26,7 +26,8 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from .publisher import Inline, Publisher
+from .fastpath import FastPath, pub
+from .publisher import Publisher
 from .records import ACK, SETTLE_OPS, TERM
 
 log = logging.getLogger("stompbroker.cluster")
@@ -34,7 +35,6 @@ log = logging.getLogger("stompbroker.cluster")
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
-STATUS = "Status"
 PER_SUBJECT_FULL = 10077   # JetStream's "store failed" code, with "maximum messages per subject exceeded"
 
 
@@ -148,8 +148,8 @@ async def publish(js, subject: str, payload: bytes, msg_id: str, deadline: float
 
 
 class Puller:
-    """Pulls one consumer's messages as credits allow and hands each to ``on_message(msg)`` at once
-    (as the connection reads it: no task or queue per message).
+    """Pulls one consumer's messages as credits allow and hands each to ``on_message(reply, data)``
+    at once (its ack subject and payload, as the connection reads them: ``fastpath.py``).
 
     ``want`` is the credit the dispatcher gave and messages have not used yet; it may go below
     zero when the dispatcher takes credit back while requests are out (what they still bring is
@@ -157,25 +157,26 @@ class Puller:
     batches: while requests are out, a new one goes only once it would ask for at least a quarter
     of the credit (each pull request is work for the stream's leader)."""
 
-    def __init__(self, nc, stream: str, consumer: str, on_message):
+    def __init__(self, nc, stream: str, consumer: str, on_message, fast: FastPath | None = None):
         self.nc = nc
-        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.fast = fast or FastPath(nc)
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
         self.on_message = on_message
         self.inbox = nc.new_inbox()
         self.sub = None
         self.want = 0
-        self.requests: dict[str, list] = {}   # reply subject -> [messages still expected, deadline]
+        self.requests: dict[bytes, list] = {}  # reply subject -> [messages still expected, deadline]
         self.ids = itertools.count(1)
         self.closed = False
-        self.tasks: set = set()
 
     async def start(self) -> None:
         self.sub = await self.nc.subscribe(self.inbox + ".*", pending_bytes_limit=0, pending_msgs_limit=0)
-        self.sub._pending_queue = Inline(self._arrived)
+        self.fast.route(self.sub, self._arrived)
+        self.prefix = self.inbox.encode() + b"."
 
     async def credit(self, n: int) -> None:
         self.want += n
-        await self.ask()
+        self.ask()
 
     def asked(self) -> int:
         now = time.monotonic()
@@ -184,45 +185,35 @@ class Puller:
                 del self.requests[reply]
         return sum(left for left, _ in self.requests.values())
 
-    async def ask(self) -> None:
+    def ask(self) -> None:
         if self.closed or self.sub is None or self.nc.is_closed:
             return
         asked = self.asked()
         more = self.want - asked
         if more <= 0 or not self.nc.is_connected or (asked and more < max(self.want >> 2, 1)):
             return
-        reply = f"{self.inbox}.{next(self.ids)}"
-        self.requests[reply] = [more, time.monotonic() + PULL_EXPIRES + PULL_SLACK]
+        reply = self.prefix + b"%d" % next(self.ids)
         request = b'{"batch":%d,"expires":%d}' % (more, int(PULL_EXPIRES * 1e9))
-        try:
-            await self.nc.publish(self.subject, request, reply=reply)
-        except nats.errors.Error:
-            self.requests.pop(reply, None)
+        if self.fast.send(pub(self.subject, reply, request)):
+            self.requests[reply] = [more, time.monotonic() + PULL_EXPIRES + PULL_SLACK]
 
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    def _arrived(self, msg) -> None:
-        if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
-            self._spawn(msg.nak(0.25))
-            return
-        headers = msg.headers
-        status = headers.get(STATUS) if headers else None
+    def _arrived(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
         if status:  # status messages come on the request's own inbox subject
             if status != "100":  # 404 no messages, 408 expired, 409 over a limit: that request ended
-                self.requests.pop(msg.subject, None)
-                self._spawn(self.ask())
+                self.requests.pop(subject, None)
+                self.ask()
+            return
+        if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
+            self.fast.send(pub(reply, b"", b'-NAK {"delay":%d}' % int(0.25e9)))
             return
         # A message carries its stream subject: the server fills the requests in order.
-        for reply, request in self.requests.items():
+        for request_reply, request in self.requests.items():
             request[0] -= 1
             if request[0] <= 0:
-                del self.requests[reply]
+                del self.requests[request_reply]
             break
         self.want -= 1
-        self.on_message(msg)
+        self.on_message(reply, data)
 
     async def close(self) -> None:
         self.closed = True
@@ -231,12 +222,14 @@ class Puller:
                 await self.sub.unsubscribe()
             except nats.errors.Error:
                 pass
+            # still routed a while: what the server sent before it saw the unsubscribe is nak'ed above
+            asyncio.get_running_loop().call_later(PULL_SLACK, self.fast.unroute, self.sub)
 
 
-def delivered_count(reply: str) -> int:
+def delivered_count(reply: bytes) -> int:
     """JetStream's delivery count, from a pulled message's ack subject
     ``$JS.ACK.<stream>.<consumer>.<delivered>...`` (or, with a domain and account hash, two tokens on)."""
-    tokens = reply.split(".")
+    tokens = reply.split(b".")
     try:
         return int(tokens[4] if len(tokens) == 9 else tokens[6])
     except (IndexError, ValueError):
@@ -290,7 +283,8 @@ class QueueBridge:
         self.emit_message = emit_message or (lambda key, ref, delivered, data: emit(("message", key, ref, delivered,
                                                                                       data)))
         self.emit_stored = emit_stored or (lambda token: emit(("stored", token)))
-        self.publisher = Publisher(nc, self.emit_stored, self._failed)
+        self.fast = FastPath(nc)
+        self.publisher = Publisher(nc, self.fast, self.emit_stored, self._failed)
         name = config.cluster_name
         self.queue_stream = queue_stream(name)
         self.topic_stream = topic_stream(name)
@@ -333,7 +327,7 @@ class QueueBridge:
                                      work_queue=False, max_age=retention)
                 self.ready.set()
                 self.publisher.ready = True
-                await self.publisher.tick(time.monotonic())
+                self.publisher.tick(time.monotonic())
                 log.info("JetStream streams %s and %s ready (%d replicas)", self.queue_stream, self.topic_stream,
                          self.replicas)
                 return
@@ -351,12 +345,9 @@ class QueueBridge:
             for held in list(self.held.values()):
                 if now - held[1] > self.ack_wait / 3:
                     held[1] = now
-                    try:
-                        await self.nc.publish(held[0], b"+WPI")
-                    except Exception:
-                        pass
+                    self.fast.send(pub(held[0], b"", b"+WPI"))
             for puller in list(self.pullers.values()):
-                await puller.ask()
+                puller.ask()
 
     async def handle(self, command: tuple) -> None:
         """One command; commands are handled in order, and only an unbind is awaited here: its
@@ -364,10 +355,10 @@ class QueueBridge:
         kind = command[0]
         if kind in ("ack", "nak", "term"):
             delay = command[2] if len(command) > 2 else 0
-            await self.settle(command[1], SETTLE_OPS[kind], int((delay or 0) * 1000))
+            self.settle(command[1], SETTLE_OPS[kind], int((delay or 0) * 1000))
         elif kind == "publish":
             _, token, subject, msg_id, payload, timeout_ms = command
-            await self.publish(token, subject, msg_id, payload, timeout_ms)
+            self.publish(token, subject, msg_id, payload, timeout_ms)
         elif kind == "credit":
             puller = self.pullers.get(command[1])
             if puller is not None:
@@ -379,7 +370,8 @@ class QueueBridge:
                 await old.close()
             stream = self.queue_stream if stream_kind == "q" else self.topic_stream
             puller = self.pullers[key] = Puller(self.nc, stream, consumer,
-                                                lambda msg, key=key: self._arrived(key, msg))
+                                                lambda reply, data, key=key: self._arrived(key, reply, data),
+                                                self.fast)
             self.spawn(self._bind(puller, stream, consumer, filter_subject, start_ms, replace))
         elif kind == "unbind":
             _, key, delete = command
@@ -392,28 +384,26 @@ class QueueBridge:
             _, token, filter_subject, since_ms = command
             self.spawn(self._replay(token, filter_subject, since_ms))
 
-    async def settle(self, ref: int, op: int, delay_ms: int = 0) -> None:
-        """Ack, nak or term a held message: one publish to its ack subject, not awaited by anyone
-        (JetStream has it long before ack_wait; if the connection loses it, the message comes
-        back after ack_wait, as from a dead node)."""
+    def settle(self, ref: int, op: int, delay_ms: int = 0) -> None:
+        """Ack, nak or term a held message: one publish to its ack subject, written with the turn's
+        other commands and not awaited by anyone (JetStream has it long before ack_wait; if the
+        connection loses it, the message comes back after ack_wait, as from a dead node)."""
         held = self.held.pop(ref, None)
         if held is None:
             return
         body = (b"" if op == ACK else b"+TERM" if op == TERM
                 else b'-NAK {"delay":%d}' % (delay_ms * 1_000_000) if delay_ms else b"-NAK")
-        try:
-            await self.nc.publish(held[0], body)
-        except Exception as exc:  # gone with the connection: JetStream redelivers after ack_wait
-            log.info("JetStream settle of %d failed: %s", ref, exc)
+        if not self.fast.send(pub(held[0], b"", body)):
+            log.info("JetStream settle of %d not sent: not connected (redelivered after ack_wait)", ref)
 
-    async def publish(self, token: int, subject: str, msg_id: str, payload: bytes, timeout_ms: int) -> None:
-        await self.publisher.publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000)
+    def publish(self, token: int, subject: str, msg_id: str, payload: bytes, timeout_ms: int) -> None:
+        self.publisher.publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000)
 
     def _failed(self, token: int, reason: str, refused) -> None:
         self.emit(("failed", token, reason, refused))
 
     async def tick(self) -> None:
-        await self.publisher.tick(time.monotonic())
+        self.publisher.tick(time.monotonic())
 
     async def _bind(self, puller: Puller, stream: str, consumer: str, filter_subject: str, start_ms: int,
                     replace: bool) -> None:
@@ -426,7 +416,7 @@ class QueueBridge:
                 await declare_consumer(self.js, stream, consumer, filter_subject, self.ack_wait,
                                        start_time=start_ms / 1000 if start_ms else None)
                 await puller.start()
-                await puller.ask()
+                puller.ask()
                 log.debug("pulling %s (%s) from %s, credit %d", consumer, filter_subject, stream, puller.want)
                 return
             except Exception as exc:
@@ -440,11 +430,10 @@ class QueueBridge:
         except Exception as exc:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
-    def _arrived(self, key: str, msg) -> None:
+    def _arrived(self, key: str, reply: bytes, data: bytes) -> None:
         ref = next(self.refs)
-        reply = msg.reply
         self.held[ref] = [reply, time.monotonic()]
-        self.emit_message(key, ref, delivered_count(reply), msg.data)
+        self.emit_message(key, ref, delivered_count(reply), data)
 
     async def _replay(self, token: int, filter_subject: str, since_ms: float) -> None:
         try:
@@ -501,12 +490,12 @@ class QueuesPart:
 
     async def _publish(self, token: int, timeout_ms: int, payload) -> None:
         subject, msg_id, message = self.C.unpack_queue_publish(payload)
-        await self.queues.publish(token, subject, msg_id, message, timeout_ms)
+        self.queues.publish(token, subject, msg_id, message, timeout_ms)
 
     async def _settle(self, conn: int, aux: int, payload) -> None:
         settle = self.queues.settle
         for ref, op, delay_ms in self.C.iter_settles(payload):
-            await settle(ref, op, delay_ms)
+            settle(ref, op, delay_ms)
 
     async def connected(self) -> None:
         self.queues.js = self.bridge.nc.jetstream(timeout=10)  # (stream and consumer calls on a loaded machine)
@@ -515,10 +504,10 @@ class QueuesPart:
             self.started = True
             await self.queues.start()
             return
-        await self.queues.publisher.resend()  # their PubAcks may have gone with the old connection
+        self.queues.publisher.resend()  # their PubAcks may have gone with the old connection
         for puller in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
             puller.requests.clear()
-            await puller.ask()
+            puller.ask()
 
     async def tick(self) -> None:
         await self.queues.tick()

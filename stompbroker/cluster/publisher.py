@@ -3,9 +3,9 @@
 Every publish goes out at once on the bridge's one connection with a reply subject of its own
 under one inbox subscription; JetStream answers each with a PubAck (or an error) on it. Nothing
 waits for one PubAck before sending the next, and no task or future is made per message: the
-PubAck is read where the connection reads it (``Inline``), and its sender's token is handed to
-``on_stored`` (the dispatcher then releases that sender's receipt: a receipt still comes only
-after its PubAck).
+command is written raw and the PubAck read raw where the connection reads it (``fastpath.py``),
+and its sender's token is handed to ``on_stored`` (the dispatcher then releases that sender's
+receipt: a receipt still comes only after its PubAck).
 
 A publish not answered within ``ATTEMPT`` seconds, or answered "no responders" / a temporary
 error (no stream leader while one is elected), is sent again with the same ``Nats-Msg-Id``, so
@@ -23,6 +23,8 @@ import time
 
 import orjson
 
+from .fastpath import header_block, hpub
+
 log = logging.getLogger("stompbroker.cluster")
 
 ATTEMPT = 2.0              # seconds one send waits for its PubAck before it is sent again
@@ -30,31 +32,9 @@ FIRST_RETRY = 0.05         # seconds before the first retry of a refused-for-now
 MAX_RETRY = 0.5
 PER_SUBJECT_FULL = 10077   # JetStream's "store failed" code, with "maximum messages per subject exceeded"
 TEMPORARY_CODES = (503, 500)
-TEMPORARY_ERR_CODES = (10008, 10074)
-
-
-class Inline:
-    """Stands in for a nats-py subscription's pending queue: each message is handled as the
-    connection reads it (no task, no queue)."""
-
-    def __init__(self, handler):
-        self.put_nowait = handler
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        pass
-
-    async def join(self) -> None:
-        pass
-
-    async def get(self):
-        import asyncio
-        await asyncio.Future()  # never: messages do not wait here
+# 10008/10074: no stream leader for now; 10158: "duplicate message id is in process" (a copy with the
+# same Nats-Msg-Id is being stored right now: asked again, the answer is the stored one)
+TEMPORARY_ERR_CODES = (10008, 10074, 10158)
 
 
 def classify(data: bytes) -> tuple[str, str]:
@@ -78,8 +58,8 @@ class Send:
 
     def __init__(self, token: int, subject: str, msg_id: str, payload: bytes, deadline: float):
         self.token = token
-        self.subject = subject
-        self.headers = {"Nats-Msg-Id": msg_id}
+        self.subject = subject.encode()
+        self.headers = header_block("Nats-Msg-Id", msg_id)
         self.payload = payload
         self.deadline = deadline    # monotonic: fail after this
         self.due = 0.0              # monotonic: send (again) at this time; 0 = waiting for its PubAck
@@ -88,11 +68,12 @@ class Send:
 
 
 class Publisher:
-    def __init__(self, nc, on_stored, on_failed):
+    def __init__(self, nc, fast, on_stored, on_failed):
         self.nc = nc
+        self.fast = fast                # fastpath.FastPath of the connection
         self.on_stored = on_stored      # (token) -> None
         self.on_failed = on_failed      # (token, reason, refused) -> None
-        self.prefix = ""
+        self.prefix = b""
         self.sub = None
         self.ids = itertools.count(1)
         self.inflight: dict[str, Send] = {}   # reply subject -> send awaiting its PubAck
@@ -102,45 +83,42 @@ class Publisher:
 
     async def start(self) -> None:
         if self.sub is None:
-            self.prefix = self.nc.new_inbox() + "."
-            self.sub = await self.nc.subscribe(self.prefix + "*", pending_bytes_limit=0, pending_msgs_limit=0)
-            self.sub._pending_queue = Inline(self._answered)
+            inbox = self.nc.new_inbox() + "."
+            self.sub = await self.nc.subscribe(inbox + "*", pending_bytes_limit=0, pending_msgs_limit=0)
+            self.fast.route(self.sub, self._answered)
+            self.prefix = inbox.encode()
 
     def pending(self) -> int:
         return len(self.inflight) + len(self.later)
 
-    async def publish(self, token: int, subject: str, msg_id: str, payload: bytes, deadline: float) -> None:
+    def publish(self, token: int, subject: str, msg_id: str, payload: bytes, deadline: float) -> None:
         send = Send(token, subject, msg_id, payload, deadline)
         if not self.ready or self.later or self.sub is None:  # (behind what waits, in order)
             self.later.append(send)
             return
-        await self._send(send)
+        self._send(send)
 
-    async def _send(self, send: Send) -> None:
-        reply = self.prefix + str(next(self.ids))
+    def _send(self, send: Send) -> None:
+        if len(send.payload) + len(send.headers) > getattr(self.nc, "max_payload", 1 << 20):
+            self._fail(send, f"larger than the NATS server's max_payload ({len(send.payload)} bytes)", True)
+            return
+        reply = self.prefix + b"%d" % next(self.ids)
         send.due = 0.0
         send.sent = time.monotonic()
-        self.inflight[reply] = send
-        try:
-            await self.nc.publish(send.subject, send.payload, reply=reply, headers=send.headers)
-        except Exception as exc:  # the connection just went, or the message is over max_payload
-            self.inflight.pop(reply, None)
-            if type(exc).__name__ == "MaxPayloadError":
-                self._fail(send, f"larger than the NATS server's max_payload ({len(send.payload)} bytes)", True)
-            else:
-                self._retry(send, time.monotonic())
+        if not self.fast.send(hpub(send.subject, reply, send.headers, send.payload)):  # not connected now
+            self._retry(send, send.sent)
             return
+        self.inflight[reply] = send
         self.stats["published"] += 1
 
-    def _answered(self, msg) -> None:
-        send = self.inflight.pop(msg.subject, None)
+    def _answered(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
+        send = self.inflight.pop(subject, None)
         if send is None:
             return  # answered after it was sent again (the new send gets its own answer)
-        headers = msg.headers
-        if headers and headers.get("Status"):  # 503 no responders: no stream (leader) for the subject now
+        if status:  # 503 no responders: no stream (leader) for the subject now
             self._retry(send, time.monotonic())
             return
-        verdict, why = classify(msg.data)
+        verdict, why = classify(data)
         if verdict == "stored":
             self.on_stored(send.token)
         elif verdict == "retry":
@@ -160,7 +138,7 @@ class Publisher:
         self.stats["failed"] += 1
         self.on_failed(send.token, why, refused)
 
-    async def tick(self, now: float) -> None:
+    def tick(self, now: float) -> None:
         """Sends past their deadline fail; unanswered ones go again; the due ones go (in order)."""
         if self.inflight:
             old = []
@@ -184,11 +162,11 @@ class Publisher:
             elif not self.ready or self.sub is None or not self.nc.is_connected or send.due > now:
                 self.later.append(send)
             else:
-                await self._send(send)
+                self._send(send)
 
-    async def resend(self) -> None:
+    def resend(self) -> None:
         """A new connection: what had no PubAck goes again (JetStream drops the copies it has)."""
         waiting = list(self.inflight.values())
         self.inflight.clear()
         self.later[:0] = waiting
-        await self.tick(time.monotonic())
+        self.tick(time.monotonic())
