@@ -247,6 +247,7 @@ def scale_chart(summary: dict, path: str) -> None:
                     label="cluster, R3")
         if base:
             ax.axhline(base, linestyle="--", color="#55A868", label=f"one standalone sqlite node ({base:,.0f})")
+        ax.set_xticks(sorted({x["nodes"] for x in mine}))
         ax.set_xlabel("nodes (each with its own NATS server and CPU quota)")
         ax.set_ylabel("receipted persistent msg/s delivered" if kind == "queue" else "deliveries/s across nodes")
         ax.set_title(f"{kind}", fontsize=10)
