@@ -169,8 +169,9 @@ class Backplane:
             return
         session = owner[0]
         for entry in self.waiting.get(session, ()):
-            if entry[0] == token:
+            if entry[0] == token:  # (tokens are unique; PubAcks mostly come in order: near the front)
                 entry[2] = True
+                break
         self._release(b, session)
 
     def _failed(self, b, token: int, message: str = UNAVAILABLE, detail: str = "") -> None:
@@ -207,7 +208,7 @@ class Backplane:
 
     def queues_out(self, b) -> None:
         """Once per dispatcher round: the queues' credits, and their commands as records for the bridge."""
-        from ..broker import queues
+        queues = (_BROKER or _broker_modules())[0]
         cq = self.queues
         cq.refill(b, queues)
         if cq.out:
@@ -241,7 +242,7 @@ class Backplane:
             self.on_record(b, kind, conn, aux, payload, now)
 
     def on_record(self, b, kind: int, conn: int, aux: int, payload, now: float) -> None:
-        from ..broker import queues, routing
+        queues, routing = _BROKER or _broker_modules()
         b.now = now
         try:
             if kind == C.MESSAGE:
@@ -344,6 +345,18 @@ class Backplane:
             "failed": self.stats["failed"],
             "streams": s.get("streams", []),
         }
+
+
+_BROKER: tuple = ()
+
+
+def _broker_modules() -> tuple:
+    """(broker.queues, broker.routing), imported on first use (the broker imports this module's
+    package at construction) and kept: an import statement per record costs as much as the record."""
+    global _BROKER
+    from ..broker import queues, routing
+    _BROKER = (queues, routing)
+    return _BROKER
 
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).
