@@ -23,6 +23,9 @@ import logging
 log = logging.getLogger("stompbroker.cluster")
 
 NATS_HDR = b"NATS/1.0"
+# Under load the flusher is woken at most this often: one socket write carries the acks, pull
+# requests and publishes of several turns of the loop (an idle connection writes at once).
+COALESCE = 0.0005
 
 
 def status_of(headers) -> str:
@@ -66,6 +69,8 @@ class FastPath:
 
     def __init__(self, nc):
         self.nc = nc
+        self.last_kick = 0.0
+        self.kick_due = False
         self.handlers: dict[int, object] = {}
         self.raw_in = False
         self.raw_out = all(hasattr(nc, a) for a in ("_pending", "_pending_data_size", "_flush_queue"))
@@ -112,13 +117,27 @@ class FastPath:
             return True
         nc._pending.append(command)
         nc._pending_data_size += len(command)
-        queue = nc._flush_queue
+        if not self.kick_due:
+            loop = asyncio.get_running_loop()
+            wait = self.last_kick + COALESCE - loop.time()
+            if wait > 0:
+                self.kick_due = True
+                loop.call_later(wait, self._kick)
+            else:
+                self._kick()
+        return True
+
+    def _kick(self) -> None:
+        """Wake nats-py's flusher (it writes everything pending)."""
+        self.kick_due = False
+        loop = asyncio.get_running_loop()
+        self.last_kick = loop.time()
+        queue = self.nc._flush_queue
         if queue is not None and queue.empty():
             try:
-                queue.put_nowait(asyncio.get_running_loop().create_future())  # wakes the flusher
+                queue.put_nowait(loop.create_future())
             except asyncio.QueueFull:
                 pass
-        return True
 
     async def _publish_parsed(self, command: bytes) -> None:
         """Without the internals: the command taken apart again and published the public way."""
