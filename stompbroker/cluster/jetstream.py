@@ -291,6 +291,7 @@ class QueueBridge:
         self.ack_wait = config.cluster_ack_wait_ms / 1000
         self.pullers: dict[str, Puller] = {}
         self.held: dict[int, list] = {}       # ref -> [ack subject, when it was last touched]
+        self.unsettled = 0                    # settles that found no connection (the message comes back)
         self.refs = itertools.count(1)
         self.ready = asyncio.Event()
         self.tasks: set = set()
@@ -309,7 +310,7 @@ class QueueBridge:
 
     def status(self) -> dict:
         return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas,
-                "queue_publishing": self.publisher.pending()}
+                "queue_publishing": self.publisher.pending(), "queue_unsettled": self.unsettled}
 
     async def stop(self) -> None:
         for task in list(self.tasks):
@@ -393,8 +394,8 @@ class QueueBridge:
             return
         body = (b"" if op == ACK else b"+TERM" if op == TERM
                 else b'-NAK {"delay":%d}' % (delay_ms * 1_000_000) if delay_ms else b"-NAK")
-        if not self.fast.send(pub(held[0], b"", body)):
-            log.info("JetStream settle of %d not sent: not connected (redelivered after ack_wait)", ref)
+        if not self.fast.send(pub(held[0], b"", body)):  # not connected: redelivered after ack_wait
+            self.unsettled += 1
 
     def publish(self, token: int, subject: str, msg_id: str, payload: bytes, timeout_ms: int) -> None:
         self.publisher.publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000)
