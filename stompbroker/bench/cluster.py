@@ -85,7 +85,9 @@ def cluster_queue(runner, copts, transport: str):
                                      max_inflight=runner.inflight_cap(k), headers=[("persistent", "true")])
             nodes = Nodes(cluster.nodes, cluster.nats)
             flow = runner.flow(name, [p], consumers, o.duration, nodes, fan=1)
+            pss, pss_by = nodes.pss()
             res = runner.delivery_result(name, "cluster-queue", transport, params, flow, nodes, 1)
+            res["broker"]["pss_bytes"], res["broker"]["pss_by_process"] = pss, pss_by
             res["notes"].append(f"every message stored in JetStream (R{replicas}) before its receipt")
             if copts.baselines:
                 ceiling["result"] = nats_ceiling(runner, copts, cluster, nodes, transport, replicas)

@@ -47,7 +47,21 @@ class Nodes:
         return [p for b in self.brokers for p in b.processes()]
 
     def pss(self):
-        return None, {}
+        """PSS of every node's processes and of the NATS servers (total, by process)."""
+        import psutil
+
+        total, by = 0, {}
+        for i, b in enumerate(self.brokers):
+            node_total, node_by = b.pss()
+            total += node_total or 0
+            by.update({f"n{i}:{role}": v for role, v in node_by.items()})
+        for s in (self.nats.servers if self.nats else []):
+            try:
+                by[s.name] = psutil.Process(s.proc.pid).memory_full_info().pss
+            except (psutil.Error, AttributeError):
+                continue
+            total += by[s.name]
+        return total, by
 
 
 def target_of(broker, o) -> Target:

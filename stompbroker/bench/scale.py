@@ -103,7 +103,9 @@ def one_run(runner, scopts, kind: str, n: int, replicas: int, transport: str) ->
                            for i in range(n)]
             before = [g.throttled() for g in groups]
             flow = runner.flow(name, producers, consumers, o.duration, measured, fan=fan)
+            pss, pss_by = measured.pss()
             res = runner.delivery_result(name, "cluster-scale", transport, params, flow, measured, fan)
+            res["broker"]["pss_bytes"], res["broker"]["pss_by_process"] = pss, pss_by
             res["cgroups"] = {"kind": groups[0].kind, "cores_each": scopts.cpu_quota,
                               "throttling": throttling(groups, before)}
             return res
