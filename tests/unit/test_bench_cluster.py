@@ -93,7 +93,7 @@ def test_scale_summary_rows_ratios_and_the_targets_at_the_largest_node_count():
     assert met["topic: 4 nodes / standalone sqlite node"] == (3.75, True)
     assert validate_result(res) == []
     text = table(res)
-    assert "| queue | cluster R1 | 4 | 15,000 | 3,750 | 1.5x | 3.75x | 20.0 |" in text
+    assert "| queue | cluster R1 | 4 | 15,000 | 3,750 | 1.5x | 3.75x | 20.0 |  |" in text
 
 
 def test_scale_chart_draws_a_png(tmp_path):
