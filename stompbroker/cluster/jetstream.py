@@ -35,11 +35,6 @@ log = logging.getLogger("stompbroker.cluster")
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
-PER_SUBJECT_FULL = 10077   # JetStream's "store failed" code, with "maximum messages per subject exceeded"
-
-
-class QueueFull(Exception):
-    """The queue stream holds max_queue_messages for this destination (discard-new per subject)."""
 
 
 def queue_stream(cluster_name: str) -> str:
@@ -118,33 +113,6 @@ def _filters(filters) -> dict:
 
 def _rfc3339(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-async def publish(js, subject: str, payload: bytes, msg_id: str, deadline: float) -> api.PubAck:
-    """Publish and wait for JetStream to store it (PubAck), retrying with the same Nats-Msg-Id
-    (so a retry never stores it twice) until the monotonic ``deadline``; raises TimeoutError then."""
-    headers = {"Nats-Msg-Id": msg_id}
-    delay = 0.05
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"JetStream did not store the message within the timeout ({subject})")
-        try:
-            try:
-                return await js.publish(subject, payload, timeout=min(left, 2.0), headers=dict(headers))
-            except nats.js.errors.APIError as exc:  # (a 503 ServiceUnavailableError, retried below)
-                if exc.err_code == PER_SUBJECT_FULL and "per subject" in (exc.description or ""):
-                    raise QueueFull(exc.description) from None
-                raise
-        except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError, nats.errors.ConnectionClosedError,
-                nats.errors.NoRespondersError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError):
-            pass
-        except nats.js.errors.APIError as exc:
-            # Temporary while a stream leader is elected; anything else is final.
-            if exc.code not in (503, 500) and exc.err_code not in (10008, 10074):
-                raise
-        await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-        delay = min(delay * 2, 0.5)
 
 
 class Puller:
