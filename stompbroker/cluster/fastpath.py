@@ -71,6 +71,7 @@ class FastPath:
         self.nc = nc
         self.last_kick = 0.0
         self.kick_due = False
+        self.loop = None   # (asyncio.get_running_loop() asks the kernel for the pid each time)
         self.handlers: dict[int, object] = {}
         self.raw_in = False
         self.raw_out = all(hasattr(nc, a) for a in ("_pending", "_pending_data_size", "_flush_queue"))
@@ -118,7 +119,7 @@ class FastPath:
         nc._pending.append(command)
         nc._pending_data_size += len(command)
         if not self.kick_due:
-            loop = asyncio.get_running_loop()
+            loop = self.loop or self._loop()
             wait = self.last_kick + COALESCE - loop.time()
             if wait > 0:
                 self.kick_due = True
@@ -130,7 +131,7 @@ class FastPath:
     def _kick(self) -> None:
         """Wake nats-py's flusher (it writes everything pending)."""
         self.kick_due = False
-        loop = asyncio.get_running_loop()
+        loop = self.loop or self._loop()
         self.last_kick = loop.time()
         queue = self.nc._flush_queue
         if queue is not None and queue.empty():
@@ -138,6 +139,10 @@ class FastPath:
                 queue.put_nowait(loop.create_future())
             except asyncio.QueueFull:
                 pass
+
+    def _loop(self):
+        self.loop = asyncio.get_running_loop()
+        return self.loop
 
     async def _publish_parsed(self, command: bytes) -> None:
         """Without the internals: the command taken apart again and published the public way."""

@@ -446,7 +446,7 @@ class QueuesPart:
 
     def _emit_stored(self, token: int) -> None:
         if not self.stored:
-            asyncio.get_running_loop().call_soon(self._stored_out)
+            self.bridge.loop.call_soon(self._stored_out)
         self.stored.append(token)
 
     def _stored_out(self) -> None:

@@ -75,6 +75,7 @@ class Bridge:
         self.backlog_bytes = 0
         self.flush_soon = False
         self.last_flush = 0.0               # loop time of the last records sent to the dispatcher
+        self.loop = None                    # the running loop, kept (asking for it costs a getpid)
         self.logged_errors: dict[str, float] = {}  # error text -> when last logged
         self.wake = asyncio.Event()
         self.handlers: dict = {}
@@ -95,7 +96,7 @@ class Bridge:
             self.flush()
         elif not self.flush_soon:
             self.flush_soon = True
-            loop = asyncio.get_running_loop()
+            loop = self.loop
             wait = self.last_flush + COALESCE - loop.time()
             if wait > 0:
                 loop.call_later(wait, self.flush)
@@ -119,7 +120,7 @@ class Bridge:
             sent = True
         if sent:
             ring.notify()
-            self.last_flush = asyncio.get_running_loop().time()
+            self.last_flush = self.loop.time()
         while self.backlog_bytes > MAX_BACKLOG and len(self.backlog) > 1:  # the dispatcher is stuck
             buf, count = self.backlog.pop(0)
             self.backlog_bytes -= len(buf)
@@ -266,7 +267,7 @@ class Bridge:
     async def main(self) -> None:
         from ..cluster.jetstream import QueuesPart
         from ..cluster.topics import Topics
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         loop.add_reader(self.from_dispatcher.data_fd, self.wake.set)
         self.add_part(Topics(self))
         self.add_part(QueuesPart(self))
