@@ -144,20 +144,25 @@ class FastPath:
         self.loop = asyncio.get_running_loop()
         return self.loop
 
-    async def _publish_parsed(self, command: bytes) -> None:
-        """Without the internals: the command taken apart again and published the public way."""
-        line, _, rest = command.partition(b"\r\n")
-        parts = line.decode().split(" ")
-        try:
-            if parts[0] == "HPUB":
-                hdr_len = int(parts[-2])
-                block, data = rest[:hdr_len], rest[hdr_len:-2]
-                headers = dict(h.split(": ", 1) for h in block.decode().split("\r\n")[1:] if ": " in h)
-                await self.nc.publish(parts[1], data, reply=parts[2] if len(parts) == 5 else "", headers=headers)
-            else:
-                await self.nc.publish(parts[1], rest[:-2], reply=parts[2] if len(parts) == 4 else "")
-        except Exception as exc:
-            log.info("cluster: publish failed: %r", exc)
+    async def _publish_parsed(self, commands: bytes) -> None:
+        """Without the internals: the commands (one or more) taken apart again and published the
+        public way."""
+        rest = commands
+        while rest:
+            line, _, rest = rest.partition(b"\r\n")
+            parts = line.decode().split(" ")
+            try:
+                if parts[0] == "HPUB":
+                    hdr_len, total = int(parts[-2]), int(parts[-1])
+                    block, data, rest = rest[:hdr_len], rest[hdr_len:total], rest[total + 2:]
+                    headers = dict(h.split(": ", 1) for h in block.decode().split("\r\n")[1:] if ": " in h)
+                    await self.nc.publish(parts[1], data, reply=parts[2] if len(parts) == 5 else "", headers=headers)
+                else:
+                    size = int(parts[-1])
+                    data, rest = rest[:size], rest[size + 2:]
+                    await self.nc.publish(parts[1], data, reply=parts[2] if len(parts) == 4 else "")
+            except Exception as exc:
+                log.info("cluster: publish failed: %r", exc)
 
 
 def pub(subject: bytes, reply: bytes, data: bytes) -> bytes:

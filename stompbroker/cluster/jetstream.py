@@ -354,16 +354,21 @@ class QueueBridge:
             self.spawn(self._replay(token, filter_subject, since_ms))
 
     def settle(self, ref: int, op: int, delay_ms: int = 0) -> None:
-        """Ack, nak or term a held message: one publish to its ack subject, written with the turn's
-        other commands and not awaited by anyone (JetStream has it long before ack_wait; if the
-        connection loses it, the message comes back after ack_wait, as from a dead node)."""
-        held = self.held.pop(ref, None)
-        if held is None:
-            return
-        body = (b"" if op == ACK else b"+TERM" if op == TERM
-                else b'-NAK {"delay":%d}' % (delay_ms * 1_000_000) if delay_ms else b"-NAK")
-        if not self.fast.send(pub(held[0], b"", body)):  # not connected: redelivered after ack_wait
-            self.unsettled += 1
+        self.settle_many(((ref, op, delay_ms),))
+
+    def settle_many(self, settles) -> None:
+        """Ack, nak or term held messages ((ref, op, delay_ms)...): one publish to each one's ack
+        subject, written together with the turn's other commands and not awaited by anyone
+        (JetStream has them long before ack_wait; if the connection loses them, the messages come
+        back after ack_wait, as from a dead node)."""
+        held, commands = self.held, []
+        for ref, op, delay_ms in settles:
+            entry = held.pop(ref, None)
+            if entry is not None:
+                commands.append(pub(entry[0], b"", b"" if op == ACK else b"+TERM" if op == TERM else
+                                    b'-NAK {"delay":%d}' % (delay_ms * 1_000_000) if delay_ms else b"-NAK"))
+        if commands and not self.fast.send(b"".join(commands)):  # not connected: redelivered after ack_wait
+            self.unsettled += len(commands)
 
     def publish(self, token: int, subject: str, msg_id: str, payload: bytes, timeout_ms: int) -> None:
         self.publisher.publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000)
@@ -462,9 +467,7 @@ class QueuesPart:
         self.queues.publish(token, subject, msg_id, message, timeout_ms)
 
     async def _settle(self, conn: int, aux: int, payload) -> None:
-        settle = self.queues.settle
-        for ref, op, delay_ms in self.C.iter_settles(payload):
-            settle(ref, op, delay_ms)
+        self.queues.settle_many(self.C.iter_settles(payload))
 
     async def connected(self) -> None:
         self.queues.js = self.bridge.nc.jetstream(timeout=10)  # (stream and consumer calls on a loaded machine)

@@ -328,3 +328,35 @@ def test_a_rounds_settles_travel_as_one_record_in_order_with_the_other_commands(
     assert list(C.iter_settles(records[2][3])) == [(3, C.TERM, 0)]
     assert records[3][1:3] == (9, 10000) and C.unpack_queue_publish(records[3][3]) == ("c.q.queue.a", "id", b"m")
     assert cq.out == []
+
+
+def test_the_fast_paths_fallback_takes_apart_several_commands_in_one_blob():
+    """Without nats-py's internals the raw commands go out through Client.publish: each one of a
+    blob (a round's acks are written as one), headers and reply included."""
+    import asyncio
+
+    from stompbroker.cluster.fastpath import FastPath, header_block, hpub, pub
+
+    class Client:  # what FastPath uses of a nats-py client when its internals are not there
+        is_connected = True
+
+        def __init__(self):
+            self.sent = []
+
+        async def publish(self, subject, data, reply="", headers=None):
+            self.sent.append((subject, data, reply, headers))
+
+    async def main():
+        nc = Client()
+        fast = FastPath(nc)
+        assert not fast.raw_in and not fast.raw_out
+        blob = (pub(b"$JS.ACK.s.c.1.2.3", b"", b"") + pub(b"$JS.ACK.s.c.1.3.4", b"", b"-NAK")
+                + hpub(b"c.q.a", b"_INBOX.x.1", header_block("Nats-Msg-Id", "id 1"), b"bo\r\ndy")
+                + pub(b"s.next", b"_INBOX.y.2", b'{"batch":5}'))
+        assert fast.send(blob)
+        await asyncio.sleep(0.01)
+        return nc.sent
+
+    assert asyncio.run(main()) == [("$JS.ACK.s.c.1.2.3", b"", "", None), ("$JS.ACK.s.c.1.3.4", b"-NAK", "", None),
+                                   ("c.q.a", b"bo\r\ndy", "_INBOX.x.1", {"Nats-Msg-Id": "id 1"}),
+                                   ("s.next", b'{"batch":5}', "_INBOX.y.2", None)]
