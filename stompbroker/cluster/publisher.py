@@ -18,14 +18,11 @@ later ones (as with any retry).
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 
 import orjson
 
 from .fastpath import header_block, hpub
-
-log = logging.getLogger("stompbroker.cluster")
 
 ATTEMPT = 2.0              # seconds one send waits for its PubAck before it is sent again
 FIRST_RETRY = 0.05         # seconds before the first retry of a refused-for-now send; doubles up to MAX_RETRY
@@ -68,6 +65,9 @@ class Send:
 
 
 class Publisher:
+    """One per connection: ``publish`` sends at once (or queues behind what waits), ``tick`` (the
+    bridge's timer) retries and expires, ``resend`` after a reconnect."""
+
     def __init__(self, nc, fast, on_stored, on_failed):
         self.nc = nc
         self.fast = fast                # fastpath.FastPath of the connection
@@ -76,7 +76,7 @@ class Publisher:
         self.prefix = b""
         self.sub = None
         self.ids = itertools.count(1)
-        self.inflight: dict[str, Send] = {}   # reply subject -> send awaiting its PubAck
+        self.inflight: dict[bytes, Send] = {}  # reply subject -> send awaiting its PubAck
         self.later: list[Send] = []           # sends waiting to go (again): not ready, refused for now
         self.ready = False                    # the streams exist: sends go out
         self.stats = {"published": 0, "retried": 0, "failed": 0}
