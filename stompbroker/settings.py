@@ -21,6 +21,14 @@ class Setting:
     default: Any
     help: str
     secret: bool = False  # never logged or shown: describe() prints *** for it
+    # A default that follows other settings: the default is the word "auto" (None once parsed),
+    # and this gives the value from the others' (the help says how).
+    derive: Callable[[dict], Any] | None = None
+
+
+def auth_on(values: dict) -> bool:
+    """Logins are checked: a passwd file, or xtomp's token secret."""
+    return values["auth"] != "off" or bool(values["secret"])
 
 
 def _int(text: str) -> int:
@@ -44,6 +52,16 @@ def _bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected true or false (also yes/no, on/off, 1/0), got {text!r}")
+
+
+def _auto_bool(text: str) -> bool | None:
+    """A flag whose default follows other settings: "auto" (None until make_config derives it)."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        return _bool(text)
+    except ValueError:
+        raise ValueError(f"expected auto, true or false (also yes/no, on/off, 1/0), got {text!r}") from None
 
 
 def _list(text: str) -> list[str]:
@@ -87,8 +105,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_partial_bytes", _int, 128 * MB, "bytes of unfinished frames the reader holds for all connections together; the connection that would go past it gets a 'broker busy' ERROR and is closed"),
     Setting("max_headers", _int, 256, "most header lines in one frame"),
     Setting("max_header_line", _int, 64 * KB, "longest header line, in bytes"),
+    Setting("max_destination_length", _int, 1 * KB, "longest destination name (SEND and SUBSCRIBE `destination`, SEND `reply-to`), in bytes as sent; checked at the reader (stored messages of longer names are quarantined at start)"),
+    Setting("max_id_length", _int, 1 * KB, "longest subscription id (`id`, `subscription`), transaction name, durable subscription name (`activemq.subscriptionName`) and CONNECT `client-id`, in bytes as sent; checked at the reader"),
     Setting("max_connections", _int, 10_000, "most open client connections; more are refused with an ERROR"),
     Setting("max_subscriptions", _int, 1_000, "most subscriptions per connection"),
+    Setting("max_answer_bytes", _int, 1 * MB, "largest answer the broker builds: a DIAG answer, a /queue/monitor status, an /api page, a /metrics body (at most a quarter of output_queue_bytes); longer lists are cut and continue (see README, Diagnostics and Console)"),
+    Setting("metrics_max_queues", _int, 1_000, "most queues with series of their own in /metrics, the deepest (0 = none); stompbroker_queues, stompbroker_queued_messages and stompbroker_unacked_messages count all of them"),
     Setting("max_pending_bytes", _int, 16 * MB, "unsent output per connection; past it, a connection that took nothing for 1 s (or has 4x this unsent) is closed as a slow consumer"),
     Setting("write_buffer_size", _int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
     Setting("heartbeat_min_ms", _int, 100, "the broker never sends or expects heart-beats more often than this"),
@@ -103,8 +125,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("secret_timeout", _float, 60.0, "seconds a token login stays valid"),
     Setting("token_mode", str, "sha1", "sha1 (xtomp's) or hmac (HMAC-SHA256: prefer it)"),
     Setting("auth_fail_delay_ms", _int, 250, "a refused login waits this long, doubling per failure from the same address (at most 10 s)"),
-    Setting("diag_admin_only", _bool, False, "only admin users may use DIAG and /queue/monitor"),
-    Setting("diag_before_connect", _bool, True, "answer DIAG frames before CONNECT, as stompica did (off: only after CONNECT)"),
+    Setting("diag_admin_only", _auto_bool, "auto", "only admin users may use DIAG frames, DIAG destinations and /queue/monitor; auto = true when logins are checked (auth=passwd or secret set), false when not", derive=auth_on),
+    Setting("diag_before_connect", _bool, False, "answer DIAG frames before CONNECT, as stompica did (only with auth=off and no secret: before CONNECT nobody is logged in)"),
     Setting("diag_interval", _int, 1_000, "milliseconds per statistics interval (latency percentiles, dump lines)"),
     Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
     Setting("diag_dump_max_bytes", _int, 64 * MB, "rotate the dump file past this size"),
@@ -124,6 +146,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
+    Setting("console_token_ttl_ms", _int, 300_000, "with logins checked: how long a web console's STOMP passcode (single-use, for the address and user it was issued to) and the read-only session it opens last; the page renews both before then"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("log_format", str, "text", "text, or json: one JSON object per line (ts, level, process, pid, logger, message)"),
@@ -152,9 +175,27 @@ class Config:
             raise AttributeError(name) from None
 
     @property
+    def auth_required(self) -> bool:
+        """Logins are checked (auth=passwd, or a token secret)."""
+        return auth_on(self.values)
+
+    @property
     def writers(self) -> int:
         processors = self.values["processors"] or os.cpu_count() or 1
         return max(processors - 2, 1)
+
+    @property
+    def ring_bytes(self) -> tuple[int, int]:
+        """(input ring, each output ring) in bytes: the settings, raised to hold a few maximum-size
+        frames in flight."""
+        margin = 4 * self.values["max_frame_size"] + MB
+        return max(self.values["input_queue_bytes"], margin), max(self.values["output_queue_bytes"], margin)
+
+    @property
+    def answer_bytes(self) -> int:
+        """The most an answer (DIAG, monitor status, /api page, /metrics) may hold: max_answer_bytes,
+        at most a quarter of an output ring, so one answer with a maximum-size frame always fits it."""
+        return min(self.values["max_answer_bytes"], self.ring_bytes[1] // 4)
 
     @property
     def settings_id(self) -> str:
@@ -173,7 +214,7 @@ class Config:
         words = []
         for s in SETTINGS:
             value = self.values[s.name]
-            if not every and value == _default(s):
+            if not every and value == _default(s, self.values):
                 continue
             if isinstance(value, list):
                 value = ",".join(value)
@@ -181,7 +222,10 @@ class Config:
         return " ".join(words) or "all defaults"
 
 
-def _default(s: Setting) -> Any:
+def _default(s: Setting, values: dict | None = None) -> Any:
+    """A setting's default; one that follows other settings needs their ``values``."""
+    if s.derive is not None and values is not None:
+        return s.derive(values)
     return s.type(s.default) if isinstance(s.default, str) else s.default
 
 
@@ -193,6 +237,9 @@ def make_config(**overrides: Any) -> Config:
         if setting is None:
             raise ValueError(f"unknown setting {key!r}")
         values[setting.name] = convert(setting, value) if isinstance(value, str) else value
+    for s in SETTINGS:  # "auto": from the settings it follows, once they are all known
+        if s.derive is not None and values[s.name] is None:
+            values[s.name] = s.derive(values)
     validate(values)
     return Config(values)
 
@@ -209,11 +256,12 @@ def validate(values: dict) -> None:
     for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
+                 "max_destination_length", "max_id_length", "max_answer_bytes",
                  "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
-    for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms",
+    for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms", "metrics_max_queues",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
                  "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas"):
         if values[name] < 0:
@@ -230,6 +278,11 @@ def validate(values: dict) -> None:
         raise ValueError(f"token_mode must be sha1 or hmac, got {values['token_mode']!r}")
     if values["store"] not in ("memory", "sqlite"):
         raise ValueError(f"store must be memory or sqlite, got {values['store']!r}")
+    if values["diag_before_connect"] and auth_on(values):
+        raise ValueError("diag_before_connect=true needs auth=off and no secret: before CONNECT nobody has "
+                         "logged in, and with logins checked only a session may ask DIAG")
+    if values["console_token_ttl_ms"] <= 0:
+        raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
     if values["checkpoint"] < 0 or values["replay_retention"] < 0:
         raise ValueError("checkpoint and replay_retention must not be negative")
     if not values["dead_letter_queue"].startswith("/queue/"):

@@ -64,7 +64,6 @@ class Broker:
         self.auth = auth                 # the Authenticator (broker/auth.py): who may log in, read, write
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
         self.backplane = backplane       # cluster mode: the other nodes, through the bridge (cluster/backplane.py)
-        self.failures: dict[str, int] = {}        # failed logins per client address
         self.delayed: list[tuple[float, int]] = []  # refused logins, answered after a delay
         self.ops_mark = 0                # the store's op count when the current event began
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
@@ -151,6 +150,8 @@ class Broker:
             if not session.connected and command not in CONNECT_COMMANDS and not (
                     command == "DIAG" and self.config.diag_before_connect):
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
+            if session.console_until:
+                sessions.console_scope(command, headers)
             transaction = headers.get("transaction")
             if transaction is not None and command in TRANSACTIONAL:
                 transactions.hold(self, session, transaction, command, headers, body)
@@ -198,9 +199,17 @@ class Broker:
                     or (self.holding and self.store is not None and self.store.failing_since)
                     or self.unconfirmed or (self.backplane is not None and self.backplane.needs_tick()))
 
-    def on_auth(self, conn: int, user: str | None, now: float) -> None:
-        """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""
-        sessions.auth_done(self, conn, user, now)
+    def on_auth(self, conn: int, user: str | None, now: float, delay: float = 0.0) -> None:
+        """A login check finished: CONNECTED and the frames that waited, or a refusal after
+        ``delay`` seconds (the login's back-off)."""
+        sessions.auth_done(self, conn, user, now, delay)
+
+    def on_http(self, conn: int) -> None:
+        """The connection's HTTP request waits for its login check: the dispatcher answers it (in
+        HTTP), so the STOMP connect timeout is not for it."""
+        session = self.sessions.get(conn)
+        if session is not None:
+            self.timed.discard(session)
 
     def release(self, generation: int) -> None:
         """The store has committed up to ``generation``: send the replies that waited for it."""
@@ -212,12 +221,22 @@ class Broker:
             receipts.close(self, session, websocket_close=False)
 
     # -- recovery --------------------------------------------------------------------------------
-    def recover(self, store, now: float) -> int:
-        """Load durable subscriptions and stored queue messages, in send order; returns the count."""
+    def recover(self, store, now: float, loading=None) -> tuple[int, list[int]]:
+        """Load durable subscriptions and stored queue messages, in send order. Returns the count
+        and the messages not loaded because their destination is over max_destination_length
+        (the reader refuses such names: nobody could subscribe to them), for quarantine.
+        ``loading(seq, body)`` is told each message before it is loaded."""
         durables.load(self, store)
         wall = self.clock()
         count = 0
+        too_long = []
+        limit = self.config.max_destination_length
         for seq, name, message_id, headers, body, expires_ms, delivered in store.load():
+            if loading is not None:
+                loading(seq, body)
+            if len(name) > limit and not name.startswith("durable:") and len(name.encode()) > limit:
+                too_long.append(seq)
+                continue
             queue = self.queues.get(name) or queues.get_queue(self, name)
             expires = now + (expires_ms / 1000 - wall) if expires_ms else 0.0
             message = Message(message_id, headers.get("destination", name), headers, body, expires or 0.0)
@@ -227,7 +246,7 @@ class Broker:
             queue.enqueued += 1
             count += 1
         self.store = store
-        return count
+        return count, too_long
 
     # -- statistics ----------------------------------------------------------------------------
     def session_stats(self) -> dict:

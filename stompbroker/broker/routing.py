@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..diag.stats import QUERIES
 from ..protocol.stomp import ProtocolError
-from . import receipts, temporary
+from . import diagnostics, receipts, temporary
 from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
@@ -26,7 +26,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if destination.startswith(DIAG_PREFIX) and b.diag is not None:
         query = body.decode(errors="replace").strip()
         if query in QUERIES:
-            headers = {**headers, **b.diag.headers(query)}
+            headers = {**headers, **b.diag.headers(query, diagnostics.offset(headers, receipt))}
     if b.store is not None and receipts.store_refuses(b, destination, headers):
         raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
                             "the message was not accepted", receipt)
@@ -90,6 +90,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         return 0
     if destination.startswith(REPLY_PREFIXES):
         return temporary.publish(b, destination, message)
+    if b.config.diag_admin_only and destination.startswith(DIAG_PREFIX):
+        return diag_answer(b, message)
     if b.backplane is not None and origin is None and b.backplane.queues.takes(b, message, sender):
         return 0  # a queue message: JetStream has it now, and the node with room will deliver it
     if destination.startswith(QUEUE_PREFIX):
@@ -130,6 +132,16 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             unclaimed(b, message)
         return delivered
     return fan_out(b, message, subs, kept)
+
+
+def diag_answer(b, message: Message) -> int:
+    """A message to a DIAG destination carries statistics (``send`` added them): with
+    diag_admin_only it goes to the admins subscribed now and nowhere else (not to a user's
+    wildcard subscription, not kept for later, not to other nodes)."""
+    auth = b.auth
+    subs = tuple(sub for sub in b.index.match(message.destination)
+                 if auth is not None and auth.is_admin(sub.session.login))
+    return fan_out(b, message, subs, 1)
 
 
 def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> int:
