@@ -196,7 +196,7 @@ class Backplane:
 
     # -- timers ----------------------------------------------------------------------------------
     def needs_tick(self) -> bool:
-        return bool(self.owners or self.queues.pending or self.queues.bound)
+        return bool(self.owners or self.queues.pending or self.queues.bound or self.queues.returning)
 
     def tick(self, b, now: float) -> None:
         """A held message the bridge never answered for (it died holding it) fails on the broker's clock."""
@@ -224,8 +224,9 @@ class Backplane:
                     out.add(C.QUEUE_SETTLE, 0, settles)
                     settles = bytearray()
                 if kind == "publish":
-                    _, token, subject, msg_id, payload, timeout_ms = command
-                    out.add(C.QUEUE_PUBLISH, token, C.pack_queue_publish(subject, msg_id, payload), timeout_ms)
+                    _, token, subject, msg_id, payload, timeout_ms, destination = command
+                    out.add(C.QUEUE_PUBLISH, token, C.pack_queue_publish(subject, msg_id, payload, destination),
+                            timeout_ms)
                 else:
                     out.add(C.QUEUE_CMD, 0, pack(command))
             if settles:

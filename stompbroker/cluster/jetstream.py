@@ -17,6 +17,10 @@ Which stream holds what is ``cluster/shards.py``'s: ``cluster_streams`` shards o
 
 Pulls are raw pull requests (``$JS.API.CONSUMER.MSG.NEXT``) answered on one inbox per consumer, so
 each message is handed on the moment it arrives (nats-py's ``fetch`` waits to fill its batch).
+
+Packs (``cluster/packs.py``): in a packed queue layout, the members the dispatcher hands over in
+one turn of the loop for one subject go out as one JetStream message (``Packer``); a pulled one is
+held until the dispatcher settled each of its members (``Ledger``), then acked (or nak'ed) whole.
 """
 
 from __future__ import annotations
@@ -25,13 +29,14 @@ import asyncio
 import datetime
 import itertools
 import logging
+import os
 import time
 
 import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from . import leaders, shards
+from . import leaders, packs, shards
 from .fastpath import FastPath, pub
 from .publisher import Publisher
 from .records import ACK, SETTLE_OPS, TERM
@@ -41,6 +46,7 @@ log = logging.getLogger("stompbroker.cluster")
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
+PACK_BYTES = 64 * 1024     # a pack holds at most this many bytes of members (and fits max_payload)
 
 
 async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, work_queue: bool,
@@ -123,15 +129,18 @@ class Credit:
 
 
 class Puller:
-    """Pulls one consumer's messages as credits allow and hands each to ``on_message(reply, data)``
-    at once (its ack subject and payload, as the connection reads them: ``fastpath.py``).
+    """Pulls one consumer's messages as credits allow and hands each to ``on_message(reply, data,
+    n)`` at once (its ack subject, payload and how many messages it holds, as the connection
+    reads them: ``fastpath.py``).
 
-    ``want`` is the credit the dispatcher gave and messages have not used yet; it may go below
-    zero when the dispatcher takes credit back while requests are out (what they still bring is
-    handed on, and the dispatcher puts it back). Requests ask for ``want - asked`` more, in
-    batches: while requests are out, a new one goes only once it would ask for at least a quarter
-    of the credit (each pull request is work for the stream's leader). Pullers of one group share
-    the credit (``shared``)."""
+    ``want`` is the credit (in messages) the dispatcher gave and messages have not used yet; it
+    may go below zero when the dispatcher takes credit back while requests are out (what they
+    still bring is handed on, and the dispatcher puts it back). Requests ask for ``want - asked``
+    more, in batches: while requests are out, a new one goes only once it would ask for at least a
+    quarter of the credit (each pull request is work for the stream's leader). A request counts
+    JetStream messages, which may be packs: it asks for the credit divided by the messages per
+    pack seen lately (``per``; at first the stream's pack size), so a node takes about what its
+    consumers have room for. Pullers of one group share the credit (``shared``)."""
 
     def __init__(self, nc, stream: str, consumer: str, on_message, fast: FastPath | None = None,
                  shared: Credit | None = None):
@@ -143,9 +152,10 @@ class Puller:
         self.inbox = nc.new_inbox()
         self.sub = None
         self.shared = shared or Credit()
-        self.requests: dict[bytes, list] = {}  # reply subject -> [messages still expected, deadline]
+        self.requests: dict[bytes, list] = {}  # reply subject -> [JetStream messages still expected, deadline]
         self.ids = itertools.count(1)
         self.closed = False
+        self.per = float(shards.pack_of(stream))  # messages per JetStream message, lately
 
     @property
     def want(self) -> int:
@@ -165,11 +175,12 @@ class Puller:
         self.ask()
 
     def asked(self) -> int:
+        """Messages the requests out may still bring (their JetStream messages times ``per``)."""
         now = time.monotonic()
         for reply, (_, deadline) in list(self.requests.items()):
             if now > deadline:
                 del self.requests[reply]
-        return sum(left for left, _ in self.requests.values())
+        return int(sum(left for left, _ in self.requests.values()) * self.per)
 
     def ask(self) -> None:
         if self.closed or self.sub is None or self.nc.is_closed:
@@ -178,10 +189,11 @@ class Puller:
         more = self.want - asked
         if more <= 0 or not self.nc.is_connected or (asked and more < max(self.want >> 2, 1)):
             return
+        batch = max(int(more / self.per), 1)
         reply = self.prefix + b"%d" % next(self.ids)
-        request = b'{"batch":%d,"expires":%d}' % (more, int(PULL_EXPIRES * 1e9))
+        request = b'{"batch":%d,"expires":%d}' % (batch, int(PULL_EXPIRES * 1e9))
         if self.fast.send(pub(self.subject, reply, request)):
-            self.requests[reply] = [more, time.monotonic() + PULL_EXPIRES + PULL_SLACK]
+            self.requests[reply] = [batch, time.monotonic() + PULL_EXPIRES + PULL_SLACK]
 
     def _arrived(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
         if status:  # status messages come on the request's own inbox subject
@@ -198,8 +210,11 @@ class Puller:
             if request[0] <= 0:
                 del self.requests[request_reply]
             break
-        self.want -= 1
-        self.on_message(reply, data)
+        n = packs.count(data)
+        if n != 1 or self.per != 1.0:
+            self.per += (n - self.per) / 4
+        self.want -= n
+        self.on_message(reply, data, n)
 
     async def close(self) -> None:
         self.closed = True
@@ -346,9 +361,10 @@ def _epoch(rfc3339) -> float | None:
 
 class QueueBridge:
     """The bridge's half of ``cluster/queuing.py``: runs its commands on JetStream and sends its
-    events back with ``emit(tuple)``. Pulled messages are held by a number (``ref``) until the
-    dispatcher settles them; while held, JetStream is told they are in progress, so only the
-    messages of a node that is gone come back after ack_wait."""
+    events back with ``emit(tuple)``. Pulled messages are held by a number (``ref``; a pack's
+    members one each) until the dispatcher settles them (``packs.Ledger``); while held, JetStream
+    is told they are in progress, so only the messages of a node that is gone come back after
+    ack_wait. Members to publish wait in ``packer`` until the loop's turn ends (``pack_out``)."""
 
     def __init__(self, nc, js, config, emit, emit_message=None, emit_stored=None):
         self.nc = nc
@@ -362,12 +378,16 @@ class QueueBridge:
         self.fast = FastPath(nc)
         self.publisher = Publisher(nc, self.fast, self.emit_stored, self._failed)
         self.cluster = config.cluster_name
-        self.shards = config.cluster_streams   # this node's layout
+        self.shards = config.cluster_streams   # this node's layout: shards ...
+        self.pack = packs.size(config)         # ... and the most queue messages in one JetStream message
         self.ack_wait = config.cluster_ack_wait_ms / 1000
         self.pullers: dict[str, PullGroup] = {}
-        self.held: dict[int, list] = {}       # ref -> [ack subject, when it was last touched]
+        self.ledger = packs.Ledger()          # pulled messages held until settled
         self.unsettled = 0                    # settles that found no connection (the message comes back)
-        self.refs = itertools.count(1)
+        run = f"{config.node_id}-{os.urandom(4).hex()}-p"
+        pack_ids = itertools.count(1)
+        self.packer = packs.Packer(self.pack, PACK_BYTES, lambda: f"{run}{next(pack_ids)}")
+        self.packing = False                  # pack_out is due at the end of this turn
         self.ready = asyncio.Event()
         self.tasks: set = set()
         self.replicas = 0
@@ -376,7 +396,8 @@ class QueueBridge:
 
     def own(self, kind: str) -> list[str]:
         """This node's layout's streams of ``kind``."""
-        return [shards.stream_name(self.cluster, kind, self.shards, i) for i in range(self.shards)]
+        p = self.pack if kind == shards.QUEUES else 1
+        return [shards.stream_name(self.cluster, kind, self.shards, i, p) for i in range(self.shards)]
 
     def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -390,7 +411,7 @@ class QueueBridge:
         self.spawn(self._keeper())
 
     def status(self) -> dict:
-        return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas,
+        return {"queue_consumers": len(self.pullers), "queue_held": len(self.ledger), "stream_replicas": self.replicas,
                 "queue_publishing": self.publisher.pending(), "queue_unsettled": self.unsettled,
                 "streams": self.listing.streams, "cluster_streams": self.shards, "leader_moves": self.listing.moves}
 
@@ -417,13 +438,15 @@ class QueueBridge:
         queues, topics = self.own(shards.QUEUES), self.own(shards.TOPICS)
 
         def subjects(kind, i):
-            return [shards.subject_root(self.cluster, kind, self.shards, i) + ".>"]
+            return [shards.subject_root(self.cluster, kind, self.shards, i,
+                                        self.pack if kind == shards.QUEUES else 1) + ".>"]
+        limit = packs.queue_limit(self.config)   # (in packs: never more than max_queue_messages messages)
         # the first one finds out how many replicas the NATS cluster takes
         self.replicas = await declare_stream(self.js, queues[0], subjects(shards.QUEUES, 0), self.replicas_hint,
-                                             work_queue=True, per_subject=self.config.max_queue_messages)
+                                             work_queue=True, per_subject=limit)
         await asyncio.gather(
             *[declare_stream(self.js, name, subjects(shards.QUEUES, i), self.replicas or 1, work_queue=True,
-                             per_subject=self.config.max_queue_messages) for i, name in enumerate(queues) if i],
+                             per_subject=limit) for i, name in enumerate(queues) if i],
             *[declare_stream(self.js, name, subjects(shards.TOPICS, i), self.replicas or 1, work_queue=False,
                              max_age=retention) for i, name in enumerate(topics)])
         log.info("JetStream: %d queue and %d topic streams ready (%d replicas)", len(queues), len(topics),
@@ -436,10 +459,10 @@ class QueueBridge:
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
-            for held in list(self.held.values()):
-                if now - held[1] > self.ack_wait / 3:
-                    held[1] = now
-                    self.fast.send(pub(held[0], b"", b"+WPI"))
+            for held in list(self.ledger.held.values()):
+                if now - held.touched > self.ack_wait / 3:
+                    held.touched = now
+                    self.fast.send(pub(held.reply, b"", b"+WPI"))
             for group in list(self.pullers.values()):
                 group.ask()
             if self.ready.is_set() and now >= self.listing.due:
@@ -470,8 +493,8 @@ class QueueBridge:
             delay = command[2] if len(command) > 2 else 0
             self.settle(command[1], SETTLE_OPS[kind], int((delay or 0) * 1000))
         elif kind == "publish":
-            _, token, subject, msg_id, payload, timeout_ms = command
-            self.publish(token, subject, msg_id, payload, timeout_ms)
+            _, token, subject, msg_id, payload, timeout_ms, destination = command
+            self.publish(token, subject.encode(), msg_id, payload, timeout_ms, destination.encode())
         elif kind == "credit":
             group = self.pullers.get(command[1])
             if group is not None:
@@ -503,7 +526,7 @@ class QueueBridge:
         """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
         node's layout, and in every other layout whose streams exist."""
         present = self.listing.present
-        layouts = set(shards.layouts(self.cluster, present, kind)) | {self.shards}
+        layouts = set(shards.layouts(self.cluster, present, kind)) | {(self.shards, self.pack)}
         return [(stream, filters) for stream, filters in shards.reads(self.cluster, kind, pattern, layouts)
                 if stream in present]
 
@@ -517,8 +540,8 @@ class QueueBridge:
         for stream, filters in wanted.items():
             if stream not in group.members:
                 puller = group.members[stream] = Puller(
-                    self.nc, stream, group.consumer, lambda reply, data, key=key: self._arrived(key, reply, data),
-                    self.fast, group.shared)
+                    self.nc, stream, group.consumer,
+                    lambda reply, data, n, key=key: self._arrived(key, reply, data, n), self.fast, group.shared)
                 task = self.spawn(self._bind(group, puller, stream, filters))
                 group.binding.add(task)
                 task.add_done_callback(group.binding.discard)
@@ -527,21 +550,40 @@ class QueueBridge:
         self.settle_many(((ref, op, delay_ms),))
 
     def settle_many(self, settles) -> None:
-        """Ack, nak or term held messages ((ref, op, delay_ms)...): one publish to each one's ack
-        subject, written together with the turn's other commands and not awaited by anyone
-        (JetStream has them long before ack_wait; if the connection loses them, the messages come
-        back after ack_wait, as from a dead node)."""
-        held, commands = self.held, []
+        """Ack, nak or term held messages ((ref, op, delay_ms)...; a pack is settled once each of
+        its members is: ``packs.Ledger``): one publish to each one's ack subject, written together
+        with the turn's other commands and not awaited by anyone (JetStream has them long before
+        ack_wait; if the connection loses them, the messages come back after ack_wait, as from a
+        dead node)."""
+        settle, commands = self.ledger.settle, []
         for ref, op, delay_ms in settles:
-            entry = held.pop(ref, None)
-            if entry is not None:
-                commands.append(pub(entry[0], b"", b"" if op == ACK else b"+TERM" if op == TERM else
+            done = settle(ref, op, delay_ms)
+            if done is not None:
+                held, op, delay_ms = done
+                commands.append(pub(held.reply, b"", b"" if op == ACK else b"+TERM" if op == TERM else
                                     b'-NAK {"delay":%d}' % (delay_ms * 1_000_000) if delay_ms else b"-NAK"))
         if commands and not self.fast.send(b"".join(commands)):  # not connected: redelivered after ack_wait
             self.unsettled += len(commands)
 
-    def publish(self, token: int, subject: str, msg_id: str, payload: bytes, timeout_ms: int) -> None:
-        self.publisher.publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000)
+    def publish(self, token: int, subject: bytes, msg_id: str, payload: bytes, timeout_ms: int,
+                destination: bytes = b"") -> None:
+        """A whole JetStream message goes at once; a pack member (``destination`` set) waits for the
+        end of this turn of the loop, packed with the others it has for its subject."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        if not destination:
+            self.publisher.publish((token,), subject, msg_id, payload, deadline)
+            return
+        self.packer.add(subject, destination, payload, token, deadline, msg_id)
+        if not self.packing:
+            self.packing = True
+            asyncio.get_running_loop().call_soon(self.pack_out)
+
+    def pack_out(self) -> None:
+        """The turn's packs (what waited, nothing more: an idle bridge sends a message at once)."""
+        self.packing = False
+        publish = self.publisher.publish
+        for ready in self.packer.take():
+            publish(ready.tokens, ready.subject, ready.msg_id, ready.payload, ready.deadline)
 
     def _failed(self, token: int, reason: str, refused) -> None:
         self.emit(("failed", token, reason, refused))
@@ -600,15 +642,14 @@ class QueueBridge:
                 await asyncio.wait(list(group.binding), timeout=self.config.cluster_timeout_ms / 1000)
             await self.ready.wait()
             topics = shards.layouts(self.cluster, self.listing.present, shards.TOPICS)
-            for stream in sorted(shards.stream_name(self.cluster, shards.TOPICS, n, i) for n, ids in topics.items()
-                                 for i in ids):
+            for stream in sorted(shards.stream_name(self.cluster, shards.TOPICS, n, i)
+                                 for (n, _), ids in topics.items() for i in ids):
                 await delete_consumer(self.js, stream, consumer)
         except Exception as exc:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
-    def _arrived(self, key: str, reply: bytes, data: bytes) -> None:
-        ref = next(self.refs)
-        self.held[ref] = [reply, time.monotonic()]
+    def _arrived(self, key: str, reply: bytes, data: bytes, n: int = 1) -> None:
+        ref = self.ledger.hold(reply, n, time.monotonic())
         self.emit_message(key, ref, delivered_count(reply), data)
 
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
@@ -666,14 +707,15 @@ class QueuesPart:
         await self.queues.handle(self.unpack(payload))
 
     async def _publish(self, token: int, timeout_ms: int, payload) -> None:
-        subject, msg_id, message = self.C.unpack_queue_publish(payload)
-        self.queues.publish(token, subject, msg_id, message, timeout_ms)
+        subject, msg_id, destination, message = self.C.unpack_queue_publish(payload)
+        self.queues.publish(token, subject, msg_id, message, timeout_ms, destination)
 
     async def _settle(self, conn: int, aux: int, payload) -> None:
         self.queues.settle_many(self.C.iter_settles(payload))
 
     async def connected(self) -> None:
         self.queues.js = self.bridge.nc.jetstream(timeout=10)  # (stream and consumer calls on a loaded machine)
+        self.queues.packer.max_bytes = min(PACK_BYTES, (self.bridge.nc.max_payload or PACK_BYTES) - 1024)
         self.queues.replicas_hint = self.bridge.replicas()
         if not self.started:
             self.started = True

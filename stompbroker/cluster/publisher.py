@@ -4,8 +4,9 @@ Every publish goes out at once on the bridge's one connection with a reply subje
 under one inbox subscription; JetStream answers each with a PubAck (or an error) on it. Nothing
 waits for one PubAck before sending the next, and no task or future is made per message: the
 command is written raw and the PubAck read raw where the connection reads it (``fastpath.py``),
-and its sender's token is handed to ``on_stored`` (the dispatcher then releases that sender's
-receipt: a receipt still comes only after its PubAck).
+and its senders' tokens (one per message: a pack, ``packs.py``, holds several) are handed to
+``on_stored`` (the dispatcher then releases those senders' receipts: a receipt still comes only
+after the PubAck of the JetStream message holding its message).
 
 A publish not answered within ``ATTEMPT`` seconds, or answered "no responders" / a temporary
 error (no stream leader while one is elected), is sent again with the same ``Nats-Msg-Id``, so
@@ -51,11 +52,11 @@ def classify(data: bytes) -> tuple[str, str]:
 
 
 class Send:
-    __slots__ = ("token", "subject", "headers", "payload", "deadline", "due", "delay", "sent")
+    __slots__ = ("tokens", "subject", "headers", "payload", "deadline", "due", "delay", "sent")
 
-    def __init__(self, token: int, subject: str, msg_id: str, payload: bytes, deadline: float):
-        self.token = token
-        self.subject = subject.encode()
+    def __init__(self, tokens, subject: bytes, msg_id: str, payload: bytes, deadline: float):
+        self.tokens = tokens        # the senders' tokens of its messages (several for a pack)
+        self.subject = subject
         self.headers = header_block("Nats-Msg-Id", msg_id)
         self.payload = payload
         self.deadline = deadline    # monotonic: fail after this
@@ -71,7 +72,7 @@ class Publisher:
     def __init__(self, nc, fast, on_stored, on_failed):
         self.nc = nc
         self.fast = fast                # fastpath.FastPath of the connection
-        self.on_stored = on_stored      # (token) -> None
+        self.on_stored = on_stored      # (token) -> None, for each message stored
         self.on_failed = on_failed      # (token, reason, refused) -> None
         self.prefix = b""
         self.sub = None
@@ -91,8 +92,9 @@ class Publisher:
     def pending(self) -> int:
         return len(self.inflight) + len(self.later)
 
-    def publish(self, token: int, subject: str, msg_id: str, payload: bytes, deadline: float) -> None:
-        send = Send(token, subject, msg_id, payload, deadline)
+    def publish(self, tokens, subject: bytes, msg_id: str, payload: bytes, deadline: float) -> None:
+        """Store ``payload`` (one message, or a pack of several: ``tokens`` has each one's token)."""
+        send = Send(tokens, subject, msg_id, payload, deadline)
         if not self.ready or self.later or self.sub is None:  # (behind what waits, in order)
             self.later.append(send)
             return
@@ -120,7 +122,8 @@ class Publisher:
             return
         verdict, why = classify(data)
         if verdict == "stored":
-            self.on_stored(send.token)
+            for token in send.tokens:
+                self.on_stored(token)
         elif verdict == "retry":
             self._retry(send, time.monotonic())
         elif verdict == "full":
@@ -136,7 +139,8 @@ class Publisher:
 
     def _fail(self, send: Send, why: str, refused) -> None:
         self.stats["failed"] += 1
-        self.on_failed(send.token, why, refused)
+        for token in send.tokens:
+            self.on_failed(token, why, refused)
 
     def tick(self, now: float) -> None:
         """Sends past their deadline fail; unanswered ones go again; the due ones go (in order)."""

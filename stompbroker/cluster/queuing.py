@@ -14,7 +14,14 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
   ("unbind", key, delete)                                   stop pulling it (delete: the consumer
                                                             of that name goes too)
   ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
-  ("publish", token, subject, msg_id, payload, deadline_ms) store it; answer stored/failed(token)
+  ("publish", token, subject, msg_id, payload, deadline_ms, destination)
+                                                            store it; answer stored/failed(token).
+                                                            destination "": payload is a whole
+                                                            JetStream message (``packs.single``);
+                                                            else a pack member (``packs.member``)
+                                                            the bridge packs with what else its
+                                                            turn has for the subject (msg_id "";
+                                                            one with a msg_id goes alone)
   ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
   ("replay", token, pattern, since_ms)                      stored topic messages since then
 
@@ -34,6 +41,13 @@ Rules:
 - NACK: ``nak`` (JetStream redelivers it, on any node) unless it has been delivered more than
   ``max_redeliveries`` times: then it is published to the dead-letter queue and, once that is
   stored, ``term``ed. A message this node cannot hand to anyone (its consumers left) is nak'ed.
+- Packs (``packs.py``): a pulled JetStream message may hold several messages (members), each
+  settled on its own; the bridge settles the JetStream message when all are. JetStream can only
+  redeliver a pack whole, so a member that must go back while others of its pack are (or will be)
+  acknowledged is *put back*: published again by itself (its delivery count carried on, so
+  ``redelivered`` and max_redeliveries hold), and settled once that copy is stored. A NACKed member
+  is put back at once; members given back (their consumers left, no selector takes them) wait
+  their delay: if by then every member of the pack came back, the pack goes back whole (nak).
 - A SEND's receipt (and every later reply to that connection) waits until JetStream stored its
   message (``Backplane.waiting``); past ``cluster_timeout_ms`` the sender gets an ERROR ``cluster
   unavailable``.
@@ -50,7 +64,7 @@ import orjson
 from ..broker.model import Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
-from . import shards
+from . import packs, shards
 
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
 PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
@@ -58,7 +72,6 @@ PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offer
 # stream's leader may be on another server and learn a little later that this node's pull is gone;
 # offered at once it could go to that pull, and nowhere, until ack_wait.
 GIVE_BACK_DELAY = 0.25
-MAGIC = b"SBq1"
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -84,21 +97,7 @@ def durable_consumer(key: str) -> str:
     return consumer_name("d", key.replace(OWNER_SEP, "/"))
 
 
-# -- the message on the wire ------------------------------------------------------------------
-def encode(message: Message, wall_expires_ms: int) -> bytes:
-    meta = orjson.dumps({"id": message.id, "d": message.destination, "h": message.headers, "x": wall_expires_ms})
-    return MAGIC + struct.pack(">I", len(meta)) + meta + message.body
-
-
-def decode(payload: bytes) -> tuple[str, str, dict, bytes, int]:
-    """(message id, destination, headers, body, expiry in wall ms or 0); ValueError if not ours."""
-    if payload[:4] != MAGIC or len(payload) < 8:
-        raise ValueError("not a stompbroker message")
-    (n,) = struct.unpack_from(">I", payload, 4)
-    meta = orjson.loads(payload[8:8 + n])
-    return meta["id"], meta["d"], meta["h"], bytes(payload[8 + n:]), meta["x"]
-
-
+# -- commands and events between dispatcher and bridge ------------------------------------------
 def pack(item: tuple) -> bytes:
     """A command or event as bytes: its plain fields as JSON, its one bytes field (if any) raw after."""
     raw = b""
@@ -137,13 +136,26 @@ class Pending:
         self.then = then           # a JetStream ref to term once stored (the dead letter's original)
 
 
-class Pulled:
-    __slots__ = ("ref", "key", "delivered")
+class Pack:
+    """The members of one pulled JetStream message that holds several (``packs.py``)."""
 
-    def __init__(self, ref: int, key: str, delivered: int):
-        self.ref = ref              # the bridge's handle of the JetStream message
+    __slots__ = ("left", "settled", "back", "due")
+
+    def __init__(self, n: int):
+        self.left = n          # members not decided yet
+        self.settled = False   # one was acknowledged, termed or put back: the pack will be acked
+        self.back: list = []   # (message, pulled) given back, waiting for the pack's fate
+        self.due = 0.0         # when the ones given back go back (monotonic)
+
+
+class Pulled:
+    __slots__ = ("ref", "key", "delivered", "pack")
+
+    def __init__(self, ref: int, key: str, delivered: int, pack: Pack | None = None):
+        self.ref = ref              # the bridge's handle of the message (a pack's members: one each)
         self.key = key              # the local queue it came for
-        self.delivered = delivered  # JetStream's delivery count
+        self.delivered = delivered  # deliveries so far (JetStream's count, plus earlier copies')
+        self.pack = pack            # its pack, when it came with others
 
 
 class ClusterQueues:
@@ -152,6 +164,7 @@ class ClusterQueues:
         self.backplane = backplane        # its tokens, and its queue of replies held behind a sender's messages
         self.name = config.cluster_name
         self.shards = config.cluster_streams   # this node's layout: it publishes into these shards
+        self.pack = packs.size(config)         # ... of queue messages packed by up to this many
         self.out: list = []
         self.run = os.urandom(6).hex()    # Nats-Msg-Id prefix: unique per node and start
         self.tokens = 0
@@ -163,25 +176,40 @@ class ClusterQueues:
         self.leaving: set[str] = set()                      # queues whose last subscription here may have gone
         self.held: dict[str, int] = {}                      # local queue name -> its pulled messages not settled
         self.replays: dict[int, object] = {}                # replay token -> the subscription
+        self.returning: dict[Pack, None] = {}               # packs with members given back, in order
 
     # -- sending -------------------------------------------------------------------------------
-    def publish(self, b, message: Message, session=None, subject: str | None = None, then: int = 0) -> int:
-        """Hand a message to JetStream. ``session``: its sender, whose replies (its receipt first)
-        wait until it is stored, and who gets an ERROR if it cannot be (the backplane's queue of
-        held replies, shared with topic messages waiting for NATS)."""
+    def publish(self, b, message: Message, session=None, subject: str | None = None, then: int = 0,
+                before: int = 0, fresh: bool = False) -> int:
+        """Hand a message to JetStream: a queue's (``subject`` None) to its shard, packed with others
+        by the bridge in a packed layout; a kept topic message to ``subject``, alone. ``session``:
+        its sender, whose replies (its receipt first) wait until it is stored, and who gets an ERROR
+        if it cannot be (the backplane's queue of held replies, shared with topic messages waiting
+        for NATS). ``then``: a pulled message's ref, termed once this is stored (a dead letter's
+        original, a put-back member's first copy). ``before``: its deliveries so far (a put-back
+        member). ``fresh``: never its dedup-id as Nats-Msg-Id (a copy JetStream must not drop)."""
         bp = self.backplane
         token = next(bp.tokens)
-        dedup = message.headers.get("dedup-id")
-        msg_id = f"{message.destination} {dedup}" if dedup else f"{self.run}-{token}"
+        dedup = None if fresh else message.headers.get("dedup-id")
         wall_ms = int((message.expires - b.now + b.clock()) * 1000) if message.expires else 0
         deadline = b.now + self.config.cluster_timeout_ms / 1000
         self.pending[token] = Pending(deadline, then)
         if session is not None:
             bp.owners[token] = (session, deadline + 2)
             bp.waiting.setdefault(session, []).append([token, None, False, message.headers.get("receipt")])
+        timeout_ms = int(self.config.cluster_timeout_ms)
+        if subject is None and self.pack > 1:   # a member: the bridge packs it, unless it has its own id
+            msg_id = f"{message.destination} {dedup}".replace("\r", " ").replace("\n", " ") if dedup else ""
+            self.out.append(("publish", token, shards.queue_subject(self.name, self.shards, message.destination,
+                                                                     self.pack), msg_id,
+                             packs.member(message.id, message.headers, message.body, wall_ms, before), timeout_ms,
+                             message.destination))
+            return token
+        msg_id = f"{message.destination} {dedup}" if dedup else f"{self.run}-{token}"
         subject = subject or shards.queue_subject(self.name, self.shards, message.destination)
         self.out.append(("publish", token, subject, msg_id.replace("\r", " ").replace("\n", " "),
-                         encode(message, wall_ms), int(self.config.cluster_timeout_ms)))
+                         packs.single(message.id, message.destination, message.headers, message.body, wall_ms,
+                                      before), timeout_ms, ""))
         return token
 
     def stored(self, b, token: int) -> None:
@@ -273,11 +301,12 @@ class ClusterQueues:
         if sub is None or sub.session.subs.get(sub.id) is not sub:
             return
         try:
-            message_id, destination, headers, body, _ = decode(payload)
-        except (ValueError, orjson.JSONDecodeError, struct.error, KeyError):
+            members = packs.unpack(payload)
+        except ValueError:
             return
-        if matches(sub.destination, destination) and (sub.accepts is None or sub.accepts(headers)):
-            queues.deliver(b, sub, Message(message_id, destination, {**headers, "replayed": "true"}, body), None)
+        for m in members:
+            if matches(sub.destination, m.destination) and (sub.accepts is None or sub.accepts(m.headers)):
+                queues.deliver(b, sub, Message(m.id, m.destination, {**m.headers, "replayed": "true"}, m.body), None)
 
     def replay_end(self, token: int) -> None:
         self.replays.pop(token, None)
@@ -287,6 +316,9 @@ class ClusterQueues:
             self.expire(b, now)
         if self.bound:
             self.sweep(b, queues)
+        if self.returning:
+            for pack in [p for p in self.returning if p.due <= now]:
+                self._return(b, pack, now)
 
     def event(self, b, item: tuple, queues) -> None:
         """One answer from the bridge."""
@@ -315,34 +347,43 @@ class ClusterQueues:
         self.out.append(command)
 
     def arrived(self, b, key: str, ref: int, delivered: int, payload: bytes, queues) -> None:
-        """A pulled message: into the local queue, delivered by the usual pump."""
-        if key in self.bound:
-            self.bound[key] -= 1
+        """A pulled JetStream message: its message (or each member of its pack, refs ``ref``,
+        ``ref + 1``...) into the local queue, delivered by the usual pump."""
         try:
-            message_id, destination, headers, body, wall_ms = decode(payload)
-        except (ValueError, orjson.JSONDecodeError, struct.error, KeyError):
-            self.out.append(("term", ref))  # not a stompbroker message: nobody could read it
+            members = packs.unpack(payload)
+        except ValueError:
+            for i in range(packs.count(payload)):   # not a stompbroker message: nobody could read it
+                self.out.append(("term", ref + i))
+            if key in self.bound:
+                self.bound[key] -= packs.count(payload)
             return
-        expires = (b.now + (wall_ms / 1000 - b.clock()) or 1e-9) if wall_ms else 0.0
-        message = Message(message_id, destination, headers, body, expires)
-        message.redelivered = delivered > 1
-        self.pulled[message] = Pulled(ref, key, delivered)
-        self.held[key] = self.held.get(key, 0) + 1
+        pack = Pack(len(members)) if len(members) > 1 else None
         queue = b.queues.get(key)
-        if queue is not None and queue.owner is not None and not matches(queue.owner.pattern, destination):
-            self.settled(message)  # the durable's stream filter is wider than its pattern
-            return
-        if key not in self.bound or (queue is None and key.startswith("durable:")):
-            # pulled before this node let the queue go: nobody here reads it, another node may
-            self._unpull(message)
-            self.out.append(("nak", ref, GIVE_BACK_DELAY))
-            return
-        if queue is None:
-            queue = queues.get_queue(b, key)
-        queue.messages.append(message)
-        queue.enqueued += 1
-        self.dirty.add(key)
-        queues.pump(b, queue)
+        bound = key in self.bound and not (queue is None and key.startswith("durable:"))
+        clock = b.clock() if any(m.expires_ms for m in members) else 0.0
+        for i, m in enumerate(members):
+            if key in self.bound:
+                self.bound[key] -= 1
+            expires = (b.now + (m.expires_ms / 1000 - clock) or 1e-9) if m.expires_ms else 0.0
+            message = Message(m.id, m.destination, m.headers, m.body, expires)
+            count = delivered + m.before
+            message.redelivered = count > 1
+            self.pulled[message] = Pulled(ref + i, key, count, pack)
+            self.held[key] = self.held.get(key, 0) + 1
+            if queue is not None and queue.owner is not None and not matches(queue.owner.pattern, m.destination):
+                self.settled(message)  # the durable's stream filter is wider than its pattern
+                continue
+            if not bound:
+                # pulled before this node let the queue go: nobody here reads it, another node may
+                self.give_back(b, message, GIVE_BACK_DELAY)
+                continue
+            if queue is None:
+                queue = queues.get_queue(b, key)
+            queue.messages.append(message)
+            queue.enqueued += 1
+        if bound and queue is not None:
+            self.dirty.add(key)
+            queues.pump(b, queue)
 
     def _unpull(self, message: Message):
         pulled = self.pulled.pop(message, None)
@@ -360,6 +401,9 @@ class ClusterQueues:
         if pulled is not None:
             self.out.append(("ack", pulled.ref))
             self.dirty.add(pulled.key)
+            if pulled.pack is not None:
+                pulled.pack.left -= 1
+                pulled.pack.settled = True
 
     def nacked(self, b, message: Message) -> bool:
         """A NACK of a pulled message: redelivered by JetStream, or dead-lettered past
@@ -368,6 +412,9 @@ class ClusterQueues:
         if pulled is None:
             return False
         self.dirty.add(pulled.key)
+        if pulled.pack is not None:   # (decided: settled once its copy, a dead letter or put back, is stored)
+            pulled.pack.left -= 1
+            pulled.pack.settled = True
         if pulled.delivered > self.config.max_redeliveries:
             dlq = self.config.dead_letter_queue
             b.stats["dead_lettered"] += 1
@@ -381,14 +428,49 @@ class ClusterQueues:
             headers.pop("dedup-id", None)
             dead = Message(message.id, dlq, headers, message.body, message.expires)
             self.publish(b, dead, None, then=pulled.ref)   # the original goes once the copy is stored
+        elif pulled.pack is not None:
+            self._put_back(b, message, pulled)
         else:
             self.out.append(("nak", pulled.ref))
         return True
 
-    def give_back(self, message: Message, delay: float = 0.0) -> None:
+    def _put_back(self, b, message: Message, pulled: Pulled) -> None:
+        """A pack member goes back by itself: published again (a fresh Nats-Msg-Id: JetStream must
+        not take it for its first copy), its deliveries carried on; its first copy is settled once
+        this one is stored (if it cannot be, the member is nak'ed: the bridge then naks the whole
+        pack, and its members already settled come again, marked redelivered)."""
+        self.publish(b, message, None, then=pulled.ref, before=pulled.delivered, fresh=True)
+
+    def give_back(self, b, message: Message, delay: float = 0.0) -> None:
+        """This node cannot hand it to anyone: JetStream offers it again, after ``delay`` seconds."""
         pulled = self._unpull(message)
-        if pulled is not None:
+        if pulled is None:
+            return
+        pack = pulled.pack
+        if pack is None:
             self.out.append(("nak", pulled.ref, delay) if delay else ("nak", pulled.ref))
+            return
+        pack.left -= 1
+        pack.back.append((message, pulled, delay))
+        pack.due = max(pack.due, b.now + delay)
+        self.returning[pack] = None
+        if pack.left == 0 and not pack.settled:
+            self._return(b, pack, b.now)
+
+    def _return(self, b, pack: Pack, now: float) -> None:
+        """A pack's members given back: the whole pack goes back (nak) when all came back and none
+        was settled; else, once their delay is over, each is put back by itself."""
+        if pack.left == 0 and not pack.settled:
+            for _, pulled, delay in pack.back:
+                self.out.append(("nak", pulled.ref, delay) if delay else ("nak", pulled.ref))
+        elif now >= pack.due:
+            pack.settled = True
+            for message, pulled, _ in pack.back:
+                self._put_back(b, message, pulled)
+        else:
+            return
+        pack.back.clear()
+        self.returning.pop(pack, None)
 
     def is_pulled(self, message: Message) -> bool:
         return message in self.pulled
@@ -449,7 +531,7 @@ class ClusterQueues:
             if consumers:
                 if names is None and queue is not None and queue.parked:
                     for message in queue.parked:  # (not back at once: this node may take it again)
-                        self.give_back(message, PARKED_DELAY)
+                        self.give_back(b, message, PARKED_DELAY)
                     queue.parked.clear()
                 continue
             waiting = queue.depth() if queue is not None else 0
@@ -459,7 +541,7 @@ class ClusterQueues:
                 if queue is not None:
                     for source in (queue.messages, queue.parked, queue.blocked):
                         for message in source:
-                            self.give_back(message, GIVE_BACK_DELAY)
+                            self.give_back(b, message, GIVE_BACK_DELAY)
                         source.clear()
                 continue
             del self.bound[name]
@@ -469,7 +551,7 @@ class ClusterQueues:
             if queue is not None:
                 for source in (queue.messages, queue.parked, queue.blocked):
                     for message in source:
-                        self.give_back(message, GIVE_BACK_DELAY)
+                        self.give_back(b, message, GIVE_BACK_DELAY)
                     source.clear()
                 queues.drop_if_idle(b, queue)
 
@@ -488,6 +570,7 @@ class ClusterQueues:
                     source.extend(kept)
         self.pulled.clear()
         self.held.clear()
+        self.returning.clear()
         for name in self.bound:
             self.bound[name] = 0
             self.dirty.add(name)

@@ -31,7 +31,8 @@ class Kind(enum.IntEnum):
     STOP = 102         # the dispatcher is stopping: leave the cluster cleanly and exit
     QUEUE_CMD = 110    # payload: a queuing.pack()ed command for JetStream (queues, durables, replay; cluster/queuing.py)
     # The queue hot path, binary (no JSON per message):
-    QUEUE_PUBLISH = 111  # conn: token; aux: cluster_timeout_ms; payload: pack_queue_publish(subject, msg_id, message)
+    QUEUE_PUBLISH = 111  # conn: token; aux: cluster_timeout_ms; payload: pack_queue_publish(subject, msg_id, message,
+                         # destination): destination "" = a whole JetStream message, else a member to pack
     QUEUE_SETTLE = 112   # payload: one or more pack_settle(ref, op, delay_ms): a round's acks, naks, terms
     # bridge -> dispatcher
     BRIDGE_START = 140  # a bridge (re)started: tell it the whole local interest again
@@ -96,19 +97,22 @@ def unpack_publish(payload) -> tuple[str, bytes]:
     return bytes(payload[2:2 + n]).decode(), bytes(payload[2 + n:])
 
 
-_QPUB = struct.Struct("<HH")
+_QPUB = struct.Struct("<HHI")
 
 
-def pack_queue_publish(subject: str, msg_id: str, message: bytes) -> bytes:
-    s, i = subject.encode(), msg_id.encode()
-    return _QPUB.pack(len(s), len(i)) + s + i + message
+def pack_queue_publish(subject: str, msg_id: str, message: bytes, destination: str = "") -> bytes:
+    s, i, d = subject.encode(), msg_id.encode(), destination.encode()
+    return _QPUB.pack(len(s), len(i), len(d)) + s + i + d + message
 
 
-def unpack_queue_publish(payload) -> tuple[str, str, bytes]:
-    n, m = _QPUB.unpack_from(payload)
+def unpack_queue_publish(payload) -> tuple[bytes, str, bytes, bytes]:
+    """(subject, msg_id, destination, message): subject and destination as bytes (the bridge
+    writes them as they are)."""
+    n, m, k = _QPUB.unpack_from(payload)
     start = _QPUB.size
-    return (bytes(payload[start:start + n]).decode(), bytes(payload[start + n:start + n + m]).decode(),
-            bytes(payload[start + n + m:]))
+    mid = start + n
+    return (bytes(payload[start:mid]), bytes(payload[mid:mid + m]).decode(), bytes(payload[mid + m:mid + m + k]),
+            bytes(payload[mid + m + k:]))
 
 
 # Settling a pulled message: its ref, what to do, and a nak's delay (ms; 0 = at once).

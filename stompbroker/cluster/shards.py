@@ -10,9 +10,17 @@ two layouts never share a stream:
 |---|---|---|
 | 1 | ``<cluster>_QUEUES`` / ``<cluster>_TOPICS`` | ``<cluster>.q.<tokens>`` / ``<cluster>.d.<topic tokens>`` |
 | n > 1, shard i | ``<cluster>_QUEUES_<n>_<i>`` / ``<cluster>_TOPICS_<n>_<i>`` | ``<cluster>.q<n>_<i>.<tokens>`` / ``<cluster>.d<n>_<i>.<topic tokens>`` |
+| queues packed by up to p > 1 (``cluster/packs.py``), shard i | ``<cluster>_QUEUES_<n>_<i>_P<p>`` | ``<cluster>.q<n>_<i>p<p>.<tokens>`` |
+
+A queue layout is ``(n, p)``: its shard count and the most messages one JetStream message of it
+packs (``cluster_pack_max``; p = 1: one message each, the names above). A packed layout has streams
+of its own because its per-subject limit counts packs (``max_queue_messages // p``) and because a
+node of a version that cannot read packs must never pull one: such a node does not know these
+names and never reads them. Topic streams (durable subscriptions, replay) are never packed.
 
 A node publishes into its own layout only, and reads every layout whose streams exist: after the
-shard count changes, the old layout's streams drain as their messages are consumed (``reads``).
+shard count (or the pack size) changes, the old layout's streams drain as their messages are
+consumed (``reads``).
 
 Leaders: each stream of a replicated layout has a Raft leader, which does that shard's work.
 ``moves`` plans the fewest leader moves (JetStream's stepdown with a preferred server) that leave
@@ -37,25 +45,43 @@ def shard_of(destination: str, n: int) -> int:
     return zlib.crc32(destination.encode()) % n if n > 1 else 0
 
 
-def stream_name(cluster: str, kind: str, n: int, i: int) -> str:
+def layout(n, p: int = 1) -> tuple[int, int]:
+    """A layout as (shard count, pack size); a plain shard count is an unpacked layout."""
+    return tuple(n) if isinstance(n, tuple) else (n, p)
+
+
+def stream_name(cluster: str, kind: str, n: int, i: int, p: int = 1) -> str:
     base = f"{cluster}_{_STREAM[kind]}"
+    if p > 1 and kind == QUEUES:
+        return f"{base}_{n}_{i}_P{p}"
     return base if n <= 1 else f"{base}_{n}_{i}"
 
 
-def subject_root(cluster: str, kind: str, n: int, i: int) -> str:
-    """The first tokens of every subject of shard ``i`` of layout ``n`` (the stream takes ``root.>``)."""
+def subject_root(cluster: str, kind: str, n: int, i: int, p: int = 1) -> str:
+    """The first tokens of every subject of shard ``i`` of layout ``(n, p)`` (the stream takes ``root.>``)."""
+    if p > 1 and kind == QUEUES:
+        return f"{cluster}.{kind}{n}_{i}p{p}"
     return f"{cluster}.{kind}" if n <= 1 else f"{cluster}.{kind}{n}_{i}"
 
 
-def parse_stream(cluster: str, name: str) -> tuple[str, int, int] | None:
-    """(kind, n, i) of one of this cluster's queue or topic streams, else None."""
-    m = re.fullmatch(rf"{re.escape(cluster)}_(QUEUES|TOPICS)(?:_(\d+)_(\d+))?", name)
+def pack_of(stream: str) -> int:
+    """The pack size of a queue stream's layout, from its name (1: unpacked)."""
+    m = re.search(r"_P(\d+)$", stream)
+    return int(m.group(1)) if m else 1
+
+
+def parse_stream(cluster: str, name: str) -> tuple[str, int, int, int] | None:
+    """(kind, n, i, p) of one of this cluster's queue or topic streams, else None."""
+    m = re.fullmatch(rf"{re.escape(cluster)}_(QUEUES|TOPICS)(?:_(\d+)_(\d+)(?:_P(\d+))?)?", name)
     if m is None:
         return None
+    kind = _KIND[m.group(1)]
     if m.group(2) is None:
-        return _KIND[m.group(1)], 1, 0
-    n, i = int(m.group(2)), int(m.group(3))
-    return (_KIND[m.group(1)], n, i) if n > 1 and i < n else None
+        return kind, 1, 0, 1
+    n, i, p = int(m.group(2)), int(m.group(3)), int(m.group(4) or 1)
+    if m.group(4) is not None:   # packed: queues only, any shard count (1 too), more than one per pack
+        return (kind, n, i, p) if kind == QUEUES and p > 1 and n >= 1 and i < n else None
+    return (kind, n, i, 1) if n > 1 and i < n else None
 
 
 def _tail(cluster: str, subject: str) -> str:
@@ -64,10 +90,10 @@ def _tail(cluster: str, subject: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)   # (once per destination, not per message)
-def queue_subject(cluster: str, n: int, destination: str) -> str:
-    """Where a queue message to ``destination`` is published in layout ``n``."""
+def queue_subject(cluster: str, n: int, destination: str, p: int = 1) -> str:
+    """Where a queue message to ``destination`` is published in layout ``(n, p)``."""
     tail = _tail(cluster, subjects.queue_subject(cluster, destination))[2:]  # (after "q.")
-    return f"{subject_root(cluster, QUEUES, n, shard_of(destination, n))}.{tail}"
+    return f"{subject_root(cluster, QUEUES, n, shard_of(destination, n), p)}.{tail}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -81,12 +107,15 @@ def topic_subject(cluster: str, n: int, destination: str) -> str:
 def reads(cluster: str, kind: str, pattern: str, layouts) -> list[tuple[str, list[str]]]:
     """(stream, subject filters) to read for a queue (``kind`` QUEUES, ``pattern`` its destination)
     or a durable subscription / replay (``kind`` TOPICS, ``pattern`` a topic pattern, ``*`` a
-    prefix match), in each layout of ``layouts``: the one shard of a destination, or every shard
-    for a wildcard (its filters are a superset; the broker filters exactly)."""
+    prefix match), in each layout of ``layouts`` (shard counts, or (n, p) layouts): the one shard
+    of a destination, or every shard for a wildcard (its filters are a superset; the broker
+    filters exactly)."""
     out = []
-    for n in sorted(set(layouts)):
+    # (topic streams are never packed: a layout's pack size means nothing for them)
+    for n, p in sorted({layout(x) if kind == QUEUES else (layout(x)[0], 1) for x in layouts}):
         if kind == QUEUES:
-            out.append((stream_name(cluster, kind, n, shard_of(pattern, n)), [queue_subject(cluster, n, pattern)]))
+            out.append((stream_name(cluster, kind, n, shard_of(pattern, n), p),
+                        [queue_subject(cluster, n, pattern, p)]))
             continue
         if "*" not in pattern:
             out.append((stream_name(cluster, kind, n, shard_of(pattern, n)), [topic_subject(cluster, n, pattern)]))
@@ -98,13 +127,13 @@ def reads(cluster: str, kind: str, pattern: str, layouts) -> list[tuple[str, lis
     return out
 
 
-def layouts(cluster: str, names, kind: str) -> dict[int, set[int]]:
-    """layout n -> the shards of ``kind`` whose streams are among ``names``."""
-    out: dict[int, set[int]] = {}
+def layouts(cluster: str, names, kind: str) -> dict[tuple[int, int], set[int]]:
+    """layout (n, p) -> the shards of ``kind`` whose streams are among ``names``."""
+    out: dict[tuple[int, int], set[int]] = {}
     for name in names:
         parsed = parse_stream(cluster, name)
         if parsed is not None and parsed[0] == kind:
-            out.setdefault(parsed[1], set()).add(parsed[2])
+            out.setdefault((parsed[1], parsed[3]), set()).add(parsed[2])
     return out
 
 

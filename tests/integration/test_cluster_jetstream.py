@@ -60,7 +60,7 @@ class Pulled:
 
 
 def keep(nc, got: list):
-    return lambda reply, data: got.append(Pulled(nc, reply, data))
+    return lambda reply, data, n=1: got.append(Pulled(nc, reply, data))
 
 
 async def until(predicate, timeout=5.0):
@@ -253,9 +253,9 @@ def test_pipelined_publishes_are_each_answered_and_stored_once(nats_url, raw):
         p, stored, failed = await publisher(nc, fast)
         deadline = time.monotonic() + 10
         for i in range(500):
-            p.publish(i + 1, f"{name}.q.a", f"m{i}", b"body %d" % i, deadline)
+            p.publish((i + 1,), f"{name}.q.a".encode(), f"m{i}", b"body %d" % i, deadline)
             if i % 10 == 0:  # sent again at once: often "duplicate message id is in process", retried
-                p.publish(1000 + i, f"{name}.q.a", f"m{i}", b"again", deadline)
+                p.publish((1000 + i,), f"{name}.q.a".encode(), f"m{i}", b"again", deadline)
         assert p.pending() == 550  # all out before any PubAck came back
         await until(lambda: len(stored) + len(failed) == 550)
         assert sorted(stored) == list(range(1, 501)) + list(range(1000, 1500, 10)) and not failed
@@ -275,7 +275,7 @@ def test_a_publish_without_a_stream_is_retried_until_its_deadline_then_fails(nat
         nc, _ = await connect(nats_url)
         p, stored, failed = await publisher(nc)
         started = time.monotonic()
-        p.publish(1, "nostream.q.a", "z", b"x", time.monotonic() + 0.6)
+        p.publish((1,), b"nostream.q.a", "z", b"x", time.monotonic() + 0.6)
         await until(lambda: failed)
         assert failed == [(1, False)] and not stored  # "may have been stored": the sender may retry
         assert p.stats["retried"] >= 2 and time.monotonic() - started < 2
@@ -290,7 +290,7 @@ def test_a_full_destination_is_refused_as_full(nats_url):
         await J.declare_stream(js, shards.stream_name(name, shards.QUEUES, 1, 0), [f"{name}.q.>"], 0, work_queue=True, per_subject=2)
         p, stored, failed = await publisher(nc)
         for i in range(3):
-            p.publish(i + 1, f"{name}.q.a", f"f{i}", b"x", time.monotonic() + 5)
+            p.publish((i + 1,), f"{name}.q.a".encode(), f"f{i}", b"x", time.monotonic() + 5)
         await until(lambda: len(stored) + len(failed) == 3)
         assert stored == [1, 2] and failed == [(3, "full")]
         await nc.close()

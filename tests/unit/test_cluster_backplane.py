@@ -304,7 +304,9 @@ def test_durable_patterns_are_announced_and_plain_topic_messages_matching_any_ar
 
 def test_the_queue_hot_path_records_round_trip():
     payload = C.pack_queue_publish("c.q.queue.a", "/queue/a id-1", b"\x00body")
-    assert C.unpack_queue_publish(payload) == ("c.q.queue.a", "/queue/a id-1", b"\x00body")
+    assert C.unpack_queue_publish(payload) == (b"c.q.queue.a", "/queue/a id-1", b"", b"\x00body")
+    member = C.pack_queue_publish("c.q6_1p16.queue.é", "", b"m", "/queue/é")
+    assert C.unpack_queue_publish(member) == ("c.q6_1p16.queue.é".encode(), "", "/queue/é".encode(), b"m")
     settles = C.pack_settle(7, C.ACK) + C.pack_settle(2 ** 40, C.NAK, 250) + C.pack_settle(9, C.TERM)
     assert list(C.iter_settles(settles)) == [(7, C.ACK, 0), (2 ** 40, C.NAK, 250), (9, C.TERM, 0)]
     assert C.unpack_tokens(C.pack_tokens([1, 5, 2 ** 50])) == (1, 5, 2 ** 50)
@@ -320,14 +322,14 @@ def test_a_rounds_settles_travel_as_one_record_in_order_with_the_other_commands(
     bp = r.broker.backplane
     cq = bp.queues
     cq.out += [("ack", 1), ("nak", 2, 0.25), ("credit", "/queue/a", 5), ("term", 3),
-               ("publish", 9, "c.q.queue.a", "id", b"m", 10000)]
+               ("publish", 9, "c.q.queue.a", "id", b"m", 10000, "")]
     bp.queues_out(r.broker)
     records = [(kind, conn, aux, bytes(payload)) for kind, conn, aux, _, payload in C.iter_records(bp.out.buf)]
     assert [r[0] for r in records] == [C.QUEUE_SETTLE, C.QUEUE_CMD, C.QUEUE_SETTLE, C.QUEUE_PUBLISH]
     assert list(C.iter_settles(records[0][3])) == [(1, C.ACK, 0), (2, C.NAK, 250)]
     assert unpack(records[1][3]) == ("credit", "/queue/a", 5)
     assert list(C.iter_settles(records[2][3])) == [(3, C.TERM, 0)]
-    assert records[3][1:3] == (9, 10000) and C.unpack_queue_publish(records[3][3]) == ("c.q.queue.a", "id", b"m")
+    assert records[3][1:3] == (9, 10000) and C.unpack_queue_publish(records[3][3]) == (b"c.q.queue.a", "id", b"", b"m")
     assert cq.out == []
 
 

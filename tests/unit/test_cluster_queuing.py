@@ -1,7 +1,8 @@
 """The queue side of the cluster backplane (cluster/queuing.py), driven through the real Broker:
 receipts held until stored, credits from prefetch, ack/nack/auto-ack to JetStream, redelivered
-flag, dead letters, de-duplication. JetStream is a small in-memory stand-in with its semantics
-(work queue, shared consumer, delivery count, Nats-Msg-Id de-duplication)."""
+flag, dead letters, de-duplication, packs. JetStream is a small in-memory stand-in with its
+semantics (work queue, shared consumer, delivery count, Nats-Msg-Id de-duplication), behind the
+bridge's own packing and settling (cluster/packs.py: Packer, Ledger)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections import deque
 
 from stompbroker.broker import queues as Q
 from stompbroker.cluster.backplane import Backplane
-from stompbroker.cluster import shards
-from stompbroker.cluster.queuing import decode, pack, unpack
+from stompbroker.cluster import packs, shards
+from stompbroker.cluster.queuing import pack, unpack
 
 from broker_harness import Rig
 
@@ -22,8 +23,9 @@ class FakeJetStream:
         self.nodes = []
         self.stream: dict[str, deque] = {}   # subject -> [payload, delivered]
         self.ids = set()
-        self.out: dict[int, tuple] = {}      # ref -> (node, subject, entry): delivered, not settled
-        self.refs = 0
+        self.out: dict[int, tuple] = {}      # first ref -> (node, subject, entry): delivered, not settled
+        self.ledger = packs.Ledger()         # (the bridge's: a pack is settled once all its members are)
+        self.pack_ids = iter(range(1, 1 << 30))
         self.fail = False
         self.silent = False
         self.log = []
@@ -45,46 +47,63 @@ class FakeJetStream:
                 cq = rig.broker.backplane.queues
                 cq.refill(rig.broker, Q)
                 commands, cq.out[:] = list(cq.out), []
+                packer = packs.Packer(cq.pack, 1 << 20, lambda: f"pack-{next(self.pack_ids)}")
                 for command in commands:
                     busy = True
-                    self.command(rig, unpack(pack(command)))
+                    self.command(rig, unpack(pack(command)), packer)
+                for ready in packer.take():   # (the end of the bridge's turn)
+                    self.store(rig, ready.subject.decode(), ready.msg_id, ready.payload, ready.tokens)
             busy |= self.deliver()
             if not busy:
                 return
         raise AssertionError("never quiet")
 
-    def command(self, rig, command) -> None:
+    def command(self, rig, command, packer) -> None:
         self.log.append(command[0])
         self.commands.append(command)
         kind = command[0]
-        b = rig.broker
-        answer = lambda *event: b.backplane.queues.event(b, unpack(pack(event)), Q)  # noqa: E731
         if kind == "publish":
-            _, token, subject, msg_id, payload, _ = command
-            if self.silent:
-                return
-            if self.fail:
-                answer("failed", token, "test says no")
-                return
-            if msg_id not in self.ids:
-                self.ids.add(msg_id)
-                self.stream.setdefault(subject, deque()).append([payload, 0])
-            answer("stored", token)
+            _, token, subject, msg_id, payload, _, destination = command
+            if destination:
+                packer.add(subject.encode(), destination.encode(), payload, token, 0.0, msg_id)
+            else:
+                self.store(rig, subject, msg_id, payload, [token])
         elif kind == "bind":
+            b = rig.broker
             _, key, stream_kind, _, pattern, _, _ = command
+            layout = (b.config.cluster_streams, b.backplane.queues.pack)
             rig.binds[key] = [f for _, filters in shards.reads(b.config.cluster_name, stream_kind, pattern,
-                                                                [b.config.cluster_streams]) for f in filters]
+                                                                [layout]) for f in filters]
             rig.want.setdefault(command[1], 0)
         elif kind == "credit":
             rig.want[command[1]] = rig.want.get(command[1], 0) + command[2]
         elif kind == "unbind":
             rig.binds.pop(command[1], None)
             rig.want.pop(command[1], None)
-        elif kind in ("ack", "term"):
-            self.out.pop(command[1])
-        elif kind == "nak":
-            _, subject, entry = self.out.pop(command[1])
-            self.stream[subject].appendleft(entry)
+        elif kind in ("ack", "term", "nak"):
+            op = {"ack": packs.ACK, "nak": packs.NAK, "term": packs.TERM}[kind]
+            done = self.ledger.settle(command[1], op, int((command[2] if len(command) > 2 else 0) * 1000))
+            if done is not None:
+                held, op, _ = done
+                _, subject, entry = self.out.pop(held.first)
+                if op == packs.NAK:
+                    self.stream[subject].appendleft(entry)
+
+    def store(self, rig, subject: str, msg_id: str, payload: bytes, tokens) -> None:
+        b = rig.broker
+        answer = lambda *event: b.backplane.queues.event(b, unpack(pack(event)), Q)  # noqa: E731
+        if self.silent:
+            return
+        for token in tokens:
+            if self.fail:
+                answer("failed", token, "test says no")
+        if self.fail:
+            return
+        if msg_id not in self.ids:
+            self.ids.add(msg_id)
+            self.stream.setdefault(subject, deque()).append([payload, 0])
+        for token in tokens:
+            answer("stored", token)
 
     def deliver(self) -> bool:
         moved = False
@@ -100,16 +119,19 @@ class FakeJetStream:
         while waiting and rig.want.get(key, 0) > 0:
             entry = waiting.popleft()
             entry[1] += 1
-            self.refs += 1
-            self.out[self.refs] = (rig, subject, entry)
-            rig.want[key] -= 1
+            n = packs.count(entry[0])
+            ref = self.ledger.hold(b"", n, 0.0)
+            self.out[ref] = (rig, subject, entry)
+            rig.want[key] -= n
             b = rig.broker
-            b.backplane.queues.event(b, ("message", key, self.refs, entry[1], entry[0]), Q)
+            b.backplane.queues.event(b, ("message", key, ref, entry[1], entry[0]), Q)
             moved = True
         return moved
 
     def depth(self) -> int:
-        return sum(len(d) for d in self.stream.values()) + len(self.out)
+        """Messages stored (a pack's members each)."""
+        entries = [e for d in self.stream.values() for e in d] + [e for _, _, e in self.out.values()]
+        return sum(packs.count(e[0]) for e in entries)
 
 
 def test_receipt_waits_until_stored_and_later_replies_keep_their_order():
@@ -151,7 +173,7 @@ def test_no_answer_from_the_bridge_is_an_error_after_cluster_timeout_ms():
 
 def test_competing_nodes_take_each_message_once_and_only_what_prefetch_allows():
     js = FakeJetStream()
-    a, b = js.join(), js.join()
+    a, b = js.join(cluster_pack_max=1), js.join(cluster_pack_max=1)   # (a pack goes to one node whole)
     a.connect(1)
     b.connect(2)
     a.subscribe(1, "/queue/work", ack="client-individual", prefetch_count="3")
@@ -292,7 +314,7 @@ def test_durable_subscription_reads_its_consumer_and_filters_its_pattern_exactly
 
 
 def test_pack_round_trip_and_message_encoding():
-    item = ("publish", 3, "s.q.x", "id\x1fz", b"\x00\xffbody", 5000)
+    item = ("publish", 3, "s.q.x", "id\x1fz", b"\x00\xffbody", 5000, "/queue/x")
     assert unpack(pack(item)) == item
     assert unpack(pack(("ack", 9))) == ("ack", 9)
     js = FakeJetStream()
@@ -301,8 +323,9 @@ def test_pack_round_trip_and_message_encoding():
     a.send(1, "/queue/e", b"\x00bin", **{"x-h": "v\\c1\\nnext"})
     js.run()
     ((payload, _),) = js.stream[next(iter(js.stream))]
-    mid, dest, headers, body, expires = decode(payload)
-    assert dest == "/queue/e" and headers["x-h"] == "v:1\nnext" and body == b"\x00bin" and expires == 0
+    (m,) = packs.unpack(payload)
+    assert m.destination == "/queue/e" and m.headers["x-h"] == "v:1\nnext" and m.body == b"\x00bin"
+    assert m.expires_ms == 0 and m.before == 0
 
 
 def test_a_restarted_bridge_gets_every_bind_again_as_it_was_and_drops_what_it_pulled():
@@ -414,7 +437,5 @@ def test_a_message_pulled_for_a_durable_just_detached_goes_back_to_jetstream():
     js.run()
     assert a.binds == {}
     b = a.broker                   # a message JetStream had sent before the unbind reached it
-    from stompbroker.broker.model import Message
-    from stompbroker.cluster.queuing import encode
-    b.backplane.queues.event(b, ("message", key, 99, 1, encode(Message("m1", "/topic/t", {}, b"x"), 0)), Q)
+    b.backplane.queues.event(b, ("message", key, 99, 1, packs.single("m1", "/topic/t", {}, b"x")), Q)
     assert b.backplane.queues.out[-1][:2] == ("nak", 99) and not b.queues[key].depth()

@@ -32,12 +32,32 @@ def test_sharded_names_and_subjects():
     assert S.topic_subject("c", 6, "rel") == f"c.d6_{S.shard_of('rel', 6)}.r.rel"
 
 
+def test_packed_queue_layouts_have_streams_and_subjects_of_their_own():
+    i = S.shard_of("/queue/a", 6)
+    assert S.stream_name("c", S.QUEUES, 6, i, 16) == f"c_QUEUES_6_{i}_P16"
+    assert S.queue_subject("c", 6, "/queue/a", 16) == f"c.q6_{i}p16.queue.a"
+    assert S.stream_name("c", S.QUEUES, 1, 0, 4) == "c_QUEUES_1_0_P4"     # one shard, packed: not c_QUEUES
+    assert S.queue_subject("c", 1, "/queue/a", 4) == "c.q1_0p4.queue.a"
+    assert S.stream_name("c", S.TOPICS, 6, 2, 16) == "c_TOPICS_6_2"       # topic streams are never packed
+    assert S.pack_of(f"c_QUEUES_6_{i}_P16") == 16 and S.pack_of("c_QUEUES_6_1") == 1 and S.pack_of("c_QUEUES") == 1
+
+
 @pytest.mark.parametrize("name, parsed", [
-    ("c_QUEUES", ("q", 1, 0)), ("c_TOPICS", ("d", 1, 0)), ("c_QUEUES_6_5", ("q", 6, 5)), ("c_TOPICS_3_0", ("d", 3, 0)),
+    ("c_QUEUES", ("q", 1, 0, 1)), ("c_TOPICS", ("d", 1, 0, 1)), ("c_QUEUES_6_5", ("q", 6, 5, 1)),
+    ("c_TOPICS_3_0", ("d", 3, 0, 1)), ("c_QUEUES_6_5_P16", ("q", 6, 5, 16)), ("c_QUEUES_1_0_P4", ("q", 1, 0, 4)),
     ("c_QUEUES_6_6", None), ("c_QUEUES_1_0", None), ("c_OTHER", None), ("d_QUEUES", None), ("KV_c_interest", None),
-    ("c_QUEUES_6", None)])
+    ("c_QUEUES_6", None), ("c_TOPICS_6_1_P16", None), ("c_QUEUES_6_1_P1", None), ("c_QUEUES_6_6_P16", None),
+    ("c_QUEUES_P16", None)])
 def test_parse_stream(name, parsed):
     assert S.parse_stream("c", name) == parsed
+
+
+def test_a_node_before_packs_never_reads_a_packed_stream():
+    """What a node of the version before packs matches (its parse_stream, pinned here): a packed
+    layout's names are not its streams, so it never pulls a pack it could not read."""
+    import re
+    old = re.compile(r"c_(QUEUES|TOPICS)(?:_(\d+)_(\d+))?")
+    assert old.fullmatch("c_QUEUES_6_5") and not old.fullmatch(S.stream_name("c", S.QUEUES, 6, 5, 16))
 
 
 def test_reads_one_shard_per_layout_and_every_shard_for_a_wildcard():
@@ -58,9 +78,17 @@ def test_reads_one_shard_per_layout_and_every_shard_for_a_wildcard():
 
 
 def test_layouts_present():
-    names = ["c_QUEUES", "c_QUEUES_6_0", "c_QUEUES_6_4", "c_TOPICS_6_1", "x_QUEUES", "KV_c_interest"]
-    assert S.layouts("c", names, S.QUEUES) == {1: {0}, 6: {0, 4}}
-    assert S.layouts("c", names, S.TOPICS) == {6: {1}}
+    names = ["c_QUEUES", "c_QUEUES_6_0", "c_QUEUES_6_4", "c_TOPICS_6_1", "x_QUEUES", "KV_c_interest", "c_QUEUES_6_2_P16"]
+    assert S.layouts("c", names, S.QUEUES) == {(1, 1): {0}, (6, 1): {0, 4}, (6, 16): {2}}
+    assert S.layouts("c", names, S.TOPICS) == {(6, 1): {1}}
+
+
+def test_reads_every_layout_packed_or_not():
+    q = S.reads("c", S.QUEUES, "/queue/a", [(6, 16), 6])
+    i = S.shard_of("/queue/a", 6)
+    assert q == [(f"c_QUEUES_6_{i}", [f"c.q6_{i}.queue.a"]), (f"c_QUEUES_6_{i}_P16", [f"c.q6_{i}p16.queue.a"])]
+    j = S.shard_of("/topic/x", 6)   # a topic read in a node's packed layout: its one topic stream
+    assert S.reads("c", S.TOPICS, "/topic/x", [(6, 16), (6, 1)]) == [(f"c_TOPICS_6_{j}", [f"c.d6_{j}.t.topic.x"])]
 
 
 def spread(streams, moves):
