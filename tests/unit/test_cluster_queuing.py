@@ -439,3 +439,122 @@ def test_a_message_pulled_for_a_durable_just_detached_goes_back_to_jetstream():
     b = a.broker                   # a message JetStream had sent before the unbind reached it
     b.backplane.queues.event(b, ("message", key, 99, 1, packs.single("m1", "/topic/t", {}, b"x")), Q)
     assert b.backplane.queues.out[-1][:2] == ("nak", 99) and not b.queues[key].depth()
+
+
+# -- packs: several messages in one JetStream message (cluster/packs.py) ------------------------------
+def packed_node(js, n, conn=1, **settings):
+    """A node whose consumer (client-individual, room for 10) got ``n`` messages sent in one round:
+    one pack of ``n`` in JetStream."""
+    a = js.join(**settings)
+    a.connect(conn)
+    a.subscribe(conn, "/queue/p", ack="client-individual", prefetch_count="10")
+    for i in range(n):
+        a.send(conn, "/queue/p", b"m%d" % i)
+    js.run()
+    return a
+
+
+def test_messages_sent_in_one_round_go_to_jetstream_as_one_pack_and_each_is_delivered():
+    js = FakeJetStream()
+    a = packed_node(js, 3)
+    got = a.messages(1)
+    assert [m.body for m in got] == [b"m0", b"m1", b"m2"] and len(js.out) == 1   # one JetStream message out
+    ((_, _, (payload, _)),) = js.out.values()
+    assert packs.count(payload) == 3
+    for m in got[:2]:
+        a.frame(1, "ACK", id=m["ack"])
+    js.run()
+    assert len(js.out) == 1                                  # not before its last member is acked
+    a.frame(1, "ACK", id=got[2]["ack"])
+    js.run()
+    assert js.out == {} and js.depth() == 0                 # acked once every member was
+
+
+def test_a_nacked_member_is_put_back_alone_and_its_pack_acked_once_that_is_stored():
+    """failed before: a NACK of one member nak'ed the whole pack (the others, acknowledged, came again)."""
+    js = FakeJetStream()
+    a = packed_node(js, 3)
+    first = a.messages(1)
+    a.frame(1, "ACK", id=first[0]["ack"])
+    a.frame(1, "NACK", id=first[1]["ack"])
+    a.frame(1, "ACK", id=first[2]["ack"])
+    before = len(js.commands)
+    js.run()
+    publishes = [c for c in js.commands[before:] if c[0] == "publish"]
+    assert len(publishes) == 1 and publishes[0][3] == ""     # the member alone (a fresh Nats-Msg-Id: the bridge's)
+    (again,) = a.messages(1)
+    assert again.body == b"m1" and again["redelivered"] == "true" and again["message-id"] == first[1]["message-id"]
+    assert not [c for c in js.commands[before:] if c[0] == "nak"]
+    a.frame(1, "ACK", id=again["ack"])
+    js.run()
+    assert js.out == {} and js.depth() == 0 and a.messages(1) == []   # m0 and m2 never again
+
+
+def test_deliveries_count_across_copies_for_max_redeliveries():
+    js = FakeJetStream()
+    a = packed_node(js, 2, max_redeliveries=1)
+    a.subscribe(1, "/queue/DLQ", sub_id="dlq")
+    m0, m1 = a.messages(1)
+    a.frame(1, "ACK", id=m0["ack"])
+    a.frame(1, "NACK", id=m1["ack"])                          # 1st delivery rejected: put back
+    js.run()
+    (again,) = a.messages(1)
+    a.frame(1, "NACK", id=again["ack"])                       # 2nd: past max_redeliveries=1
+    js.run()
+    (dead,) = a.messages(1)
+    assert dead["destination"] == "/queue/DLQ" and dead["dead-letter-reason"] == "rejected 2 times"
+    assert dead.body == b"m1"
+
+
+def test_a_pack_whose_members_all_come_back_goes_back_whole():
+    js = FakeJetStream()
+    a = packed_node(js, 3)
+    assert len(a.messages(1)) == 3
+    before = len(js.commands)
+    a.broker.on_closed(1)                                    # three unacked deliveries come back
+    a.tick(0.2)
+    js.run()
+    assert not [c for c in js.commands[before:] if c[0] == "publish"]   # nothing published again
+    assert js.out == {} and js.depth() == 3
+    assert len([e for d in js.stream.values() for e in d]) == 1   # one JetStream message, as it was
+    b = js.join()
+    b.connect(2)
+    b.subscribe(2, "/queue/p", ack="client-individual", prefetch_count="10")
+    js.run()
+    assert [(m.body, m["redelivered"]) for m in b.messages(2)] == [(b"m0", "true"), (b"m1", "true"), (b"m2", "true")]
+
+
+def test_a_member_no_selector_takes_is_put_back_after_its_delay_while_the_others_are_acked():
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.subscribe(1, "/queue/s", ack="client-individual", selector="x = 1", prefetch_count="10")
+    a.send(1, "/queue/s", b"one", x="1")
+    a.send(1, "/queue/s", b"two", x="2")
+    js.run()
+    (one,) = a.messages(1)
+    a.frame(1, "ACK", id=one["ack"])
+    a.tick(0.2)                                              # "two" is given back, with its delay
+    js.run()
+    assert not [c for c in js.commands if c[0] == "publish" and c[6] == "/queue/s"][2:]
+    assert len(js.out) == 1
+    a.tick(2.5)
+    js.run()
+    copies = [c for c in js.commands if c[0] == "publish"][2:]
+    assert len(copies) == 1 and packs.unpack(packs.pack("/queue/s", [copies[0][4]]))[0].before == 1
+    assert [packs.count(e[0]) for _, _, e in js.out.values()] in ([], [1])   # the pack of two: acked
+    assert js.depth() == 1                                   # "two", by itself; "one" gone with its pack
+
+
+def test_a_member_that_cannot_be_put_back_makes_its_pack_come_back_whole_marked_redelivered():
+    js = FakeJetStream()
+    a = packed_node(js, 2)
+    m0, m1 = a.messages(1)
+    a.frame(1, "ACK", id=m0["ack"])
+    js.fail = True                                           # the copy is not stored
+    a.frame(1, "NACK", id=m1["ack"])
+    js.run()
+    js.fail = False
+    got = a.messages(1)                                      # the pack was nak'ed: both members again
+    assert [(m.body, m["redelivered"]) for m in got] == [(b"m0", "true"), (b"m1", "true")]
+    assert "nak" in js.log and js.depth() == 2
