@@ -65,19 +65,23 @@ def cluster_fanout(runner, copts, transport: str) -> dict:
 
 def cluster_queue(runner, copts, transport: str):
     """The cross-node queue, then in the same run what it is read against: the ceiling (a plain
-    nats-py pair on the same stream, while that cluster is still up) and one standalone node with
-    store=sqlite (same producer, same consumers, same flow control); then the summary."""
+    nats-py pair on the same stream, while that cluster is still up: one message per JetStream
+    message, and, when the nodes pack, as many per JetStream message as they may) and one
+    standalone node with store=sqlite (same producer, same consumers, same flow control); then the
+    summary."""
     o = runner.opts
     k = o.queue_consumers
     name = f"cluster-queue-{transport}"
     replicas = copts.replicas or (3 if copts.nats_servers >= 3 else 1)
     params = {"nodes": copts.nodes, "nats_servers": copts.nats_servers, "consumers": k, "size": o.size,
               "duration": o.duration, "flow_control": runner.flow_label, "persistent": True, "replicas": replicas,
+              "cluster_streams": None, "cluster_pack_max": None,
               "layout": f"producer on n0 (persistent SENDs, receipts), {k} consumers over n1..n{copts.nodes - 1}"}
     ceiling = {}
 
     def body():
         cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args + [f"cluster_replicas={replicas}"])
+        params["cluster_streams"], params["cluster_pack_max"] = cluster.streams, cluster.pack
         try:
             dest = f"/queue/bench-{runner.run_id}-xq"
             consumers = consumers_on(runner, cluster, transport, dest, remote_nodes(copts.nodes, k))
@@ -89,8 +93,16 @@ def cluster_queue(runner, copts, transport: str):
             res = runner.delivery_result(name, "cluster-queue", transport, params, flow, nodes, 1)
             res["broker"]["pss_bytes"], res["broker"]["pss_by_process"] = pss, pss_by
             res["notes"].append(f"every message stored in JetStream (R{replicas}) before its receipt")
+            stored = cluster.stored([dest])
+            if stored:
+                res["counts"]["jetstream_messages"] = stored
+                res["counts"]["messages_per_jetstream_message"] = round(res["counts"]["delivered"] / stored, 2)
+                res["notes"].append(f"{stored} JetStream messages stored (up to {cluster.pack} messages in one): "
+                                    f"{res['counts']['messages_per_jetstream_message']} messages each")
             if copts.baselines:
                 ceiling["result"] = nats_ceiling(runner, copts, cluster, nodes, transport, replicas)
+                if cluster.pack > 1:
+                    ceiling["packed"] = nats_ceiling(runner, copts, cluster, nodes, transport, replicas, cluster.pack)
             return res
         finally:
             cluster.close()
@@ -101,33 +113,38 @@ def cluster_queue(runner, copts, transport: str):
         return
     yield ceiling.get("result") or runner.skipped(f"cluster-queue-ceiling-{transport}", transport,
                                                   "not measured: the cross-node run failed")
+    if ceiling.get("packed"):
+        yield ceiling["packed"]
     time.sleep(o.pause)
     sqlite = sqlite_queue(runner, transport)
     yield sqlite
-    yield queue_summary(cross, ceiling.get("result"), sqlite, transport)
+    yield queue_summary(cross, ceiling.get("result"), sqlite, transport, ceiling.get("packed"))
 
 
-def nats_ceiling(runner, copts, cluster, nodes, transport: str, replicas: int) -> dict:
+def nats_ceiling(runner, copts, cluster, nodes, transport: str, replicas: int, pack: int = 1) -> dict:
     """The plain nats-py pair on the stream the broker's queues use (publisher on the first NATS
-    server, consumer on the second): msg/s stored and consumed, and the CPU it took."""
+    server, consumer on the second): msg/s stored and consumed, and the CPU it took. ``pack``:
+    messages per JetStream message (the nodes' pack size: what JetStream carries for a broker that
+    packs as much)."""
     from ..cluster.shards import queue_subject
     from .natsceiling import measure
 
     o = runner.opts
-    name = f"cluster-queue-ceiling-{transport}"
+    name = f"cluster-queue-ceiling{'-packed' if pack > 1 else ''}-{transport}"
     urls = cluster.nats.urls
     pending = copts.nats_pending
-    params = {"nats_servers": len(urls), "replicas": replicas, "size": o.size, "duration": o.duration,
+    params = {"nats_servers": len(urls), "replicas": replicas, "size": o.size, "duration": o.duration, "pack": pack,
               "flow_control": f"publish_async, at most {pending} PubAcks outstanding; fetch batches of 256, each "
-                              "acked",
+                              "acked" + (f"; {pack} messages per JetStream message" if pack > 1 else ""),
               "layout": "nats-py publisher on nats0, consumer on nats1, the broker's queue stream"}
 
     def body():
         before, busy0 = nodes.cpu(), system_busy()
         t0 = time.monotonic()
         m = measure(urls[0], urls[1 % len(urls)], queue_subject(cluster.name, cluster.streams,
-                                                               f"/queue/bench-{runner.run_id}-ceiling"),
-                    o.size, o.duration, pending=pending)
+                                                               f"/queue/bench-{runner.run_id}-ceiling{pack}",
+                                                               cluster.pack),
+                    o.size, o.duration, pending=pending, pack=pack)
         wall = time.monotonic() - t0
         after, busy = nodes.cpu(), system_busy() - busy0
         res = new_result(name, "cluster-queue-ceiling", transport, params)
@@ -190,9 +207,11 @@ BRIDGE_US_TARGET = 10.0
 NODE_CPU_RATIO_TARGET = 1.5
 
 
-def queue_summary(cross: dict, ceiling: dict | None, sqlite: dict, transport: str) -> dict:
-    """The cross-node queue as a ratio of the NATS ceiling and of the standalone sqlite node, and
-    its CPU per message (the bridges' on each side; the whole cluster's against the sqlite node's)."""
+def queue_summary(cross: dict, ceiling: dict | None, sqlite: dict, transport: str,
+                  packed: dict | None = None) -> dict:
+    """The cross-node queue as a ratio of the NATS ceiling (and of the packed one, where the nodes
+    pack) and of the standalone sqlite node, and its CPU per message (the bridges' on each side;
+    the whole cluster's against the sqlite node's)."""
     res = new_result(f"cluster-queue-summary-{transport}", "cluster-queue-summary", transport,
                      {"flow_control": cross["parameters"].get("flow_control")})
     ok = lambda r: r is not None and r["status"] == "ok"  # noqa: E731
@@ -200,8 +219,12 @@ def queue_summary(cross: dict, ceiling: dict | None, sqlite: dict, transport: st
     ceiling_rate = ceiling["headline"]["value"] if ok(ceiling) else None
     sqlite_rate = sqlite["rates"].get("deliveries_per_s") if ok(sqlite) else None
     ratio = lambda a, b: round(a / b, 3) if a and b else None  # noqa: E731
+    packed_rate = packed["headline"]["value"] if ok(packed) else None
     res["rates"] = {"cross_node_per_s": rate, "ceiling_per_s": ceiling_rate, "sqlite_node_per_s": sqlite_rate,
                     "vs_ceiling": ratio(rate, ceiling_rate), "vs_sqlite_node": ratio(rate, sqlite_rate)}
+    if packed is not None:
+        res["rates"]["packed_ceiling_per_s"] = packed_rate
+        res["rates"]["vs_packed_ceiling"] = ratio(rate, packed_rate)
     cpu = {}
     if ok(cross) and cross["counts"].get("delivered"):
         n = cross["counts"]["delivered"]
@@ -232,6 +255,9 @@ def queue_summary(cross: dict, ceiling: dict | None, sqlite: dict, transport: st
         _target("cluster CPU per message / standalone sqlite node's", cpu.get("cluster_vs_sqlite_node"), "<=",
                 NODE_CPU_RATIO_TARGET, "x"),
     ]
+    if packed is not None:
+        res["targets"].insert(1, _target("cross-node queue / NATS ceiling at the nodes' pack size",
+                                         res["rates"].get("vs_packed_ceiling"), ">=", QUEUE_VS_CEILING_TARGET, "x"))
     if value is None and res["rates"]["vs_sqlite_node"] is None:
         res["status"] = "error"
         res["notes"].append("not enough successful runs to compare")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
+from ..cluster import packs
 from ..settings import BY_LOWER
 from .procs import SpawnedBroker
 from .wire import BenchError, Target
@@ -65,6 +67,12 @@ class Nodes:
         return total, by
 
 
+def setting(node_args: list[str], name: str) -> int:
+    """An integer setting as the nodes get it: the last ``name=`` of their arguments, else its default."""
+    return next((int(a.split("=", 1)[1]) for a in reversed(node_args) if a.startswith(f"{name}=")),
+                BY_LOWER[name].default)
+
+
 def target_of(broker, o) -> Target:
     return Target("127.0.0.1", broker.port, f"ws://127.0.0.1:{broker.port}/ws", o.login, o.passcode, o.vhost)
 
@@ -80,9 +88,10 @@ class Cluster:
 
         self.nats = NatsCluster(nats_servers)
         self.name = f"bench{os.getpid()}x{time.monotonic_ns() % 10**9}"
-        # the nodes' shard count (cluster/shards.py: which stream holds a queue)
-        self.streams = next((int(a.split("=", 1)[1]) for a in reversed(node_args) if a.startswith("cluster_streams=")),
-                            BY_LOWER["cluster_streams"].default)
+        # the nodes' queue layout: shard count and pack size (cluster/shards.py: which stream holds a queue)
+        self.streams = setting(node_args, "cluster_streams")
+        self.pack = packs.size(SimpleNamespace(cluster_pack_max=setting(node_args, "cluster_pack_max"),
+                                               max_queue_messages=setting(node_args, "max_queue_messages")))
         self.nodes = []
         urls = self.nats.urls
         try:
@@ -94,6 +103,29 @@ class Cluster:
         except BaseException:
             self.close()
             raise
+
+    def stored(self, destinations: list[str]) -> int | None:
+        """JetStream messages the streams of these queues ever stored (their last sequence numbers;
+        each destination's shard once): with packs, fewer than the messages. None if NATS did not say."""
+        import asyncio
+
+        from ..cluster import shards
+
+        names = {shards.stream_name(self.name, shards.QUEUES, self.streams, shards.shard_of(d, self.streams), self.pack)
+                 for d in destinations}
+
+        async def main():
+            import nats
+            nc = await nats.connect(self.nats.urls)
+            try:
+                js = nc.jetstream(timeout=10)
+                return sum([(await js.stream_info(name)).state.last_seq for name in sorted(names)])
+            finally:
+                await nc.close()
+        try:
+            return asyncio.run(main())
+        except Exception:
+            return None
 
     def close(self) -> None:
         for b in self.nodes:

@@ -7,6 +7,11 @@ publisher publishes asynchronously (``publish_async``, at most ``pending`` PubAc
 each message with a ``Nats-Msg-Id`` as the broker's have), the consumer fetches in batches from a
 durable pull consumer and acknowledges each message. Counted: messages acknowledged by JetStream
 (PubAcks) and consumed, and each client's CPU.
+
+``pack`` > 1: each JetStream message carries ``pack`` messages' bytes and counts as that many (the
+ceiling of JetStream for a broker that packs as many). The publisher spreads its messages over
+SUBJECTS subjects under the queue's, so a packed layout's per-subject limit (in JetStream
+messages) never holds it back while it runs ahead of its consumer.
 """
 
 from __future__ import annotations
@@ -17,18 +22,22 @@ import os
 import resource
 import time
 
+SUBJECTS = 16
+
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-async def _publisher(url: str, subject: str, size: int, duration: float, pending: int, t0: float) -> dict:
+async def _publisher(url: str, subject: str, size: int, duration: float, pending: int, t0: float,
+                     pack: int = 1) -> dict:
     import nats
 
     nc = await nats.connect(url, name="bench-ceiling-pub")
     js = nc.jetstream(publish_async_max_pending=pending)
-    body = os.urandom(size // 2 + 1).hex()[:size].encode()
+    body = os.urandom(size * pack // 2 + 1).hex()[:size * pack].encode()
+    subjects = [f"{subject}.{i}" for i in range(SUBJECTS)]
     run = os.urandom(4).hex()
     await asyncio.sleep(max(t0 - time.monotonic(), 0))
     cpu0, start = _cpu(), time.monotonic()
@@ -42,7 +51,7 @@ async def _publisher(url: str, subject: str, size: int, duration: float, pending
             acked += 1
 
     while time.monotonic() - start < duration:
-        future = await js.publish_async(subject, body, headers={"Nats-Msg-Id": f"{run}-{sent}"})
+        future = await js.publish_async(subjects[sent % SUBJECTS], body, headers={"Nats-Msg-Id": f"{run}-{sent}"})
         future.add_done_callback(done)
         sent += 1
     try:
@@ -52,10 +61,11 @@ async def _publisher(url: str, subject: str, size: int, duration: float, pending
     elapsed = time.monotonic() - start
     cpu = _cpu() - cpu0
     await nc.close()
-    return {"sent": sent, "acked": acked, "failed": failed, "seconds": elapsed, "cpu_s": cpu}
+    return {"sent": sent * pack, "acked": acked * pack, "failed": failed * pack, "seconds": elapsed, "cpu_s": cpu}
 
 
-async def _consumer(url: str, stream: str, durable: str, batch: int, expect, stop_after: float, t0: float) -> dict:
+async def _consumer(url: str, stream: str, durable: str, batch: int, expect, stop_after: float, t0: float,
+                    pack: int = 1) -> dict:
     import nats
     import nats.errors
 
@@ -72,7 +82,7 @@ async def _consumer(url: str, stream: str, durable: str, batch: int, expect, sto
             msgs = []
         for msg in msgs:
             await msg.ack()
-        got += len(msgs)
+        got += len(msgs) * pack
         now = time.monotonic()
         if msgs:
             last = now
@@ -102,7 +112,7 @@ async def _prepare(url: str, subject: str, durable: str, ack_wait: float) -> str
         js = nc.jetstream(timeout=10)
         stream = await js.find_stream_name_by_subject(subject)
         await js.add_consumer(stream, api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT,
-                                                         filter_subject=subject, ack_wait=ack_wait,
+                                                         filter_subject=subject + ".>", ack_wait=ack_wait,
                                                          max_ack_pending=-1))
         return stream
     finally:
@@ -123,17 +133,17 @@ async def _cleanup(url: str, stream: str, durable: str) -> None:
 
 
 def measure(pub_url: str, sub_url: str, subject: str, size: int, duration: float, pending: int = 256,
-            batch: int = 256) -> dict:
+            batch: int = 256, pack: int = 1) -> dict:
     """Run the pair for ``duration`` seconds; returns the rates, counts and CPU (the NATS servers' CPU
-    is the caller's to measure around it)."""
+    is the caller's to measure around it). ``pack``: messages per JetStream message."""
     durable = "bench_ceiling_" + os.urandom(3).hex()
     stream = asyncio.run(_prepare(sub_url, subject, durable, 30.0))
     ctx = mp.get_context("fork")
     expect = ctx.Value("q", -1)
     t0 = time.monotonic() + 0.5
     pipes, procs = [], []
-    for fn, args in ((_consumer, (sub_url, stream, durable, batch, expect, duration + 40, t0)),
-                     (_publisher, (pub_url, subject, size, duration, pending, t0))):
+    for fn, args in ((_consumer, (sub_url, stream, durable, batch, expect, duration + 40, t0, pack)),
+                     (_publisher, (pub_url, subject, size, duration, pending, t0, pack))):
         parent, child = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_run, args=(fn, args, child), daemon=True)
         p.start()
@@ -164,5 +174,6 @@ def measure(pub_url: str, sub_url: str, subject: str, size: int, duration: float
             "stored_per_s": round(pub["acked"] / max(pub["seconds"], 1e-9)),
             "consumed_per_s": round(sub["consumed"] / seconds),
             "client_cpu_s": {"publisher": round(pub["cpu_s"], 3), "consumer": round(sub["cpu_s"], 3)},
+            "pack": pack,
             "flow_control": f"publish_async, at most {pending} PubAcks outstanding; fetch batches of {batch}, "
-                            "each message acked"}
+                            "each message acked" + (f"; {pack} messages per JetStream message" if pack > 1 else "")}

@@ -214,7 +214,7 @@ class Backplane:
         if cq.out:
             out = self.out
             settles = bytearray()   # consecutive acks, naks and terms go as one record
-            for command in cq.out:
+            for command in cq.commands():
                 kind = command[0]
                 op = C.SETTLE_OPS.get(kind)
                 if op is not None:
@@ -224,14 +224,13 @@ class Backplane:
                     out.add(C.QUEUE_SETTLE, 0, settles)
                     settles = bytearray()
                 if kind == "publish":
-                    _, token, subject, msg_id, payload, timeout_ms, destination = command
-                    out.add(C.QUEUE_PUBLISH, token, C.pack_queue_publish(subject, msg_id, payload, destination),
+                    _, tokens, subject, msg_id, payload, timeout_ms = command
+                    out.add(C.QUEUE_PUBLISH, len(tokens), C.pack_queue_publish(subject, msg_id, payload, tokens),
                             timeout_ms)
                 else:
                     out.add(C.QUEUE_CMD, 0, pack(command))
             if settles:
                 out.add(C.QUEUE_SETTLE, 0, settles)
-            cq.out.clear()
 
     def session_ended(self, session) -> None:
         for entry in self.waiting.pop(session, ()):

@@ -18,9 +18,8 @@ Which stream holds what is ``cluster/shards.py``'s: ``cluster_streams`` shards o
 Pulls are raw pull requests (``$JS.API.CONSUMER.MSG.NEXT``) answered on one inbox per consumer, so
 each message is handed on the moment it arrives (nats-py's ``fetch`` waits to fill its batch).
 
-Packs (``cluster/packs.py``): in a packed queue layout, the members the dispatcher hands over in
-one turn of the loop for one subject go out as one JetStream message (``Packer``); a pulled one is
-held until the dispatcher settled each of its members (``Ledger``), then acked (or nak'ed) whole.
+Packs (``cluster/packs.py``) are made and taken apart by the dispatcher: here a JetStream message
+is one publish, one pull, one ack, whatever it holds; only the credit counts its messages.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ import asyncio
 import datetime
 import itertools
 import logging
-import os
 import time
 
 import nats.errors
@@ -46,7 +44,6 @@ log = logging.getLogger("stompbroker.cluster")
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
-PACK_BYTES = 64 * 1024     # a pack holds at most this many bytes of members (and fits max_payload)
 
 
 async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, work_queue: bool,
@@ -361,10 +358,10 @@ def _epoch(rfc3339) -> float | None:
 
 class QueueBridge:
     """The bridge's half of ``cluster/queuing.py``: runs its commands on JetStream and sends its
-    events back with ``emit(tuple)``. Pulled messages are held by a number (``ref``; a pack's
-    members one each) until the dispatcher settles them (``packs.Ledger``); while held, JetStream
-    is told they are in progress, so only the messages of a node that is gone come back after
-    ack_wait. Members to publish wait in ``packer`` until the loop's turn ends (``pack_out``)."""
+    events back with ``emit(tuple)``. Pulled messages are held by a number (``ref``) until the
+    dispatcher settles them (a pack once all its members are settled); while held, JetStream is
+    told they are in progress, so only the messages of a node that is gone come back after
+    ack_wait."""
 
     def __init__(self, nc, js, config, emit, emit_message=None, emit_stored=None):
         self.nc = nc
@@ -382,12 +379,9 @@ class QueueBridge:
         self.pack = packs.size(config)         # ... and the most queue messages in one JetStream message
         self.ack_wait = config.cluster_ack_wait_ms / 1000
         self.pullers: dict[str, PullGroup] = {}
-        self.ledger = packs.Ledger()          # pulled messages held until settled
+        self.held: dict[int, list] = {}       # ref -> [ack subject, when it was last touched]
         self.unsettled = 0                    # settles that found no connection (the message comes back)
-        run = f"{config.node_id}-{os.urandom(4).hex()}-p"
-        pack_ids = itertools.count(1)
-        self.packer = packs.Packer(self.pack, PACK_BYTES, lambda: f"{run}{next(pack_ids)}")
-        self.packing = False                  # pack_out is due at the end of this turn
+        self.refs = itertools.count(1)
         self.ready = asyncio.Event()
         self.tasks: set = set()
         self.replicas = 0
@@ -411,7 +405,7 @@ class QueueBridge:
         self.spawn(self._keeper())
 
     def status(self) -> dict:
-        return {"queue_consumers": len(self.pullers), "queue_held": len(self.ledger), "stream_replicas": self.replicas,
+        return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas,
                 "queue_publishing": self.publisher.pending(), "queue_unsettled": self.unsettled,
                 "streams": self.listing.streams, "cluster_streams": self.shards, "leader_moves": self.listing.moves}
 
@@ -459,10 +453,10 @@ class QueueBridge:
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
-            for held in list(self.ledger.held.values()):
-                if now - held.touched > self.ack_wait / 3:
-                    held.touched = now
-                    self.fast.send(pub(held.reply, b"", b"+WPI"))
+            for held in list(self.held.values()):
+                if now - held[1] > self.ack_wait / 3:
+                    held[1] = now
+                    self.fast.send(pub(held[0], b"", b"+WPI"))
             for group in list(self.pullers.values()):
                 group.ask()
             if self.ready.is_set() and now >= self.listing.due:
@@ -493,8 +487,8 @@ class QueueBridge:
             delay = command[2] if len(command) > 2 else 0
             self.settle(command[1], SETTLE_OPS[kind], int((delay or 0) * 1000))
         elif kind == "publish":
-            _, token, subject, msg_id, payload, timeout_ms, destination = command
-            self.publish(token, subject.encode(), msg_id, payload, timeout_ms, destination.encode())
+            _, tokens, subject, msg_id, payload, timeout_ms = command
+            self.publish(tokens, subject.encode(), msg_id, payload, timeout_ms)
         elif kind == "credit":
             group = self.pullers.get(command[1])
             if group is not None:
@@ -550,40 +544,22 @@ class QueueBridge:
         self.settle_many(((ref, op, delay_ms),))
 
     def settle_many(self, settles) -> None:
-        """Ack, nak or term held messages ((ref, op, delay_ms)...; a pack is settled once each of
-        its members is: ``packs.Ledger``): one publish to each one's ack subject, written together
-        with the turn's other commands and not awaited by anyone (JetStream has them long before
-        ack_wait; if the connection loses them, the messages come back after ack_wait, as from a
-        dead node)."""
-        settle, commands = self.ledger.settle, []
+        """Ack, nak or term held messages ((ref, op, delay_ms)...): one publish to each one's ack
+        subject, written together with the turn's other commands and not awaited by anyone
+        (JetStream has them long before ack_wait; if the connection loses them, the messages come
+        back after ack_wait, as from a dead node)."""
+        held, commands = self.held, []
         for ref, op, delay_ms in settles:
-            done = settle(ref, op, delay_ms)
-            if done is not None:
-                held, op, delay_ms = done
-                commands.append(pub(held.reply, b"", b"" if op == ACK else b"+TERM" if op == TERM else
+            entry = held.pop(ref, None)
+            if entry is not None:
+                commands.append(pub(entry[0], b"", b"" if op == ACK else b"+TERM" if op == TERM else
                                     b'-NAK {"delay":%d}' % (delay_ms * 1_000_000) if delay_ms else b"-NAK"))
         if commands and not self.fast.send(b"".join(commands)):  # not connected: redelivered after ack_wait
             self.unsettled += len(commands)
 
-    def publish(self, token: int, subject: bytes, msg_id: str, payload: bytes, timeout_ms: int,
-                destination: bytes = b"") -> None:
-        """A whole JetStream message goes at once; a pack member (``destination`` set) waits for the
-        end of this turn of the loop, packed with the others it has for its subject."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        if not destination:
-            self.publisher.publish((token,), subject, msg_id, payload, deadline)
-            return
-        self.packer.add(subject, destination, payload, token, deadline, msg_id)
-        if not self.packing:
-            self.packing = True
-            asyncio.get_running_loop().call_soon(self.pack_out)
-
-    def pack_out(self) -> None:
-        """The turn's packs (what waited, nothing more: an idle bridge sends a message at once)."""
-        self.packing = False
-        publish = self.publisher.publish
-        for ready in self.packer.take():
-            publish(ready.tokens, ready.subject, ready.msg_id, ready.payload, ready.deadline)
+    def publish(self, tokens, subject: bytes, msg_id: str, payload: bytes, timeout_ms: int) -> None:
+        """One JetStream message (one message, or a pack: a token for each of its messages)."""
+        self.publisher.publish(tokens, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000)
 
     def _failed(self, token: int, reason: str, refused) -> None:
         self.emit(("failed", token, reason, refused))
@@ -649,7 +625,8 @@ class QueueBridge:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
     def _arrived(self, key: str, reply: bytes, data: bytes, n: int = 1) -> None:
-        ref = self.ledger.hold(reply, n, time.monotonic())
+        ref = next(self.refs)
+        self.held[ref] = [reply, time.monotonic()]
         self.emit_message(key, ref, delivered_count(reply), data)
 
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
@@ -706,16 +683,15 @@ class QueuesPart:
     async def _command(self, conn: int, aux: int, payload) -> None:
         await self.queues.handle(self.unpack(payload))
 
-    async def _publish(self, token: int, timeout_ms: int, payload) -> None:
-        subject, msg_id, destination, message = self.C.unpack_queue_publish(payload)
-        self.queues.publish(token, subject, msg_id, message, timeout_ms, destination)
+    async def _publish(self, n: int, timeout_ms: int, payload) -> None:
+        subject, msg_id, tokens, message = self.C.unpack_queue_publish(payload)
+        self.queues.publish(tokens, subject, msg_id, message, timeout_ms)
 
     async def _settle(self, conn: int, aux: int, payload) -> None:
         self.queues.settle_many(self.C.iter_settles(payload))
 
     async def connected(self) -> None:
         self.queues.js = self.bridge.nc.jetstream(timeout=10)  # (stream and consumer calls on a loaded machine)
-        self.queues.packer.max_bytes = min(PACK_BYTES, (self.bridge.nc.max_payload or PACK_BYTES) - 1024)
         self.queues.replicas_hint = self.bridge.replicas()
         if not self.started:
             self.started = True

@@ -2,10 +2,10 @@
 
 JetStream's work per message (store, replicate, deliver to a pull, take its ack) is most of what a
 cross-node queue message costs, and nearly the same for one message of 150 bytes as for 16 of
-them. So under load the bridge packs what one turn of its loop has for one queue subject into one
-JetStream message; an idle bridge sends each message at once (a pack of one): nothing waits for
-company. Per-destination order holds: one subject is one destination, packs go out in order and
-keep their members' order.
+them. So under load the messages one round of the dispatcher has for one queue subject go to
+JetStream as one message; a quiet node sends each message at once (a pack of one): nothing waits
+for company. Per-destination order holds: one subject is one destination, packs go out in order
+and keep their members' order.
 
 Layout (big-endian), in streams of a packed layout only (``cluster/shards.py``)::
 
@@ -19,10 +19,12 @@ on across copies. ``expires``: wall-clock ms, 0 = never. The messages of an unpa
 their own format, one message each (``single``: "SBq1", then the length of a JSON object of id,
 destination, headers, expiry and deliveries before, then the body); ``unpack`` reads both.
 
-Settling: the broker settles each member (ack, term, nak); ``Ledger`` settles the JetStream
-message once every member is: ack, or term when every member was termed, or nak when any was
-(the broker naks members only when all of its pack go back, save for one failure case it
-documents: then the members already settled come again, marked ``redelivered``).
+Packing and settling are the dispatcher's (``cluster/queuing.py``), the bridge sends and acks whole
+JetStream messages: ``Packer`` makes a round's packs, one record each; the broker settles each
+member of a pulled pack (ack, term, nak), and ``Ledger`` settles the JetStream message once every
+member is: ack, or term when every member was termed, or nak when any was (the broker naks
+members only when all of its pack go back, save for one failure case it documents: then the
+members already settled come again, marked ``redelivered``).
 """
 
 from __future__ import annotations
@@ -171,79 +173,77 @@ def _single(data: bytes) -> Member:
         raise ValueError(f"unreadable message: {exc}") from None
 
 
-# -- the sending side: what one turn has for each subject -------------------------------------
+# -- the sending side: what one round has for each subject ------------------------------------
+PACK_BYTES = 64 * 1024   # a pack holds at most this many bytes (a bigger message goes alone)
+
+
 class Pending:
-    """A pack being filled: one subject's messages of this turn."""
+    """A pack being filled: one subject's messages of this round."""
 
-    __slots__ = ("subject", "destination", "members", "tokens", "size", "deadline")
+    __slots__ = ("subject", "destination", "members", "tokens", "size")
 
-    def __init__(self, subject: bytes, destination: bytes):
+    def __init__(self, subject: str, destination: str):
         self.subject = subject
-        self.destination = destination
+        self.destination = destination.encode()
         self.members: list[bytes] = []
         self.tokens: list[int] = []
-        self.size = _HEAD.size + len(destination)
-        self.deadline = 0.0
+        self.size = _HEAD.size + len(self.destination)
 
 
 class Ready:
     """A JetStream message to publish: its subject, Nats-Msg-Id, payload and the senders' tokens."""
 
-    __slots__ = ("subject", "msg_id", "payload", "tokens", "deadline")
+    __slots__ = ("subject", "msg_id", "payload", "tokens")
 
-    def __init__(self, subject: bytes, msg_id: str, payload: bytes, tokens: list[int], deadline: float):
+    def __init__(self, subject: str, msg_id: str, payload: bytes, tokens: list[int]):
         self.subject = subject
         self.msg_id = msg_id
         self.payload = payload
         self.tokens = tokens
-        self.deadline = deadline
 
     def __repr__(self) -> str:
         return f"Ready({self.subject!r}, {self.msg_id!r}, {len(self.tokens)} messages)"
 
 
 class Packer:
-    """Gathers one turn's members per subject (``add``); ``take`` hands out the packs, in the order
-    each subject's first message came. A pack is handed out early when it is full (``max_count``
-    messages, or ``max_bytes``); a message with its own Nats-Msg-Id (a ``dedup-id``) goes alone,
-    after what its subject had gathered. ``ids``: makes each pack's Nats-Msg-Id (unique: a retry of
-    a pack keeps it, so JetStream stores it once)."""
+    """Gathers one round's members per subject (``add``); ``take`` hands out the packs, in the order
+    each was closed: full (``max_count`` messages, or ``max_bytes``), or at the end of the round in
+    the order each subject's first message came. A message with its own Nats-Msg-Id (a
+    ``dedup-id``) goes alone, after what its subject had gathered. ``ids``: makes each pack's
+    Nats-Msg-Id (unique: a retry of a pack keeps it, so JetStream stores it once)."""
 
-    def __init__(self, max_count: int, max_bytes: int, ids):
+    def __init__(self, max_count: int, ids, max_bytes: int = PACK_BYTES):
         self.max_count = max(1, min(max_count, MAX_MEMBERS))
         self.max_bytes = max_bytes
         self.ids = ids
-        self.open: dict[bytes, Pending] = {}
+        self.open: dict[str, Pending] = {}
         self.ready: list[Ready] = []
 
     def __len__(self) -> int:
         return len(self.open) + len(self.ready)
 
-    def add(self, subject: bytes, destination: bytes, data: bytes, token: int, deadline: float,
-            msg_id: str = "") -> None:
+    def add(self, subject: str, destination: str, data: bytes, token: int, msg_id: str = "") -> None:
         pending = self.open.get(subject)
         if msg_id:   # alone, with its own id (de-duplicated by it), after what came before it
             if pending is not None:
                 self._close(pending)
-            self.ready.append(Ready(subject, msg_id, pack_header(destination, 1) + data, [token], deadline))
+            self.ready.append(Ready(subject, msg_id, pack_header(destination.encode(), 1) + data, [token]))
             return
-        if pending is not None and (pending.size + len(data) > self.max_bytes):
+        if pending is not None and pending.size + len(data) > self.max_bytes:
             self._close(pending)
             pending = None
         if pending is None:
             pending = self.open[subject] = Pending(subject, destination)
-            pending.deadline = deadline
         pending.members.append(data)
         pending.tokens.append(token)
         pending.size += len(data)
-        pending.deadline = min(pending.deadline, deadline)
         if len(pending.members) >= self.max_count:
             self._close(pending)
 
     def _close(self, pending: Pending) -> None:
         del self.open[pending.subject]
         payload = pack_header(pending.destination, len(pending.members)) + b"".join(pending.members)
-        self.ready.append(Ready(pending.subject, self.ids(), payload, pending.tokens, pending.deadline))
+        self.ready.append(Ready(pending.subject, self.ids(), payload, pending.tokens))
 
     def take(self) -> list[Ready]:
         for pending in list(self.open.values()):
@@ -257,14 +257,11 @@ ACK, NAK, TERM = 0, 1, 2      # (records.ACK, NAK, TERM)
 
 
 class Held:
-    """A pulled JetStream message held until its members are settled."""
+    """A pulled pack whose members are not all settled yet."""
 
-    __slots__ = ("first", "reply", "touched", "n", "left", "naks", "terms", "delay_ms")
+    __slots__ = ("n", "left", "naks", "terms", "delay_ms")
 
-    def __init__(self, first: int, reply: bytes, n: int, now: float):
-        self.first = first         # its first member's ref (the others follow)
-        self.reply = reply         # its ack subject
-        self.touched = now         # when JetStream last heard of it (in-progress notices)
+    def __init__(self, n: int):
         self.n = n
         self.left = n              # members not settled yet
         self.naks = 0
@@ -273,37 +270,25 @@ class Held:
 
 
 class Ledger:
-    """The bridge's pulled messages: ``hold`` gives a message its members' refs (``n`` in a row),
-    ``settle`` takes one member's settle and answers the JetStream message's own (held, op,
-    delay_ms) once its last member is settled, else None."""
+    """The dispatcher's pulled packs, by the bridge's ref of their JetStream message: ``hold`` one
+    of ``n`` members, ``settle`` takes one member's settle and answers the JetStream message's own
+    (op, delay_ms) once its last member is settled, else None. A ref it does not hold (a message
+    alone) is settled at once, as asked."""
 
     def __init__(self):
-        self.held: dict[int, Held] = {}      # first ref -> the message
-        self.members: dict[int, Held] = {}   # ref -> its pack (members of packs of 2 or more)
-        self.next_ref = 1
+        self.packs: dict[int, Held] = {}
 
     def __len__(self) -> int:
-        return len(self.held)
+        return len(self.packs)
 
-    def hold(self, reply: bytes, n: int, now: float) -> int:
-        first = self.next_ref
-        self.next_ref += n
-        held = self.held[first] = Held(first, reply, n, now)
+    def hold(self, ref: int, n: int) -> None:
         if n > 1:
-            members = self.members
-            for ref in range(first, first + n):
-                members[ref] = held
-        return first
+            self.packs[ref] = Held(n)
 
     def settle(self, ref: int, op: int, delay_ms: int = 0):
-        held = self.members.pop(ref, None)
+        held = self.packs.get(ref)
         if held is None:
-            held = self.held.pop(ref, None)
-            if held is None or held.n != 1:   # (unknown, settled before, or a pack's first ref settled twice)
-                if held is not None:
-                    self.held[ref] = held
-                return None
-            return held, op, delay_ms
+            return op, delay_ms
         held.left -= 1
         if op == NAK:
             held.naks += 1
@@ -312,11 +297,10 @@ class Ledger:
             held.terms += 1
         if held.left > 0:
             return None
-        del self.held[held.first]
+        del self.packs[ref]
         if held.naks:
-            return held, NAK, held.delay_ms
-        return held, TERM if held.terms == held.n else ACK, 0
+            return NAK, held.delay_ms
+        return (TERM if held.terms == held.n else ACK), 0
 
     def clear(self) -> None:
-        self.held.clear()
-        self.members.clear()
+        self.packs.clear()

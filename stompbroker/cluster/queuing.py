@@ -14,21 +14,18 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
   ("unbind", key, delete)                                   stop pulling it (delete: the consumer
                                                             of that name goes too)
   ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
-  ("publish", token, subject, msg_id, payload, deadline_ms, destination)
-                                                            store it; answer stored/failed(token).
-                                                            destination "": payload is a whole
-                                                            JetStream message (``packs.single``);
-                                                            else a pack member (``packs.member``)
-                                                            the bridge packs with what else its
-                                                            turn has for the subject (msg_id "";
-                                                            one with a msg_id goes alone)
+  ("publish", tokens, subject, msg_id, payload, deadline_ms)
+                                                            store it (one message, ``packs.single``,
+                                                            or a pack, one token per member);
+                                                            answer stored/failed for each token
   ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
   ("replay", token, pattern, since_ms)                      stored topic messages since then
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused)
 (refused: False when it may have been stored, True when refused, "full" for a full queue),
 ("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
-Both travel as one record each, packed by ``pack``/``unpack``.
+Both travel as one record each, packed by ``pack``/``unpack``. ``out`` holds one publish per
+message; ``commands`` hands them over packed.
 
 Rules:
 - A node pulls only what its local subscriptions have room for: each subscription's prefetch
@@ -41,8 +38,10 @@ Rules:
 - NACK: ``nak`` (JetStream redelivers it, on any node) unless it has been delivered more than
   ``max_redeliveries`` times: then it is published to the dead-letter queue and, once that is
   stored, ``term``ed. A message this node cannot hand to anyone (its consumers left) is nak'ed.
-- Packs (``packs.py``): a pulled JetStream message may hold several messages (members), each
-  settled on its own; the bridge settles the JetStream message when all are. JetStream can only
+- Packs (``packs.py``): the queue messages a round publishes to one subject go as one JetStream
+  message (``commands``; a message with a dedup-id alone). A pulled JetStream message may hold
+  several (members), each settled on its own; the JetStream message is settled when all are
+  (``packs.Ledger``: one ack, or one nak, for the bridge). JetStream can only
   redeliver a pack whole, so a member that must go back while others of its pack are (or will be)
   acknowledged is *put back*: published again by itself (its delivery count carried on, so
   ``redelivered`` and max_redeliveries hold), and settled once that copy is stored. A NACKed member
@@ -56,6 +55,7 @@ Rules:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import struct
 
@@ -66,6 +66,7 @@ from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_
 from ..protocol.stomp import ProtocolError
 from . import packs, shards
 
+SETTLE_NAMES = {packs.ACK: "ack", packs.NAK: "nak", packs.TERM: "term"}
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
 PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
 # Seconds before a message a node gives back after letting its queue go is offered again: the
@@ -152,7 +153,7 @@ class Pulled:
     __slots__ = ("ref", "key", "delivered", "pack")
 
     def __init__(self, ref: int, key: str, delivered: int, pack: Pack | None = None):
-        self.ref = ref              # the bridge's handle of the message (a pack's members: one each)
+        self.ref = ref              # the bridge's handle of its JetStream message (a pack's members share it)
         self.key = key              # the local queue it came for
         self.delivered = delivered  # deliveries so far (JetStream's count, plus earlier copies')
         self.pack = pack            # its pack, when it came with others
@@ -177,6 +178,9 @@ class ClusterQueues:
         self.held: dict[str, int] = {}                      # local queue name -> its pulled messages not settled
         self.replays: dict[int, object] = {}                # replay token -> the subscription
         self.returning: dict[Pack, None] = {}               # packs with members given back, in order
+        self.ledger = packs.Ledger()                        # pulled packs whose members are not all settled
+        pack_ids = itertools.count(1)
+        self.packer = packs.Packer(self.pack, lambda: f"{self.run}-p{next(pack_ids)}")
 
     # -- sending -------------------------------------------------------------------------------
     def publish(self, b, message: Message, session=None, subject: str | None = None, then: int = 0,
@@ -198,7 +202,7 @@ class ClusterQueues:
             bp.owners[token] = (session, deadline + 2)
             bp.waiting.setdefault(session, []).append([token, None, False, message.headers.get("receipt")])
         timeout_ms = int(self.config.cluster_timeout_ms)
-        if subject is None and self.pack > 1:   # a member: the bridge packs it, unless it has its own id
+        if subject is None and self.pack > 1:   # a member: packed with the round's others, unless it has its own id
             msg_id = f"{message.destination} {dedup}".replace("\r", " ").replace("\n", " ") if dedup else ""
             self.out.append(("publish", token, shards.queue_subject(self.name, self.shards, message.destination,
                                                                      self.pack), msg_id,
@@ -217,7 +221,7 @@ class ClusterQueues:
         if pending is None:
             return
         if pending.then:
-            self.out.append(("term", pending.then))
+            self._settle(pending.then, packs.TERM)
         self.backplane._published(b, token)
 
     def failed_publish(self, b, token: int, reason: str, refused: bool | str = False) -> None:
@@ -228,7 +232,7 @@ class ClusterQueues:
         if pending is None:
             return
         if pending.then:
-            self.out.append(("nak", pending.then))
+            self._settle(pending.then, packs.NAK)
         if refused == "full":
             self.backplane._failed(b, token, "queue full", "the queue holds max_queue_messages "
                                    f"({self.config.max_queue_messages}) messages across the cluster, the most "
@@ -352,12 +356,14 @@ class ClusterQueues:
         try:
             members = packs.unpack(payload)
         except ValueError:
-            for i in range(packs.count(payload)):   # not a stompbroker message: nobody could read it
-                self.out.append(("term", ref + i))
+            self.out.append(("term", ref))   # not a stompbroker message: nobody could read it
             if key in self.bound:
                 self.bound[key] -= packs.count(payload)
             return
-        pack = Pack(len(members)) if len(members) > 1 else None
+        pack = None
+        if len(members) > 1:
+            pack = Pack(len(members))
+            self.ledger.hold(ref, len(members))
         queue = b.queues.get(key)
         bound = key in self.bound and not (queue is None and key.startswith("durable:"))
         clock = b.clock() if any(m.expires_ms for m in members) else 0.0
@@ -368,7 +374,7 @@ class ClusterQueues:
             message = Message(m.id, m.destination, m.headers, m.body, expires)
             count = delivered + m.before
             message.redelivered = count > 1
-            self.pulled[message] = Pulled(ref + i, key, count, pack)
+            self.pulled[message] = Pulled(ref, key, count, pack)
             self.held[key] = self.held.get(key, 0) + 1
             if queue is not None and queue.owner is not None and not matches(queue.owner.pattern, m.destination):
                 self.settled(message)  # the durable's stream filter is wider than its pattern
@@ -399,7 +405,7 @@ class ClusterQueues:
         """The message left this node for good (acknowledged, written auto-ack, expired)."""
         pulled = self._unpull(message)
         if pulled is not None:
-            self.out.append(("ack", pulled.ref))
+            self._settle(pulled.ref, packs.ACK)
             self.dirty.add(pulled.key)
             if pulled.pack is not None:
                 pulled.pack.left -= 1
@@ -420,7 +426,7 @@ class ClusterQueues:
             b.stats["dead_lettered"] += 1
             if message.destination == dlq:
                 b.stats["messages_dropped"] += 1   # never loop in the dead-letter queue itself
-                self.out.append(("term", pulled.ref))
+                self._settle(pulled.ref, packs.TERM)
                 return True
             headers = dict(message.headers)
             headers["original-destination"] = message.destination
@@ -431,8 +437,35 @@ class ClusterQueues:
         elif pulled.pack is not None:
             self._put_back(b, message, pulled)
         else:
-            self.out.append(("nak", pulled.ref))
+            self._settle(pulled.ref, packs.NAK)
         return True
+
+    def _settle(self, ref: int, op: int, delay: float = 0.0) -> None:
+        """Settle one message pulled as ``ref`` (a pack's member: its JetStream message once all are)."""
+        done = self.ledger.settle(ref, op, int(delay * 1000))
+        if done is not None:
+            op, delay_ms = done
+            self.out.append((SETTLE_NAMES[op], ref, delay_ms / 1000) if delay_ms else (SETTLE_NAMES[op], ref))
+
+    def commands(self) -> list:
+        """The round's commands, ``out`` emptied: its queue messages packed per subject (as
+        ("publish", tokens, subject, msg_id, payload, timeout_ms)), after the other commands."""
+        out, self.out = self.out, []
+        if not any(c[0] == "publish" for c in out):
+            return out
+        packer, commands = self.packer, []
+        for command in out:
+            if command[0] != "publish":
+                commands.append(command)
+                continue
+            _, token, subject, msg_id, payload, timeout_ms, destination = command
+            if destination:
+                packer.add(subject, destination, payload, token, msg_id)
+            else:
+                commands.append(("publish", (token,), subject, msg_id, payload, timeout_ms))
+        timeout_ms = int(self.config.cluster_timeout_ms)
+        commands += [("publish", r.tokens, r.subject, r.msg_id, r.payload, timeout_ms) for r in packer.take()]
+        return commands
 
     def _put_back(self, b, message: Message, pulled: Pulled) -> None:
         """A pack member goes back by itself: published again (a fresh Nats-Msg-Id: JetStream must
@@ -448,7 +481,7 @@ class ClusterQueues:
             return
         pack = pulled.pack
         if pack is None:
-            self.out.append(("nak", pulled.ref, delay) if delay else ("nak", pulled.ref))
+            self._settle(pulled.ref, packs.NAK, delay)
             return
         pack.left -= 1
         pack.back.append((message, pulled, delay))
@@ -462,7 +495,7 @@ class ClusterQueues:
         was settled; else, once their delay is over, each is put back by itself."""
         if pack.left == 0 and not pack.settled:
             for _, pulled, delay in pack.back:
-                self.out.append(("nak", pulled.ref, delay) if delay else ("nak", pulled.ref))
+                self._settle(pulled.ref, packs.NAK, delay)
         elif now >= pack.due:
             pack.settled = True
             for message, pulled, _ in pack.back:
@@ -571,6 +604,7 @@ class ClusterQueues:
         self.pulled.clear()
         self.held.clear()
         self.returning.clear()
+        self.ledger.clear()
         for name in self.bound:
             self.bound[name] = 0
             self.dirty.add(name)

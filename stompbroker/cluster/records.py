@@ -31,8 +31,8 @@ class Kind(enum.IntEnum):
     STOP = 102         # the dispatcher is stopping: leave the cluster cleanly and exit
     QUEUE_CMD = 110    # payload: a queuing.pack()ed command for JetStream (queues, durables, replay; cluster/queuing.py)
     # The queue hot path, binary (no JSON per message):
-    QUEUE_PUBLISH = 111  # conn: token; aux: cluster_timeout_ms; payload: pack_queue_publish(subject, msg_id, message,
-                         # destination): destination "" = a whole JetStream message, else a member to pack
+    QUEUE_PUBLISH = 111  # conn: how many messages; aux: cluster_timeout_ms; payload: pack_queue_publish(subject,
+                         # msg_id, message, tokens): one JetStream message (one message, or a pack), its senders' tokens
     QUEUE_SETTLE = 112   # payload: one or more pack_settle(ref, op, delay_ms): a round's acks, naks, terms
     # bridge -> dispatcher
     BRIDGE_START = 140  # a bridge (re)started: tell it the whole local interest again
@@ -100,19 +100,19 @@ def unpack_publish(payload) -> tuple[str, bytes]:
 _QPUB = struct.Struct("<HHI")
 
 
-def pack_queue_publish(subject: str, msg_id: str, message: bytes, destination: str = "") -> bytes:
-    s, i, d = subject.encode(), msg_id.encode(), destination.encode()
-    return _QPUB.pack(len(s), len(i), len(d)) + s + i + d + message
+def pack_queue_publish(subject: str, msg_id: str, message: bytes, tokens) -> bytes:
+    s, i = subject.encode(), msg_id.encode()
+    return _QPUB.pack(len(s), len(i), len(tokens)) + s + i + struct.pack(f"<{len(tokens)}Q", *tokens) + message
 
 
-def unpack_queue_publish(payload) -> tuple[bytes, str, bytes, bytes]:
-    """(subject, msg_id, destination, message): subject and destination as bytes (the bridge
-    writes them as they are)."""
+def unpack_queue_publish(payload) -> tuple[bytes, str, tuple, bytes]:
+    """(subject, msg_id, tokens, message); the subject as bytes (the bridge writes it as it is)."""
     n, m, k = _QPUB.unpack_from(payload)
     start = _QPUB.size
     mid = start + n
-    return (bytes(payload[start:mid]), bytes(payload[mid:mid + m]).decode(), bytes(payload[mid + m:mid + m + k]),
-            bytes(payload[mid + m + k:]))
+    end = mid + m + 8 * k
+    return (bytes(payload[start:mid]), bytes(payload[mid:mid + m]).decode(),
+            struct.unpack_from(f"<{k}Q", payload, mid + m), bytes(payload[end:]))
 
 
 # Settling a pulled message: its ref, what to do, and a nak's delay (ms; 0 = at once).

@@ -303,10 +303,10 @@ def test_durable_patterns_are_announced_and_plain_topic_messages_matching_any_ar
 
 
 def test_the_queue_hot_path_records_round_trip():
-    payload = C.pack_queue_publish("c.q.queue.a", "/queue/a id-1", b"\x00body")
-    assert C.unpack_queue_publish(payload) == (b"c.q.queue.a", "/queue/a id-1", b"", b"\x00body")
-    member = C.pack_queue_publish("c.q6_1p16.queue.é", "", b"m", "/queue/é")
-    assert C.unpack_queue_publish(member) == ("c.q6_1p16.queue.é".encode(), "", "/queue/é".encode(), b"m")
+    payload = C.pack_queue_publish("c.q.queue.a", "/queue/a id-1", b"\x00body", [7])
+    assert C.unpack_queue_publish(payload) == (b"c.q.queue.a", "/queue/a id-1", (7,), b"\x00body")
+    packed = C.pack_queue_publish("c.q6_1p16.queue.é", "run-p1", b"SBp1...", [1, 2 ** 40, 3])
+    assert C.unpack_queue_publish(packed) == ("c.q6_1p16.queue.é".encode(), "run-p1", (1, 2 ** 40, 3), b"SBp1...")
     settles = C.pack_settle(7, C.ACK) + C.pack_settle(2 ** 40, C.NAK, 250) + C.pack_settle(9, C.TERM)
     assert list(C.iter_settles(settles)) == [(7, C.ACK, 0), (2 ** 40, C.NAK, 250), (9, C.TERM, 0)]
     assert C.unpack_tokens(C.pack_tokens([1, 5, 2 ** 50])) == (1, 5, 2 ** 50)
@@ -316,20 +316,26 @@ def test_the_queue_hot_path_records_round_trip():
 def test_a_rounds_settles_travel_as_one_record_in_order_with_the_other_commands():
     """The queues' commands of one dispatcher round: publishes binary, consecutive acks/naks/terms
     as one record, anything else (credit, bind) JSON, all in the order they were decided."""
+    from stompbroker.cluster import packs
     from stompbroker.cluster.queuing import unpack
 
     r = rig()
     bp = r.broker.backplane
     cq = bp.queues
-    cq.out += [("ack", 1), ("nak", 2, 0.25), ("credit", "/queue/a", 5), ("term", 3),
-               ("publish", 9, "c.q.queue.a", "id", b"m", 10000, "")]
+    one, two = packs.member("m1", {}, b"1"), packs.member("m2", {}, b"2")
+    cq.out += [("ack", 1), ("nak", 2, 0.25), ("publish", 10, "c.q6_0p16.queue.b", "", one, 10000, "/queue/b"),
+               ("credit", "/queue/a", 5), ("term", 3), ("publish", 9, "c.q.queue.a", "id", b"m", 10000, ""),
+               ("publish", 11, "c.q6_0p16.queue.b", "", two, 10000, "/queue/b")]
     bp.queues_out(r.broker)
     records = [(kind, conn, aux, bytes(payload)) for kind, conn, aux, _, payload in C.iter_records(bp.out.buf)]
-    assert [r[0] for r in records] == [C.QUEUE_SETTLE, C.QUEUE_CMD, C.QUEUE_SETTLE, C.QUEUE_PUBLISH]
+    assert [r[0] for r in records] == [C.QUEUE_SETTLE, C.QUEUE_CMD, C.QUEUE_SETTLE, C.QUEUE_PUBLISH, C.QUEUE_PUBLISH]
     assert list(C.iter_settles(records[0][3])) == [(1, C.ACK, 0), (2, C.NAK, 250)]
     assert unpack(records[1][3]) == ("credit", "/queue/a", 5)
     assert list(C.iter_settles(records[2][3])) == [(3, C.TERM, 0)]
-    assert records[3][1:3] == (9, 10000) and C.unpack_queue_publish(records[3][3]) == (b"c.q.queue.a", "id", b"", b"m")
+    assert records[3][1:3] == (1, 10000) and C.unpack_queue_publish(records[3][3]) == (b"c.q.queue.a", "id", (9,), b"m")
+    subject, msg_id, tokens, data = C.unpack_queue_publish(records[4][3])   # the round's members: one pack, last
+    assert (records[4][1], subject, tokens, data) == (2, b"c.q6_0p16.queue.b", (10, 11), packs.pack("/queue/b", [one, two]))
+    assert msg_id.startswith(cq.run)
     assert cq.out == []
 
 

@@ -75,71 +75,67 @@ def members_of(ready):
 
 
 def test_the_packer_gathers_per_subject_in_order_and_hands_out_full_packs_first():
-    packer = P.Packer(3, 1 << 20, ids())
+    packer = P.Packer(3, ids())
     for i in range(4):
-        packer.add(b"s.a", b"/queue/a", P.member(f"a{i}", {}, b"x"), token=10 + i, deadline=5.0 - i)
-        packer.add(b"s.b", b"/queue/b", P.member(f"b{i}", {}, b"x"), token=20 + i, deadline=9.0)
+        packer.add("s.a", "/queue/a", P.member(f"a{i}", {}, b"x"), token=10 + i)
+        packer.add("s.b", "/queue/b", P.member(f"b{i}", {}, b"x"), token=20 + i)
     ready = packer.take()
     assert [(r.subject, r.msg_id, members_of(r), r.tokens) for r in ready] == [
-        (b"s.a", "p1", ["a0", "a1", "a2"], [10, 11, 12]),   # full at 3: out at once
-        (b"s.b", "p2", ["b0", "b1", "b2"], [20, 21, 22]),
-        (b"s.a", "p3", ["a3"], [13]),                       # the rest at the end of the turn
-        (b"s.b", "p4", ["b3"], [23])]
-    assert ready[0].deadline == 3.0                         # the earliest of its members'
+        ("s.a", "p1", ["a0", "a1", "a2"], [10, 11, 12]),   # full at 3: closed at once
+        ("s.b", "p2", ["b0", "b1", "b2"], [20, 21, 22]),
+        ("s.a", "p3", ["a3"], [13]),                       # the rest at the end of the round
+        ("s.b", "p4", ["b3"], [23])]
+    assert P.unpack(ready[0].payload)[0].destination == "/queue/a"
     assert packer.take() == [] and len(packer) == 0
 
 
 def test_a_message_with_its_own_id_goes_alone_after_what_its_subject_gathered():
-    packer = P.Packer(16, 1 << 20, ids())
-    packer.add(b"s", b"/q", P.member("1", {}, b""), 1, 1.0)
-    packer.add(b"s", b"/q", P.member("2", {}, b""), 2, 1.0, msg_id="/q order-7")
-    packer.add(b"s", b"/q", P.member("3", {}, b""), 3, 1.0)
+    packer = P.Packer(16, ids())
+    packer.add("s", "/q", P.member("1", {}, b""), 1)
+    packer.add("s", "/q", P.member("2", {}, b""), 2, msg_id="/q order-7")
+    packer.add("s", "/q", P.member("3", {}, b""), 3)
     ready = packer.take()
     assert [(r.msg_id, members_of(r)) for r in ready] == [("p1", ["1"]), ("/q order-7", ["2"]), ("p2", ["3"])]
 
 
 def test_a_pack_stays_under_its_byte_limit_and_a_big_message_goes_alone():
     small, big = P.member("s", {}, b"x" * 100), P.member("b", {}, b"x" * 5000)
-    packer = P.Packer(100, 1000, ids())
+    packer = P.Packer(100, ids(), max_bytes=1000)
     for i in range(8):
-        packer.add(b"s", b"/q", small, i, 1.0)
-    packer.add(b"s", b"/q", big, 99, 1.0)
+        packer.add("s", "/q", small, i)
+    packer.add("s", "/q", big, 99)
     ready = packer.take()
     assert [len(r.tokens) for r in ready] == [7, 1, 1]     # 7 members and a header fit in 1000 bytes
     assert all(len(r.payload) <= 1000 for r in ready[:2]) and ready[2].tokens == [99]
 
 
-def test_the_ledger_settles_a_single_message_at_once():
+def test_the_ledger_settles_a_message_alone_at_once():
     ledger = P.Ledger()
-    ref = ledger.hold(b"$JS.ACK.x", 1, 0.0)
-    held, op, delay = ledger.settle(ref, P.NAK, 250)
-    assert (held.reply, op, delay) == (b"$JS.ACK.x", P.NAK, 250) and len(ledger) == 0
-    assert ledger.settle(ref, P.ACK) is None                 # settled before: nothing more
+    assert ledger.settle(7, P.NAK, 250) == (P.NAK, 250) and len(ledger) == 0
+    ledger.hold(8, 1)                                        # (a pack of one is a message alone)
+    assert ledger.settle(8, P.ACK) == (P.ACK, 0) and len(ledger) == 0
 
 
 def test_the_ledger_settles_a_pack_once_every_member_is():
     ledger = P.Ledger()
-    first = ledger.hold(b"ack-a", 3, 0.0)
-    other = ledger.hold(b"ack-b", 1, 0.0)
-    assert (first, other) == (1, 4)                          # three refs in a row, then the next
-    assert ledger.settle(first + 2, P.ACK) is None
-    assert ledger.settle(first + 2, P.ACK) is None           # twice: counted once
-    assert ledger.settle(first, P.TERM) is None
-    assert len(ledger) == 2
-    held, op, _ = ledger.settle(first + 1, P.ACK)
-    assert (held.reply, op) == (b"ack-a", P.ACK) and len(ledger) == 1
+    ledger.hold(1, 3)
+    ledger.hold(2, 2)
+    assert ledger.settle(1, P.ACK) is None
+    assert ledger.settle(1, P.TERM) is None
+    assert ledger.settle(2, P.ACK) is None and len(ledger) == 2
+    assert ledger.settle(1, P.ACK) == (P.ACK, 0) and len(ledger) == 1
+    assert ledger.settle(1, P.ACK) == (P.ACK, 0)            # (settled: a ref it no longer holds goes as asked)
 
 
 def test_a_pack_is_termed_when_all_were_and_nak_ed_when_any_was():
     ledger = P.Ledger()
-    t = ledger.hold(b"t", 2, 0.0)
-    ledger.settle(t, P.TERM)
-    assert ledger.settle(t + 1, P.TERM)[1] == P.TERM
-    n = ledger.hold(b"n", 3, 0.0)
-    ledger.settle(n, P.NAK, 250)
-    ledger.settle(n + 1, P.ACK)
-    held, op, delay = ledger.settle(n + 2, P.NAK, 2000)
-    assert (op, delay) == (P.NAK, 2000)                      # the longest delay asked for
+    ledger.hold(1, 2)
+    ledger.settle(1, P.TERM)
+    assert ledger.settle(1, P.TERM) == (P.TERM, 0)
+    ledger.hold(2, 3)
+    ledger.settle(2, P.NAK, 250)
+    ledger.settle(2, P.ACK)
+    assert ledger.settle(2, P.NAK, 2000) == (P.NAK, 2000)   # the longest delay asked for
 
 
 def config(pack_max, max_queue_messages):

@@ -23,9 +23,8 @@ class FakeJetStream:
         self.nodes = []
         self.stream: dict[str, deque] = {}   # subject -> [payload, delivered]
         self.ids = set()
-        self.out: dict[int, tuple] = {}      # first ref -> (node, subject, entry): delivered, not settled
-        self.ledger = packs.Ledger()         # (the bridge's: a pack is settled once all its members are)
-        self.pack_ids = iter(range(1, 1 << 30))
+        self.out: dict[int, tuple] = {}      # ref -> (node, subject, entry): delivered, not settled
+        self.refs = 0
         self.fail = False
         self.silent = False
         self.log = []
@@ -46,28 +45,21 @@ class FakeJetStream:
             for rig in self.nodes:
                 cq = rig.broker.backplane.queues
                 cq.refill(rig.broker, Q)
-                commands, cq.out[:] = list(cq.out), []
-                packer = packs.Packer(cq.pack, 1 << 20, lambda: f"pack-{next(self.pack_ids)}")
-                for command in commands:
+                for command in cq.commands():   # (a round's, packed)
                     busy = True
-                    self.command(rig, unpack(pack(command)), packer)
-                for ready in packer.take():   # (the end of the bridge's turn)
-                    self.store(rig, ready.subject.decode(), ready.msg_id, ready.payload, ready.tokens)
+                    self.command(rig, unpack(pack(command)))
             busy |= self.deliver()
             if not busy:
                 return
         raise AssertionError("never quiet")
 
-    def command(self, rig, command, packer) -> None:
+    def command(self, rig, command) -> None:
         self.log.append(command[0])
         self.commands.append(command)
         kind = command[0]
         if kind == "publish":
-            _, token, subject, msg_id, payload, _, destination = command
-            if destination:
-                packer.add(subject.encode(), destination.encode(), payload, token, 0.0, msg_id)
-            else:
-                self.store(rig, subject, msg_id, payload, [token])
+            _, tokens, subject, msg_id, payload, _ = command
+            self.store(rig, subject, msg_id, payload, tokens)
         elif kind == "bind":
             b = rig.broker
             _, key, stream_kind, _, pattern, _, _ = command
@@ -80,14 +72,11 @@ class FakeJetStream:
         elif kind == "unbind":
             rig.binds.pop(command[1], None)
             rig.want.pop(command[1], None)
-        elif kind in ("ack", "term", "nak"):
-            op = {"ack": packs.ACK, "nak": packs.NAK, "term": packs.TERM}[kind]
-            done = self.ledger.settle(command[1], op, int((command[2] if len(command) > 2 else 0) * 1000))
-            if done is not None:
-                held, op, _ = done
-                _, subject, entry = self.out.pop(held.first)
-                if op == packs.NAK:
-                    self.stream[subject].appendleft(entry)
+        elif kind in ("ack", "term"):
+            self.out.pop(command[1])
+        elif kind == "nak":
+            _, subject, entry = self.out.pop(command[1])
+            self.stream[subject].appendleft(entry)
 
     def store(self, rig, subject: str, msg_id: str, payload: bytes, tokens) -> None:
         b = rig.broker
@@ -119,12 +108,11 @@ class FakeJetStream:
         while waiting and rig.want.get(key, 0) > 0:
             entry = waiting.popleft()
             entry[1] += 1
-            n = packs.count(entry[0])
-            ref = self.ledger.hold(b"", n, 0.0)
-            self.out[ref] = (rig, subject, entry)
-            rig.want[key] -= n
+            self.refs += 1
+            self.out[self.refs] = (rig, subject, entry)
+            rig.want[key] -= packs.count(entry[0])
             b = rig.broker
-            b.backplane.queues.event(b, ("message", key, ref, entry[1], entry[0]), Q)
+            b.backplane.queues.event(b, ("message", key, self.refs, entry[1], entry[0]), Q)
             moved = True
         return moved
 
@@ -314,7 +302,7 @@ def test_durable_subscription_reads_its_consumer_and_filters_its_pattern_exactly
 
 
 def test_pack_round_trip_and_message_encoding():
-    item = ("publish", 3, "s.q.x", "id\x1fz", b"\x00\xffbody", 5000, "/queue/x")
+    item = ("publish", [3, 4], "s.q.x", "id\x1fz", b"\x00\xffbody", 5000)
     assert unpack(pack(item)) == item
     assert unpack(pack(("ack", 9))) == ("ack", 9)
     js = FakeJetStream()
@@ -481,7 +469,8 @@ def test_a_nacked_member_is_put_back_alone_and_its_pack_acked_once_that_is_store
     before = len(js.commands)
     js.run()
     publishes = [c for c in js.commands[before:] if c[0] == "publish"]
-    assert len(publishes) == 1 and publishes[0][3] == ""     # the member alone (a fresh Nats-Msg-Id: the bridge's)
+    assert len(publishes) == 1 and len(publishes[0][1]) == 1  # the member alone, with a fresh Nats-Msg-Id:
+    assert publishes[0][3] not in {c[3] for c in js.commands[:before] if c[0] == "publish"}
     (again,) = a.messages(1)
     assert again.body == b"m1" and again["redelivered"] == "true" and again["message-id"] == first[1]["message-id"]
     assert not [c for c in js.commands[before:] if c[0] == "nak"]
@@ -536,12 +525,12 @@ def test_a_member_no_selector_takes_is_put_back_after_its_delay_while_the_others
     a.frame(1, "ACK", id=one["ack"])
     a.tick(0.2)                                              # "two" is given back, with its delay
     js.run()
-    assert not [c for c in js.commands if c[0] == "publish" and c[6] == "/queue/s"][2:]
+    assert len([c for c in js.commands if c[0] == "publish"]) == 1      # (the pack of both, no copy yet)
     assert len(js.out) == 1
     a.tick(2.5)
     js.run()
-    copies = [c for c in js.commands if c[0] == "publish"][2:]
-    assert len(copies) == 1 and packs.unpack(packs.pack("/queue/s", [copies[0][4]]))[0].before == 1
+    copies = [c for c in js.commands if c[0] == "publish"][1:]
+    assert len(copies) == 1 and [(m.body, m.before) for m in packs.unpack(copies[0][4])] == [(b"two", 1)]
     assert [packs.count(e[0]) for _, _, e in js.out.values()] in ([], [1])   # the pack of two: acked
     assert js.depth() == 1                                   # "two", by itself; "one" gone with its pack
 
