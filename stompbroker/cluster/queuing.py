@@ -185,8 +185,8 @@ class ClusterQueues:
     # -- sending -------------------------------------------------------------------------------
     def publish(self, b, message: Message, session=None, subject: str | None = None, then: int = 0,
                 before: int = 0, fresh: bool = False) -> int:
-        """Hand a message to JetStream: a queue's (``subject`` None) to its shard, packed with others
-        by the bridge in a packed layout; a kept topic message to ``subject``, alone. ``session``:
+        """Hand a message to JetStream: a queue's (``subject`` None) to its shard, in a packed layout
+        packed with the round's others (``commands``); a kept topic message to ``subject``, alone. ``session``:
         its sender, whose replies (its receipt first) wait until it is stored, and who gets an ERROR
         if it cannot be (the backplane's queue of held replies, shared with topic messages waiting
         for NATS). ``then``: a pulled message's ref, termed once this is stored (a dead letter's
@@ -351,8 +351,8 @@ class ClusterQueues:
         self.out.append(command)
 
     def arrived(self, b, key: str, ref: int, delivered: int, payload: bytes, queues) -> None:
-        """A pulled JetStream message: its message (or each member of its pack, refs ``ref``,
-        ``ref + 1``...) into the local queue, delivered by the usual pump."""
+        """A pulled JetStream message (the bridge's ``ref``): its message, or each member of its pack,
+        into the local queue, delivered by the usual pump."""
         try:
             members = packs.unpack(payload)
         except ValueError:
