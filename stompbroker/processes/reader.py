@@ -563,7 +563,7 @@ class Reader:
             self.emit(R.HTTP, conn.id, exc.response())
             return
         conn.mode = WEBSOCKET
-        conn.ws = ws.WsDecoder(self.config.max_frame_size)
+        conn.ws = ws.WsDecoder(self.config.max_frame_size, self.config.ws_max_fragments)
         self.stats["websockets"] += 1
         self.emit(R.WS_OPEN, conn.id, response)
         if rest:
@@ -591,13 +591,14 @@ class Reader:
         stats["ws_hits"] += decoder.hits - hits
         stats["ws_misses"] += decoder.misses - misses
         frames = []
+        ping = None
         for event in events:
             kind = event[0]
             try:
                 if kind is WS_MESSAGE:
                     frames += self.feed(conn, event[1])
                 elif kind is WsEvent.PING:
-                    self.emit(R.WS_REPLY, conn.id, ws.encode_frame(event[1], ws.OP_PONG))
+                    ping = event[1]
                 elif kind is WsEvent.CLOSE:
                     self.frames(conn, frames, now)
                     frames = []
@@ -608,6 +609,10 @@ class Reader:
                 self.frames(conn, frames + getattr(exc, "frames", []), now)
                 self.bad_frame(conn, exc.message, exc.detail, exc.receipt)
                 return
+        if ping is not None:
+            # One pong per read, for its last ping (RFC 6455 5.5.3 allows it): a ping flood costs
+            # the dispatcher and the writer one record per read, not one per ping.
+            self.emit(R.WS_REPLY, conn.id, ws.encode_frame(ping, ws.OP_PONG))
         self.frames(conn, frames, now)
         if error is not None:
             conn.mode = DEAD

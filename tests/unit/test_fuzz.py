@@ -238,7 +238,7 @@ def run_ws(max_size: int, chunks: list[bytes]):
         try:
             got = dec.feed(chunk)
         except WsProtocolError as e:
-            assert e.code in (1002, 1007, 1009) and e.reason
+            assert e.code in (1002, 1007, 1008, 1009) and e.reason
             events += e.events
             return events, e, dec
         events += got
