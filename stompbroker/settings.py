@@ -8,6 +8,7 @@ of the README (``python -m stompbroker.settings`` prints it as Markdown).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TTL", _int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
     Setting("ws_paths", _list, "", "comma list of the only paths a WebSocket upgrade may use (empty = any path)"),
     Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any)"),
+    Setting("proxy_protocol", _bool, False, "connections from proxy_trusted addresses must start with a PROXY protocol header (v1 or v2: haproxy's send-proxy, send-proxy-v2), whose client address the broker then uses (login throttling, logs, /api/connections); a PROXY header from any other peer closes its connection"),
+    Setting("proxy_trusted", _list, "", "comma list of the proxies' addresses or networks (10.0.0.5, 10.1.0.0/16, ::1) whose PROXY headers are believed; needed with proxy_protocol=true"),
     Setting("ssl_port", _int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
     Setting("ssl_cert", str, "", "PEM certificate chain for ssl_port"),
     Setting("ssl_key", str, "", "PEM private key for ssl_port"),
@@ -217,6 +220,14 @@ def validate(values: dict) -> None:
                  "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
+    for network in values["proxy_trusted"]:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise ValueError(f"proxy_trusted: not an IP address or network: {network!r}") from None
+    if values["proxy_protocol"] and not values["proxy_trusted"]:
+        raise ValueError("proxy_protocol=true needs proxy_trusted: the addresses of the proxies in front of the "
+                         "broker (a header from anyone else would let a client choose its own address)")
     if values["ssl_port"] and not (values["ssl_cert"] and values["ssl_key"]):
         raise ValueError("ssl_port needs ssl_cert and ssl_key")
     if values["ssl_verify_client"] not in ("none", "optional", "required"):

@@ -222,6 +222,8 @@ class Dispatcher:
                     self.frames(blob, start, conn, aux, now)
                 elif kind == R.OPEN:
                     broker.on_open(conn, aux, blob[start:stop].decode(), now)
+                elif kind == R.PEER:
+                    broker.on_peer(conn, blob[start:stop].decode())
                 elif kind == R.CLOSED:
                     broker.now = now  # unwritten deliveries are timed from here
                     broker.on_closed(conn)

@@ -25,7 +25,7 @@ import time
 from ..console.http import encode_request
 from ..ipc import control, records as R
 from ..ipc.control import Control
-from ..protocol import websocket as ws
+from ..protocol import proxy, websocket as ws
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
 from . import common
@@ -47,9 +47,10 @@ class Mode(enum.IntEnum):
     HTTP = 2       # an HTTP request head is being read (upgrade, health check, console)
     WEBSOCKET = 3  # STOMP inside WebSocket messages
     DEAD = 4       # an ERROR or close is on its way: read and ignore until the writer hangs up
+    PROXY = 5      # a trusted proxy's connection: its PROXY header (protocol/proxy.py) is being read
 
 
-NEW, STOMP, HTTP, WEBSOCKET, DEAD = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode.WEBSOCKET, Mode.DEAD
+NEW, STOMP, HTTP, WEBSOCKET, DEAD, PROXY = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode.WEBSOCKET, Mode.DEAD, Mode.PROXY
 WS_MESSAGE = WsEvent.MESSAGE  # tested per WebSocket message: a global, not an enum attribute lookup
 
 
@@ -62,7 +63,7 @@ class Conn:
         self.writer = writer
         self.mode = NEW
         self.parser = parser    # only while it holds an unfinished frame (see Reader.feed)
-        self.buf = b""          # bytes of an HTTP request head not complete yet
+        self.buf = b""          # bytes of an HTTP request head (or a PROXY header) not complete yet
         self.ws = None          # WsDecoder once upgraded
         self.last_alive = 0.0
         self.tls = None         # TlsLink for connections on ssl_port
@@ -116,6 +117,7 @@ class Reader:
         self.tls_listener = resources.tls_listener
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
+        self.proxies = proxy.TrustedProxies(config.proxy_trusted) if config.proxy_protocol else None
         # connections whose HTTP request head is incomplete -> deadline; answered 408 before the
         # dispatcher's connect timeout would send them a STOMP ERROR
         self.http_waiting: dict[Conn, float] = {}
@@ -255,6 +257,8 @@ class Reader:
                 sock.close()
                 continue
             conn = Conn(conn_id, sock, writer)
+            if self.proxies is not None and link is None and addr[0] in self.proxies:
+                conn.mode = PROXY
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
             if link is not None:
@@ -420,7 +424,16 @@ class Reader:
     def received(self, conn: Conn, data: bytes, now: float) -> None:
         self.stats["bytes_in"] += len(data)
         mode = conn.mode
+        if mode == PROXY:
+            data = self.proxy_header(conn, data)
+            if not data:
+                return
+            mode = conn.mode
         if mode == NEW:
+            if self.proxies is not None and proxy.starts_like_header(data):
+                self.proxy_refused(conn, "a PROXY header where none is believed (the peer is not in "
+                                          "proxy_trusted, or its proxy sent one already)")
+                return
             mode = conn.mode = self.sniff(conn, data)
         if mode == STOMP:
             self.stomp(conn, data, now)
@@ -457,6 +470,36 @@ class Reader:
             self.trim_due = True
         conn.held = 0
         conn.parser = None
+
+    def proxy_header(self, conn: Conn, data: bytes) -> bytes:
+        """A trusted proxy's connection starts with a PROXY header naming the client: the dispatcher
+        learns the client's address (a PEER record), and the bytes after the header are the client's."""
+        conn.buf += data
+        try:
+            parsed = proxy.parse_header(conn.buf)
+        except proxy.ProxyError as exc:
+            self.proxy_refused(conn, str(exc))
+            return b""
+        if parsed is None:
+            return b""
+        source, used = parsed
+        rest, conn.buf = conn.buf[used:], b""
+        conn.mode = NEW
+        if source is not None:
+            self.emit(R.PEER, conn.id, proxy.peer_text(*source).encode())
+        return rest
+
+    def proxy_refused(self, conn: Conn, reason: str) -> None:
+        """No PROXY header from a trusted proxy, a bad one, or one from anyone else: close without a word
+        (who is behind a broken proxy, or what an untrusted peer speaks, is not known)."""
+        try:
+            peer = "%s:%s" % conn.sock.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        log.warning("connection %d from %s: %s; closing it", conn.id, peer, reason)
+        conn.mode = DEAD
+        conn.buf = b""
+        self.emit(R.HTTP, conn.id)  # nothing to write, then close
 
     @staticmethod
     def sniff(conn: Conn, data: bytes) -> int:
