@@ -89,8 +89,9 @@ class Broker:
                       "connections_opened": 0, "connections_closed": 0, "errors": 0}
 
     # -- events --------------------------------------------------------------------------------
-    def on_open(self, conn: int, writer: int, peer: str, now: float) -> None:
+    def on_open(self, conn: int, writer: int, peer: str, now: float, tls: bool = False) -> None:
         session = self.sessions[conn] = Session(conn, self.outboxes[writer], peer, now)
+        session.tls = tls
         self.timed.add(session)  # until CONNECT: the connect timeout applies
         self.stats["connections_opened"] += 1
 

@@ -30,7 +30,7 @@ NO_ENTRIES = _NoEntries()
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
                  "subs", "acks", "transactions", "hb_in", "closing", "websocket", "token", "login", "client_id",
-                 "held", "pending", "backlog", "temps", "inflight", "written", "written_final")
+                 "held", "pending", "backlog", "temps", "inflight", "written", "written_final", "tls")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -63,6 +63,7 @@ class Session:
         self.inflight: deque = ()
         self.written = 0
         self.written_final = False   # the writer said it will send nothing more
+        self.tls = False             # it came in on ssl_port
 
 
     @property

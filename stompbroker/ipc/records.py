@@ -23,7 +23,7 @@ class Kind(enum.IntEnum):
     """What a record is. The one list of kinds, with what each carries."""
 
     # reader -> dispatcher
-    OPEN = 1        # aux: writer index, payload: peer address text
+    OPEN = 1        # aux: writer index (| OPEN_TLS on the TLS port), payload: peer address text
     FRAME = 2       # aux: length of the head (command and header lines), payload: head + body
     CLOSED = 3      # the socket is gone
     ALIVE = 4       # bytes arrived (heart-beats or part of a frame), at most every alive_every() per connection
@@ -81,6 +81,7 @@ STOP = Kind.STOP.value
 RESET = Kind.RESET.value
 
 WRITTEN_MARK = 1
+OPEN_TLS = 1 << 16  # in an OPEN record's aux: the connection came in on ssl_port
 # writer -> dispatcher, on its own channel: how many marked DATA records of each connection are sent
 # (cumulative), so a queue message leaves the store only once its delivery is written. One datagram
 # per writer loop with progress: WRITTEN_HEAD (writer index, flags) + WRITTEN_PAIR* (connection,

@@ -26,6 +26,7 @@ from ..console.http import encode_request
 from ..ipc import control, records as R
 from ..ipc.control import Control
 from ..protocol import proxy, websocket as ws
+from ..protocol.hosts import HostPolicy
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
 from . import common
@@ -114,6 +115,10 @@ class Reader:
         self.running = True
         self.allowed_paths = getattr(config, "ws_paths", None) or None
         self.allowed_origins = getattr(config, "ws_origins", None) or None
+        # without ws_origins, a broker that checks logins opens WebSockets to its own pages only
+        self.same_origin_only = config.auth != "off"
+        self.hosts = HostPolicy.from_config(config)
+        self.hsts = f"max-age={config.hsts_max_age}" if config.hsts_max_age else ""
         self.tls_listener = resources.tls_listener
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
@@ -266,7 +271,7 @@ class Reader:
                 conn.tls, link.conn = link, conn
                 self.sel.register(link.inner, selectors.EVENT_READ, link)
             self.stats["accepted"] += 1
-            self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer)
+            self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer | (R.OPEN_TLS if link else 0))
 
     def refuse(self, sock: socket.socket, message: str, detail: str) -> None:
         self.stats["refused"] += 1
@@ -590,20 +595,25 @@ class Reader:
             request, used = parsed
             rest, conn.buf = conn.buf[used:], b""
             headers = request["headers"]
-            if not ws.wants_upgrade(headers):
-                conn.mode = DEAD
-                if request["path"].split("?")[0] == "/health_check" and request["method"] == "GET":
-                    self.emit(R.HTTP, conn.id, ws.http_response(200, "OK", b"OK\n"))
-                else:  # the console, the API, /metrics or a 404: the dispatcher has the figures
-                    self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
+            upgrade = ws.wants_upgrade(headers)
+            if not upgrade and request["path"].split("?")[0] == "/health_check" and request["method"] == "GET":
+                conn.mode = DEAD  # for load balancers and probes, whatever Host they name
+                self.http_reply(conn, ws.http_response(200, "OK", b"OK\n"))
                 return
-            response, _subprotocol = ws.handshake_response(request, self.allowed_paths, self.allowed_origins)
+            if not self.hosts.allows(headers.get("host")):  # DNS rebinding (protocol/hosts.py)
+                raise ws.HandshakeError(421, "this broker does not answer for that Host (http_hosts)")
+            if not upgrade:  # the console, the API, /metrics or a 404: the dispatcher has the figures
+                conn.mode = DEAD
+                self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
+                return
+            response, _subprotocol = ws.handshake_response(request, self.allowed_paths, self.allowed_origins,
+                                                           self.same_origin_only, conn.tls is not None)
         except ws.HandshakeError as exc:
             self.http_waiting.pop(conn, None)
             conn.mode = DEAD
             conn.buf = b""
             # response() carries the headers the status needs (426: Sec-WebSocket-Version: 13).
-            self.emit(R.HTTP, conn.id, exc.response())
+            self.http_reply(conn, exc.response())
             return
         conn.mode = WEBSOCKET
         conn.ws = ws.WsDecoder(self.config.max_frame_size, self.config.ws_max_fragments)
@@ -618,7 +628,13 @@ class Reader:
             del self.http_waiting[conn]
             conn.mode = DEAD
             conn.buf = b""
-            self.emit(R.HTTP, conn.id, ws.HandshakeError(408, "request head not complete in time").response())
+            self.http_reply(conn, ws.HandshakeError(408, "request head not complete in time").response())
+
+    def http_reply(self, conn: Conn, response: bytes) -> None:
+        """An HTTP answer of the reader's own, then close; on the TLS port it carries HSTS."""
+        if conn.tls is not None and self.hsts:
+            response = ws.with_header(response, "Strict-Transport-Security", self.hsts)
+        self.emit(R.HTTP, conn.id, response)
 
     def websocket(self, conn: Conn, data: bytes, now: float) -> None:
         decoder = conn.ws

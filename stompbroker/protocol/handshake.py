@@ -9,6 +9,8 @@ import binascii
 import hashlib
 import re
 
+from .hosts import same_origin
+
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 # Order of preference when the client offers several.
@@ -16,7 +18,8 @@ STOMP_SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp", "stomp")
 
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 426: "Upgrade Required",
+    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 421: "Misdirected Request",
+    426: "Upgrade Required",
     431: "Request Header Fields Too Large", 500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -99,10 +102,14 @@ def accept_key(key: str) -> str:
 
 
 def handshake_response(request: dict, allowed_paths: list[str] | None = None,
-                       allowed_origins: list[str] | None = None) -> tuple[bytes, str | None]:
+                       allowed_origins: list[str] | None = None, same_origin_only: bool = False,
+                       tls: bool = False) -> tuple[bytes, str | None]:
     """Validate an upgrade request; return (101 response bytes, subprotocol or None).
 
-    Raises HandshakeError with the HTTP status to answer with.
+    ``allowed_origins`` lists the pages that may open a WebSocket; without it, ``same_origin_only``
+    lets only the broker's own pages (Origin naming the Host the request went to, over TLS or not
+    as ``tls`` says) and clients that send no Origin (not browsers). Raises HandshakeError with the
+    HTTP status to answer with.
     """
     headers = request["headers"]
     if request["method"] != "GET":
@@ -133,6 +140,8 @@ def handshake_response(request: dict, allowed_paths: list[str] | None = None,
         # Scheme and host are case-insensitive; browsers send them lower-case.
         if origin is None or origin.lower() not in {o.lower() for o in allowed_origins}:
             raise HandshakeError(403, "origin not allowed")
+    elif same_origin_only and not same_origin(headers.get("origin"), headers.get("host"), tls):
+        raise HandshakeError(403, "origin not allowed (only the broker's own pages: ws_origins lists others)")
 
     offered = _tokens(headers.get("sec-websocket-protocol"))
     subprotocol = next((p for p in STOMP_SUBPROTOCOLS if p in offered), None)
@@ -153,6 +162,15 @@ def wants_upgrade(headers: dict) -> bool:
     a request with none is plain HTTP."""
     return ("upgrade" in headers or "sec-websocket-key" in headers
             or "upgrade" in (t.lower() for t in _tokens(headers.get("connection"))))
+
+
+def with_header(response: bytes, name: str, value: str) -> bytes:
+    """``response`` with one more header line, right after its status line."""
+    line = f"{name}: {value}\r\n".encode("latin-1")
+    if _BAD_IN_LINE_RE.search(line[:-2]):
+        raise ValueError("CR, LF or NUL in HTTP response head")
+    end = response.index(b"\r\n") + 2
+    return response[:end] + line + response[end:]
 
 
 def http_response(status: int, reason: str, body: bytes = b"", extra_headers: dict | None = None) -> bytes:
