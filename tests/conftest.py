@@ -19,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def pytest_addoption(parser):
     parser.addoption("--seconds", type=float, default=0.0,
                      help="run the time-bounded fuzzers for this many seconds (default: their short CI budget)")
+    parser.addoption("--fuzz-inputs", type=int, default=0,
+                     help="stop the edge fuzzer (tests/integration/test_fuzz_edges.py) after this many inputs")
 
 
 def pytest_collection_modifyitems(config, items):

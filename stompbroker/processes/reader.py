@@ -1,8 +1,9 @@
 """Reader process: accepts every connection and reads every socket (one epoll loop).
 
-It tells the protocols apart by the first bytes (``GET `` is HTTP: a WebSocket upgrade, the health
-check, or a request for the console, API or metrics, which the dispatcher answers; anything else is
-raw STOMP), splits the byte stream into STOMP frames with the sans-IO
+It tells the protocols apart by the first bytes (protocol/sniff.py: an HTTP method is HTTP, a
+WebSocket upgrade, the health check, or a request for the console, API or metrics, which the
+dispatcher answers; anything else is raw STOMP; a trusted proxy's connection starts with a PROXY
+header, protocol/proxy.py), splits the byte stream into STOMP frames with the sans-IO
 parsers, and appends them as records to the shared-memory input queue, one batch and one wake-up
 per loop. When the queue is full it stops reading, so TCP pushes back on the clients: no frame is
 ever dropped. Every socket is passed to its writer right after accept; the reader writes to a
@@ -27,6 +28,7 @@ from ..ipc import control, records as R
 from ..ipc.control import Control
 from ..protocol import proxy, websocket as ws
 from ..protocol.hosts import HostPolicy
+from ..protocol.sniff import sniff
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
 from . import common
@@ -36,8 +38,6 @@ log = logging.getLogger("stompbroker.reader")
 
 READ_SIZE = 65536
 FLUSH_AT = 256 * 1024       # bytes of records gathered before they are pushed mid-loop
-_GET = b"GET "
-_OTHER_METHODS = frozenset((b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"))
 
 
 
@@ -64,7 +64,7 @@ class Conn:
         self.writer = writer
         self.mode = NEW
         self.parser = parser    # only while it holds an unfinished frame (see Reader.feed)
-        self.buf = b""          # bytes of an HTTP request head (or a PROXY header) not complete yet
+        self.buf = b""          # bytes of an HTTP request head, a PROXY header or an undecided first word
         self.ws = None          # WsDecoder once upgraded
         self.last_alive = 0.0
         self.tls = None         # TlsLink for connections on ssl_port
@@ -435,11 +435,17 @@ class Reader:
                 return
             mode = conn.mode
         if mode == NEW:
-            if self.proxies is not None and proxy.starts_like_header(data):
-                self.proxy_refused(conn, "a PROXY header where none is believed (the peer is not in "
-                                          "proxy_trusted, or its proxy sent one already)")
+            head = conn.buf + data if conn.buf else data
+            verdict = sniff(head, self.proxies is not None)
+            if verdict is None:  # a few bytes that could begin more than one protocol
+                conn.buf = head
                 return
-            mode = conn.mode = self.sniff(conn, data)
+            conn.buf, data = b"", head
+            if verdict == "proxy":
+                self.proxy_refused(conn, "a PROXY header where none is believed (the peer is not in "
+                                         "proxy_trusted, or its proxy sent one already)")
+                return
+            mode = conn.mode = HTTP if verdict == "http" else STOMP
         if mode == STOMP:
             self.stomp(conn, data, now)
         elif mode == WEBSOCKET:
@@ -505,19 +511,6 @@ class Reader:
         conn.mode = DEAD
         conn.buf = b""
         self.emit(R.HTTP, conn.id)  # nothing to write, then close
-
-    @staticmethod
-    def sniff(conn: Conn, data: bytes) -> int:
-        head = conn.buf + data
-        if head.startswith(_GET) or _GET.startswith(head):
-            return HTTP
-        # Another HTTP method gets an HTTP answer (400, method must be GET) rather than hanging as
-        # an unfinished STOMP frame: no STOMP command is followed by a space. CONNECT is left out
-        # (it is also a STOMP command), and a method cut before its space is taken for STOMP.
-        method, space, _ = head[:8].partition(b" ")
-        if space and method in _OTHER_METHODS:
-            return HTTP
-        return STOMP
 
     def new_parser(self) -> FrameParser:
         return FrameParser(self.config.max_frame_size, self.config.max_headers, self.config.max_header_line)

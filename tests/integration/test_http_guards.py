@@ -128,6 +128,24 @@ def test_the_console_may_connect_to_its_own_broker_only(start_broker):
     # tests/integration/test_console.py drives the page in headless chromium under this policy
 
 
+def test_a_first_word_cut_across_reads_is_answered_in_its_own_protocol(start_broker):
+    # Found by the edge fuzzer: "OPT" in one read and "IONS / HTTP/1.1..." in the next was taken for
+    # STOMP, and got a STOMP ERROR at connect_timeout_ms instead of an HTTP answer.
+    b = start_broker("connect_timeout_ms=4000")
+    for first, rest, answer in ((b"OPT", b"IONS /api/overview HTTP/1.1\r\nHost: localhost\r\n\r\n", b"HTTP/1.1 405 "),
+                                (b"D", b"ELETE / HTTP/1.1\r\nHost: localhost\r\n\r\n", b"HTTP/1.1 405 "),
+                                (b"D", b"IAG\n\nsession\0", b"DIAG\n")):
+        with socket.create_connection(b.address, timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(first)
+            time.sleep(0.2)  # so the reader reads the first bytes alone
+            sock.sendall(rest)
+            started = time.monotonic()
+            got = sock.recv(100)
+            assert got.startswith(answer), (first, got)
+            assert time.monotonic() - started < 2
+
+
 # -- off loopback, in a network namespace ------------------------------------------------------------
 NETNS = f"sbt{os.getpid() % 100000}"
 ADDRESS, PEER = "10.213.62.1", "10.213.62.2"
