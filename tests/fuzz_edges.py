@@ -49,6 +49,7 @@ class Report:
     inputs: int = 0
     answered: int = 0
     silent: int = 0           # closed without a word
+    late_408: int = 0         # an unfinished request head closed by the STOMP connect timeout before its 408
     connected: int = 0
     hangs: list = field(default_factory=list)        # (kind, first bytes) of each
     bad_answers: list = field(default_factory=list)  # (kind, why, first bytes sent, first bytes received)
@@ -59,7 +60,8 @@ class Report:
     def summary(self) -> str:
         top = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
         return (f"{self.inputs} inputs in {self.seconds:.0f} s ({self.inputs / max(self.seconds, 1e-9):.0f}/s): "
-                f"{self.answered} answered, {self.silent} closed silently, {self.connected} logged in; "
+                f"{self.answered} answered, {self.silent} closed silently, {self.connected} logged in, "
+                f"{self.late_408} unfinished heads closed by the connect timeout before their 408; "
                 f"{len(self.hangs)} hangs, {len(self.bad_answers)} bad answers; HTTP statuses: {top}; "
                 f"kinds: {self.kinds}")
 
@@ -371,6 +373,12 @@ class Fuzzer:
         if not got or not space or method not in HTTP_METHODS:  # the reader's own test for HTTP
             return None
         if not got.startswith(b"HTTP/1.1 "):
+            if got.startswith(b"ERROR\nmessage:connect timeout\n") and b"\r\n\r\n" not in sent:
+                # A head never finished gets 408 at half of connect_timeout_ms from the reader; when
+                # the reader is starved past the other half (a loaded machine, the fuzzer's 1 s
+                # timeout), the dispatcher's STOMP connect timeout comes first. Counted, not failed.
+                self.report.late_408 += 1
+                return None
             return "an HTTP request got a non-HTTP answer"
         try:
             status = int(got[9:12])

@@ -40,7 +40,7 @@ def split_host(value: str) -> tuple[str, int | None] | None:
         elif ":" in host:  # a bare IPv6 address, not valid in Host but unambiguous
             host, port = value, None
     if port is not None:
-        if not port.isdigit() or len(port) > 5:
+        if not (port.isascii() and port.isdigit()) or len(port) > 5:  # ("²".isdigit() is true)
             return None
         port_number: int | None = int(port)
     else:

@@ -46,6 +46,7 @@ def test_fuzz_http_websocket_and_proxy_headers(start_broker, fuzz_seconds, reque
     processes = broker_processes(b)
     pids = {role: p.pid for role, p in processes.items()}
     peak = {"total": 0}
+    shown = [0]
     start_rss = sum(p.memory_info().rss for p in processes.values())
     start_private = private(processes)
 
@@ -57,6 +58,9 @@ def test_fuzz_http_websocket_and_proxy_headers(start_broker, fuzz_seconds, reque
         if fuzz_seconds:
             print(f"{report.inputs} inputs, {len(report.hangs)} hangs, {len(report.bad_answers)} bad, "
                   f"broker {sum(rss.values()) / MB:.0f} MiB", flush=True)
+            for finding in (report.hangs + report.bad_answers)[shown[0]:]:
+                print("FOUND", repr(finding), flush=True)
+            shown[0] = len(report.hangs) + len(report.bad_answers)
 
     fuzzer = Fuzzer(b.port, seed=int(os.environ.get("FUZZ_SEED", time.time_ns() % 2**32)), concurrency=300,
                     hang_after=4.0)

@@ -17,6 +17,7 @@ from stompbroker.settings import make_config
     ("[::1]:8080", ("::1", 8080)), ("[::1]", ("::1", None)), ("::1", ("::1", None)),
     ("10.0.0.5:61613", ("10.0.0.5", 61613)), ("a.example:", None), ("a.example:x", None), ("[::1", None),
     ("[::1]x", None), ("", None), (":80", None), ("a:123456", None),
+    ("127.0.0.1:4650\xb2", None), ("a:\u0661", None),  # digits to str.isdigit, not to int (found by the fuzzer)
 ])
 def test_split_host(value, parsed):
     assert split_host(value) == parsed
