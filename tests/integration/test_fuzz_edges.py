@@ -13,7 +13,6 @@ import os
 import time
 
 import psutil
-import pytest
 
 from stompbroker.processes.titles import process_role
 from tests.fuzz_edges import Fuzzer

@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -17,9 +16,7 @@ import time
 
 import pytest
 
-from stompbroker.readiness import wait_ready
 from stompbroker.security import hash_secret
-from tests.conftest import ROOT
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 
@@ -185,30 +182,17 @@ print(conn.getresponse().status)
 """
 
 
-def test_off_loopback_the_start_warns_and_hosts_hold(netns, tmp_path):
-    ready = tmp_path / "ready"
-    with open(tmp_path / "log", "wb") as log:
-        proc = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-m", "stompbroker", f"host={ADDRESS}",
-                                 "port=0", "processors=3", f"ready_file={ready}"], stdout=log,
-                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-        try:
-            port = wait_ready(str(ready), proc, 20)["port"]
-            client = CLIENT.format(address=ADDRESS, peer=PEER)
+def test_off_loopback_the_start_warns_and_hosts_hold(netns, start_broker):
+    b = start_broker(f"host={ADDRESS}", "processors=3", prefix=("ip", "netns", "exec", netns))
+    client = CLIENT.format(address=ADDRESS, peer=PEER)
 
-            def status(host: str) -> int:
-                out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", client, str(port), host],
-                                     capture_output=True, text=True, timeout=20, check=True)
-                return int(out.stdout)
+    def status(host: str) -> int:
+        out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", client, str(b.port), host],
+                             capture_output=True, text=True, timeout=20, check=True)
+        return int(out.stdout)
 
-            assert status(f"{ADDRESS}:{port}") == 200           # the address it was reached at
-            assert status(f"rebound.evil.example:{port}") == 421
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-    text = (tmp_path / "log").read_text()
-    assert f"SECURITY: auth=off on {ADDRESS}:{port}: anyone who can reach it may log in" in text, text[-3000:]
+    assert status(f"{ADDRESS}:{b.port}") == 200           # the address it was reached at
+    assert status(f"rebound.evil.example:{b.port}") == 421
+    text = b.log()
+    assert f"SECURITY: auth=off on {ADDRESS}:{b.port}: anyone who can reach it may log in" in text, text[-3000:]
     assert text.count("SECURITY:") == 1
