@@ -600,7 +600,7 @@ class Reader:
                 self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
                 return
             response, _subprotocol = ws.handshake_response(request, self.allowed_paths, self.allowed_origins,
-                                                           self.same_origin_only, conn.tls is not None)
+                                                           self.same_origin_only)
         except ws.HandshakeError as exc:
             self.http_waiting.pop(conn, None)
             conn.mode = DEAD

@@ -102,14 +102,13 @@ def accept_key(key: str) -> str:
 
 
 def handshake_response(request: dict, allowed_paths: list[str] | None = None,
-                       allowed_origins: list[str] | None = None, same_origin_only: bool = False,
-                       tls: bool = False) -> tuple[bytes, str | None]:
+                       allowed_origins: list[str] | None = None,
+                       same_origin_only: bool = False) -> tuple[bytes, str | None]:
     """Validate an upgrade request; return (101 response bytes, subprotocol or None).
 
     ``allowed_origins`` lists the pages that may open a WebSocket; without it, ``same_origin_only``
-    lets only the broker's own pages (Origin naming the Host the request went to, over TLS or not
-    as ``tls`` says) and clients that send no Origin (not browsers). Raises HandshakeError with the
-    HTTP status to answer with.
+    lets only the broker's own pages (an Origin naming the host and port of the request's Host) and
+    clients that send no Origin (not browsers). Raises HandshakeError with the HTTP status to answer.
     """
     headers = request["headers"]
     if request["method"] != "GET":
@@ -140,7 +139,7 @@ def handshake_response(request: dict, allowed_paths: list[str] | None = None,
         # Scheme and host are case-insensitive; browsers send them lower-case.
         if origin is None or origin.lower() not in {o.lower() for o in allowed_origins}:
             raise HandshakeError(403, "origin not allowed")
-    elif same_origin_only and not same_origin(headers.get("origin"), headers.get("host"), tls):
+    elif same_origin_only and not same_origin(headers.get("origin"), headers.get("host")):
         raise HandshakeError(403, "origin not allowed (only the broker's own pages: ws_origins lists others)")
 
     offered = _tokens(headers.get("sec-websocket-protocol"))

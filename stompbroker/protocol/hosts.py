@@ -84,9 +84,10 @@ class HostPolicy:
                 or any(host == s[1:] for s in self.suffixes))
 
 
-def same_origin(origin: str | None, host_header: str | None, tls: bool) -> bool:
-    """Was the page that sends ``Origin`` served from the address this request was sent to (scheme,
-    host and port)? No Origin (not a browser) passes; ``null`` (a sandboxed or file page) does not."""
+def same_origin(origin: str | None, host_header: str | None) -> bool:
+    """Was the page that sends ``Origin`` served from the host and port this request was sent to?
+    No Origin (not a browser) passes; ``null`` (a sandboxed or file page) does not. The scheme is not
+    compared: behind a proxy that ends TLS, the broker sees plain connections for https pages."""
     if origin is None:
         return True
     if host_header is None:
@@ -97,8 +98,6 @@ def same_origin(origin: str | None, host_header: str | None, tls: bool) -> bool:
     except ValueError:
         return False
     if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or parts.path or parts.query:
-        return False
-    if (parts.scheme in ("https", "wss")) != tls:
         return False
     target = split_host(host_header)
     if target is None:

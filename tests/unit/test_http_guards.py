@@ -43,25 +43,25 @@ def test_http_hosts_replace_the_default_and_star_allows_any():
     assert HostPolicy.from_config(make_config(http_hosts="*")).allows("anything.at.all")
 
 
-@pytest.mark.parametrize("origin, host, tls, allowed", [
-    (None, "127.0.0.1:61613", False, True),                         # not a browser
-    ("http://127.0.0.1:61613", "127.0.0.1:61613", False, True),
-    ("HTTP://LocalHost:61613", "localhost:61613", False, True),
-    ("http://localhost", "localhost:80", False, True),               # default ports
-    ("https://broker.example", "broker.example:443", True, True),
-    ("https://broker.example:8443", "broker.example:8443", True, True),
-    ("http://broker.example:8443", "broker.example:8443", True, False),  # scheme differs from the connection's
-    ("https://broker.example:8443", "broker.example:8443", False, False),
-    ("http://evil.example", "127.0.0.1:61613", False, False),
-    ("http://127.0.0.1:3000", "127.0.0.1:61613", False, False),       # another port is another origin
-    ("null", "127.0.0.1:61613", False, False),                       # sandboxed frames, file: pages
-    ("http://127.0.0.1:61613/path", "127.0.0.1:61613", False, False),
-    ("http://127.0.0.1:99999", "127.0.0.1:61613", False, False),
-    ("http://127.0.0.1:61613", None, False, False),
-    ("ftp://127.0.0.1:61613", "127.0.0.1:61613", False, False),
+@pytest.mark.parametrize("origin, host, allowed", [
+    (None, "127.0.0.1:61613", True),                         # not a browser
+    ("http://127.0.0.1:61613", "127.0.0.1:61613", True),
+    ("HTTP://LocalHost:61613", "localhost:61613", True),
+    ("http://localhost", "localhost:80", True),               # default ports
+    ("https://broker.example", "broker.example:443", True),
+    ("https://broker.example", "broker.example", True),       # through a proxy that ends TLS
+    ("https://broker.example:8443", "broker.example:8443", True),
+    ("https://broker.example", "broker.example:80", False),
+    ("http://evil.example", "127.0.0.1:61613", False),
+    ("http://127.0.0.1:3000", "127.0.0.1:61613", False),       # another port is another origin
+    ("null", "127.0.0.1:61613", False),                       # sandboxed frames, file: pages
+    ("http://127.0.0.1:61613/path", "127.0.0.1:61613", False),
+    ("http://127.0.0.1:99999", "127.0.0.1:61613", False),
+    ("http://127.0.0.1:61613", None, False),
+    ("ftp://127.0.0.1:61613", "127.0.0.1:61613", False),
 ])
-def test_same_origin(origin, host, tls, allowed):
-    assert same_origin(origin, host, tls) is allowed
+def test_same_origin(origin, host, allowed):
+    assert same_origin(origin, host) is allowed
 
 
 def upgrade(origin=None, host="127.0.0.1:61613") -> dict:
