@@ -593,7 +593,8 @@ class Reader:
                 conn.mode = DEAD  # for load balancers and probes, whatever Host they name
                 self.http_reply(conn, ws.http_response(200, "OK", b"OK\n"))
                 return
-            if not self.hosts.allows(headers.get("host")):  # DNS rebinding (protocol/hosts.py)
+            if not (self.hosts.allows(headers.get("host")) and self.hosts.allows(request["authority"])):
+                # DNS rebinding (protocol/hosts.py)
                 raise ws.HandshakeError(421, "this broker does not answer for that Host (http_hosts)")
             if not upgrade:  # the console, the API, /metrics or a 404: the dispatcher has the figures
                 conn.mode = DEAD

@@ -8,6 +8,7 @@ import base64
 import binascii
 import hashlib
 import re
+from urllib.parse import urlsplit
 
 from .hosts import same_origin
 
@@ -54,7 +55,8 @@ _BAD_IN_LINE_RE = re.compile(rb"[\x00\r\n]")
 
 
 def parse_http_request(buf: bytes, max_size: int = 8192) -> tuple[dict, int] | None:
-    """Parse an HTTP/1.x request head from the start of ``buf``.
+    """Parse an HTTP/1.x request head from the start of ``buf``: method, path (the request target as
+    sent), version, headers and, for an absolute-form target, its authority (else None).
 
     Returns None while the head (through CRLFCRLF) is incomplete, else
     ``(request, consumed)``; bytes after ``consumed`` belong to the caller.
@@ -76,6 +78,13 @@ def parse_http_request(buf: bytes, max_size: int = 8192) -> tuple[dict, int] | N
             or not _VERSION_RE.match(parts[2]) or _BAD_IN_LINE_RE.search(parts[1]):
         raise HandshakeError(400, "malformed request line")
     method, target, version = (p.decode("latin-1") for p in parts)
+    try:  # what the console's routing will split: refuse here what it could not
+        split = urlsplit(target)
+        split.port
+    except ValueError:
+        raise HandshakeError(400, "malformed request target") from None
+    # absolute-form (http://host/path): its authority names the host, as Host does
+    authority = split.netloc if split.scheme else None
 
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -86,7 +95,7 @@ def parse_http_request(buf: bytes, max_size: int = 8192) -> tuple[dict, int] | N
         key = name.decode("latin-1").lower()
         if key not in headers:  # first wins
             headers[key] = value.strip(b" \t").decode("latin-1")
-    return {"method": method, "path": target, "version": version, "headers": headers}, consumed
+    return {"method": method, "path": target, "version": version, "headers": headers, "authority": authority}, consumed
 
 
 def _tokens(value: str | None) -> list[str]:

@@ -62,6 +62,8 @@ def test_dns_rebinding_names_get_421_and_everything_else_is_served(start_broker)
         assert get(b, path, "localhost.evil.example")[0] == 421, path
     assert get(b, "/health_check", "evil.example")[0] == 200  # load balancers and probes name anything
     assert get(b, "/api/overview", "127.0.0.1:4650\xb2")[0] == 421  # (was an internal error: found by the fuzzer)
+    assert get(b, "http://evil.example/api/overview", "localhost")[0] == 421  # absolute-form names a host too
+    assert get(b, "http://evil.examp]e/api/overview", "localhost")[0] == 400  # (was an internal error: the fuzzer)
     assert upgrade(b, f"evil.example:{b.port}") == 421
     assert upgrade(b, own) == 101
     assert "SECURITY" not in b.log()  # loopback: nothing to warn about

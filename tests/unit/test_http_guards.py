@@ -84,6 +84,21 @@ def test_the_handshake_allows_same_origin_only_when_asked_and_ws_origins_overrid
         handshake_response(upgrade("http://127.0.0.1:61613"), None, ["http://evil.example"], same_origin_only=True)
 
 
+@pytest.mark.parametrize("target", ["http://evil.examp]e/api/overview", "http://[::1/x", "//x]y/z", "http://a:99999/",
+                                    "http://a:x/"])
+def test_request_targets_the_routing_could_not_split_are_400(target):
+    # Found by the edge fuzzer: the first was an internal error in the dispatcher's routing.
+    with pytest.raises(HandshakeError) as info:
+        parse_http_request(f"GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+    assert (info.value.status, info.value.reason) == (400, "malformed request target")
+
+
+def test_an_absolute_form_target_names_its_host_too():
+    request = parse_http_request(b"GET http://evil.example:8080/api/overview HTTP/1.1\r\nHost: localhost\r\n\r\n")[0]
+    assert request["authority"] == "evil.example:8080" and not HostPolicy(["localhost"]).allows(request["authority"])
+    assert parse_http_request(b"GET /api/overview?x=] HTTP/1.1\r\n\r\n")[0]["authority"] is None
+
+
 def test_with_header_goes_after_the_status_line():
     response = http_response(200, "OK", b"body\r\n\r\nmore", {"X-A": "1"})
     added = with_header(response, "Strict-Transport-Security", "max-age=10")
