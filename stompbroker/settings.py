@@ -22,6 +22,14 @@ class Setting:
     default: Any
     help: str
     secret: bool = False  # never logged or shown: describe() prints *** for it
+    # A default that follows other settings: the default is the word "auto" (None once parsed),
+    # and this gives the value from the others' (the help says how).
+    derive: Callable[[dict], Any] | None = None
+
+
+def auth_on(values: dict) -> bool:
+    """Logins are checked: a passwd file, or xtomp's token secret."""
+    return values["auth"] != "off" or bool(values["secret"])
 
 
 def _int(text: str) -> int:
@@ -45,6 +53,16 @@ def _bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected true or false (also yes/no, on/off, 1/0), got {text!r}")
+
+
+def _auto_bool(text: str) -> bool | None:
+    """A flag whose default follows other settings: "auto" (None until make_config derives it)."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        return _bool(text)
+    except ValueError:
+        raise ValueError(f"expected auto, true or false (also yes/no, on/off, 1/0), got {text!r}") from None
 
 
 def _list(text: str) -> list[str]:
@@ -108,8 +126,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("secret_timeout", _float, 60.0, "seconds a token login stays valid"),
     Setting("token_mode", str, "sha1", "sha1 (xtomp's) or hmac (HMAC-SHA256: prefer it)"),
     Setting("auth_fail_delay_ms", _int, 250, "a refused login waits this long, doubling per failure from the same address (at most 10 s)"),
-    Setting("diag_admin_only", _bool, False, "only admin users may use DIAG and /queue/monitor"),
-    Setting("diag_before_connect", _bool, True, "answer DIAG frames before CONNECT, as stompica did (off: only after CONNECT)"),
+    Setting("diag_admin_only", _auto_bool, "auto", "only admin users may use DIAG frames, DIAG destinations and /queue/monitor; auto = true when logins are checked (auth=passwd or secret set), false when not", derive=auth_on),
+    Setting("diag_before_connect", _bool, False, "answer DIAG frames before CONNECT, as stompica did (only with auth=off and no secret: before CONNECT nobody is logged in)"),
     Setting("diag_interval", _int, 1_000, "milliseconds per statistics interval (latency percentiles, dump lines)"),
     Setting("diag_dump", str, "", "append one JSON line of statistics per interval to this file (empty = off)"),
     Setting("diag_dump_max_bytes", _int, 64 * MB, "rotate the dump file past this size"),
@@ -128,6 +146,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
+    Setting("console_token_ttl_ms", _int, 300_000, "with logins checked: how long a web console's STOMP passcode (single-use, for the address and user it was issued to) and the read-only session it opens last; the page renews both before then"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("log_format", str, "text", "text, or json: one JSON object per line (ts, level, process, pid, logger, message)"),
@@ -156,6 +175,11 @@ class Config:
             raise AttributeError(name) from None
 
     @property
+    def auth_required(self) -> bool:
+        """Logins are checked (auth=passwd, or a token secret)."""
+        return auth_on(self.values)
+
+    @property
     def writers(self) -> int:
         processors = self.values["processors"] or os.cpu_count() or 1
         return max(processors - 2, 1)
@@ -177,7 +201,7 @@ class Config:
         words = []
         for s in SETTINGS:
             value = self.values[s.name]
-            if not every and value == _default(s):
+            if not every and value == _default(s, self.values):
                 continue
             if isinstance(value, list):
                 value = ",".join(value)
@@ -185,7 +209,10 @@ class Config:
         return " ".join(words) or "all defaults"
 
 
-def _default(s: Setting) -> Any:
+def _default(s: Setting, values: dict | None = None) -> Any:
+    """A setting's default; one that follows other settings needs their ``values``."""
+    if s.derive is not None and values is not None:
+        return s.derive(values)
     return s.type(s.default) if isinstance(s.default, str) else s.default
 
 
@@ -197,6 +224,9 @@ def make_config(**overrides: Any) -> Config:
         if setting is None:
             raise ValueError(f"unknown setting {key!r}")
         values[setting.name] = convert(setting, value) if isinstance(value, str) else value
+    for s in SETTINGS:  # "auto": from the settings it follows, once they are all known
+        if s.derive is not None and values[s.name] is None:
+            values[s.name] = s.derive(values)
     validate(values)
     return Config(values)
 
@@ -243,6 +273,11 @@ def validate(values: dict) -> None:
         raise ValueError(f"token_mode must be sha1 or hmac, got {values['token_mode']!r}")
     if values["store"] not in ("memory", "sqlite"):
         raise ValueError(f"store must be memory or sqlite, got {values['store']!r}")
+    if values["diag_before_connect"] and auth_on(values):
+        raise ValueError("diag_before_connect=true needs auth=off and no secret: before CONNECT nobody has "
+                         "logged in, and with logins checked only a session may ask DIAG")
+    if values["console_token_ttl_ms"] <= 0:
+        raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
     if values["checkpoint"] < 0 or values["replay_retention"] < 0:
         raise ValueError("checkpoint and replay_retention must not be negative")
     if not values["dead_letter_queue"].startswith("/queue/"):

@@ -64,7 +64,6 @@ class Broker:
         self.auth = auth                 # the Authenticator (broker/auth.py): who may log in, read, write
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
         self.backplane = backplane       # cluster mode: the other nodes, through the bridge (cluster/backplane.py)
-        self.failures: dict[str, int] = {}        # failed logins per client address
         self.delayed: list[tuple[float, int]] = []  # refused logins, answered after a delay
         self.ops_mark = 0                # the store's op count when the current event began
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
@@ -158,6 +157,8 @@ class Broker:
             if not session.connected and command not in CONNECT_COMMANDS and not (
                     command == "DIAG" and self.config.diag_before_connect):
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
+            if session.console_until:
+                sessions.console_scope(command, headers)
             transaction = headers.get("transaction")
             if transaction is not None and command in TRANSACTIONAL:
                 transactions.hold(self, session, transaction, command, headers, body)
@@ -205,9 +206,17 @@ class Broker:
                     or (self.holding and self.store is not None and self.store.failing_since)
                     or self.unconfirmed or (self.backplane is not None and self.backplane.needs_tick()))
 
-    def on_auth(self, conn: int, user: str | None, now: float) -> None:
-        """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""
-        sessions.auth_done(self, conn, user, now)
+    def on_auth(self, conn: int, user: str | None, now: float, delay: float = 0.0) -> None:
+        """A login check finished: CONNECTED and the frames that waited, or a refusal after
+        ``delay`` seconds (the login's back-off)."""
+        sessions.auth_done(self, conn, user, now, delay)
+
+    def on_http(self, conn: int) -> None:
+        """The connection's HTTP request waits for its login check: the dispatcher answers it (in
+        HTTP), so the STOMP connect timeout is not for it."""
+        session = self.sessions.get(conn)
+        if session is not None:
+            self.timed.discard(session)
 
     def release(self, generation: int) -> None:
         """The store has committed up to ``generation``: send the replies that waited for it."""

@@ -16,6 +16,7 @@ VERSIONS = ("1.0", "1.1", "1.2")
 SERVER = f"stompbroker/{__version__}"
 ACK_MODES = ("auto", "client", "client-individual")
 CONNECT_COMMANDS = ("CONNECT", "STOMP")
+CONSOLE_COMMANDS = ("DIAG", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "DISCONNECT")  # a console session's
 TRANSACTIONAL = ("SEND", "ACK", "NACK")
 QUEUE_PREFIX = "/queue/"
 MONITOR = "/queue/monitor"   # stompserver's status destination: every subscriber gets each status

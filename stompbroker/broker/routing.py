@@ -90,6 +90,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         return 0
     if destination.startswith(REPLY_PREFIXES):
         return temporary.publish(b, destination, message)
+    if b.config.diag_admin_only and destination.startswith(DIAG_PREFIX):
+        return diag_answer(b, message)
     if b.backplane is not None and origin is None and b.backplane.queues.takes(b, message, sender):
         return 0  # a queue message: JetStream has it now, and the node with room will deliver it
     if destination.startswith(QUEUE_PREFIX):
@@ -130,6 +132,16 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
             unclaimed(b, message)
         return delivered
     return fan_out(b, message, subs, kept)
+
+
+def diag_answer(b, message: Message) -> int:
+    """A message to a DIAG destination carries statistics (``send`` added them): with
+    diag_admin_only it goes to the admins subscribed now and nowhere else (not to a user's
+    wildcard subscription, not kept for later, not to other nodes)."""
+    auth = b.auth
+    subs = tuple(sub for sub in b.index.match(message.destination)
+                 if auth is not None and auth.is_admin(sub.session.login))
+    return fan_out(b, message, subs, 1)
 
 
 def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> int:

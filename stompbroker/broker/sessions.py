@@ -1,5 +1,6 @@
-"""Connections: CONNECT/STOMP (versions, heart-beats, login checks and the refusal back-off),
-deadlines (connect timeout, heart-beat timeout), DISCONNECT and the end of a session."""
+"""Connections: CONNECT/STOMP (versions, heart-beats, login checks, refusals told after their
+back-off, the web console's read-only sessions), deadlines (connect timeout, heart-beat timeout,
+console session end), DISCONNECT and the end of a session."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import logging
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, render_frame
+from ..security.console_tokens import PREFIX as CONSOLE_PREFIX
 from . import confirmations, receipts, subscribing, temporary
 from .model import Session
-from .names import MAX_HEART_BEAT, SERVER, VERSIONS, short
+from .names import CONSOLE_COMMANDS, MAX_HEART_BEAT, MONITOR, SERVER, VERSIONS, short
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -36,34 +38,35 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
                             f"the client heart-beats every {cx} ms; the broker needs at least every "
                             f"{b.config.heartbeat_max_ms} ms", receipt)
     if b.auth is not None and b.auth.required:
+        login, passcode = headers.get("login"), headers.get("passcode")
+        if passcode and passcode.startswith(CONSOLE_PREFIX) and b.auth.console_login(login, passcode,
+                                                                                     session.address, b.now):
+            # the web console's page: no password check to wait for, a read-only session that ends
+            connected(b, session, version, cx, cy, headers, login)
+            session.console_until = b.now + b.auth.console.ttl
+            b.timed.add(session)
+            return
         session.pending = (version, cx, cy, headers)
         session.backlog = []  # frames that arrive before the verdict wait here
-        b.logins.submit(session.conn, headers.get("login"), headers.get("passcode"),
-                        session.peer.rsplit(":", 1)[0])
+        b.logins.submit(session.conn, login, passcode, session.address)
         return
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
 
 
-def auth_done(b, conn: int, user: str | None, now: float) -> None:
-    """A login check finished: CONNECTED and the frames that waited, or a refusal after a delay."""
+def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> None:
+    """A login check finished: CONNECTED and the frames that waited, or a refusal told after
+    ``delay`` seconds (the back-off the login queue gave it)."""
     session = b.sessions.get(conn)
     if session is None or session.pending is None:
         return
     version, cx, cy, headers = session.pending
     session.pending = None
     b.now = now
-    ip = session.peer.rsplit(":", 1)[0]
     if user is None:
-        failures = b.failures[ip] = b.failures.get(ip, 0) + 1
-        if len(b.failures) > 100_000:
-            b.failures.clear()
-        delay = min(b.config.auth_fail_delay_ms * 2 ** min(failures - 1, 10), 10_000) / 1000
-        log.warning("login refused for %r from %s (%d failures from there)", headers.get("login"), ip, failures)
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
         session.backlog = ()
         b.delayed.append((now + delay, conn))
         return
-    b.failures.pop(ip, None)
     connected(b, session, version, cx, cy, headers, user)
     backlog, session.backlog = session.backlog, ()
     for head, body in backlog:
@@ -93,6 +96,18 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     if out_interval:
         session.outbox.add(R.HEARTBEAT, session.conn, aux=out_interval)
     receipts.send_receipt(b, session, receipt)
+
+
+def console_scope(command: str, headers: dict) -> None:
+    """A session opened with a console passcode reads statistics (DIAG frames, /queue/monitor) and
+    nothing else: it publishes nothing and reads no user destination."""
+    if command not in CONSOLE_COMMANDS:
+        raise ProtocolError(f"permission denied for {command}", "a web console session may only ask DIAG "
+                            f"queries and read {MONITOR}", headers.get("receipt"))
+    destination = headers.get("destination")
+    if command == "SUBSCRIBE" and destination != MONITOR:
+        raise ProtocolError(f"permission denied for {short(destination or '')}", "a web console session may "
+                            f"only ask DIAG queries and read {MONITOR}", headers.get("receipt"))
 
 
 def heart_beat(value: str, receipt) -> tuple[int, int]:
@@ -168,7 +183,14 @@ def check_deadlines(b, now: float) -> None:
             continue
         if not session.connected:
             if connect_timeout and now - session.opened > connect_timeout:
-                receipts.error(b, session, "connect timeout", "no CONNECT frame in time")
+                if session.pending is not None:  # (closing the connection drops its check)
+                    receipts.error(b, session, "login not checked in time", "logins from this address wait "
+                                   "for their turn or back off after refusals; try again later")
+                else:
+                    receipts.error(b, session, "connect timeout", "no CONNECT frame in time")
+        elif session.console_until and now >= session.console_until:
+            receipts.error(b, session, "session expired", "a web console session lasts console_token_ttl_ms; "
+                           "the page opens a new one before then")
         elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace + b.alive_lag:
             receipts.error(b, session, "heart-beat timeout",
                            f"nothing received for {now - session.last_seen:.1f} s "

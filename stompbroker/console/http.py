@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import html
+import math
 import os
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -39,6 +40,7 @@ STATIC = {
 PAGES = ("/", "/index.html")
 API = ("/api/overview", "/api/queues", "/api/connections")
 METRICS = "/metrics"
+TOKEN = "/console/token"  # POST (with logins checked): a STOMP passcode for the page (security/console_tokens.py)
 ALLOWED_METHODS = ("GET", "HEAD")
 REALM = "stompbroker"
 SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
@@ -114,6 +116,23 @@ def forbidden() -> bytes:
     return text_response(403, "Forbidden", "the console, API and metrics are for admin users")
 
 
+def too_many_requests(retry_after: float) -> bytes:
+    """The login's back-off (after refusals from its address) outlasts the time a request may wait."""
+    return text_response(429, "Too Many Requests", "logins from this address back off after refusals; "
+                         "try again later", {"Retry-After": str(max(1, math.ceil(retry_after)))})
+
+
+def unavailable() -> bytes:
+    """The login could not be checked in time: too many are waiting."""
+    return text_response(503, "Service Unavailable", "too many logins are waiting to be checked; try again later",
+                         {"Retry-After": "1"})
+
+
+def token_answer(login: str, passcode: str, expires_in: float) -> bytes:
+    """The page's STOMP login: user, single-use passcode and the seconds it (and its session) lasts."""
+    return json_response({"login": login, "passcode": passcode, "expires_in": round(expires_in)})
+
+
 def _head_only(response: bytes) -> bytes:
     """HEAD: the same head (Content-Length included), no body."""
     end = response.find(b"\r\n\r\n")
@@ -135,9 +154,15 @@ class Site:
     def route(self, method: str, target: str) -> tuple[str | None, bytes | None]:
         """(route, None) for a request to serve, or (None, response) for one answered at once.
 
-        ``route`` is ``"page"``, ``"api"``, ``"metrics"`` or ``"static"``; only ``"static"`` needs no login.
+        ``route`` is ``"page"``, ``"api"``, ``"metrics"``, ``"token"`` or ``"static"``; only
+        ``"static"`` needs no login.
         """
         path = urlsplit(target).path
+        if path == TOKEN and self.config.console and self.config.auth_required:
+            if method != "POST":  # minted on purpose only: never by a page load, a HEAD or a prefetch
+                return None, text_response(405, "Method Not Allowed", "a console passcode is asked for by POST",
+                                           {"Allow": "POST"})
+            return "token", None
         if path in PAGES and self.config.console:
             kind = "page"
         elif path in STATIC and self.config.console:
@@ -150,12 +175,12 @@ class Site:
             return None, method_not_allowed()
         return kind, None
 
-    def respond(self, method: str, target: str, accept: str = "", login: str = "", passcode: str = "") -> bytes:
-        """The response to a routed request; ``login``/``passcode`` go into the page for its STOMP login."""
-        response = self._respond(target, accept, login, passcode)
+    def respond(self, method: str, target: str, accept: str = "") -> bytes:
+        """The response to a routed request (not ``"token"``: the dispatcher mints those)."""
+        response = self._respond(target, accept)
         return _head_only(response) if method == "HEAD" else response
 
-    def _respond(self, target: str, accept: str, login: str, passcode: str) -> bytes:
+    def _respond(self, target: str, accept: str) -> bytes:
         parts = urlsplit(target)
         path = parts.path
         if path in STATIC:
@@ -165,7 +190,9 @@ class Site:
         if path in PAGES:
             page = self._file("index.html").decode()
             ws_path = (getattr(self.config, "ws_paths", None) or ["/"])[0]  # an allowed WebSocket path
-            for name, value in (("login", login), ("passcode", passcode), ("ws_path", ws_path)):
+            # With logins checked the page asks for a STOMP passcode (POST /console/token) before each login.
+            auth = "token" if self.config.auth_required else ""
+            for name, value in (("auth", auth), ("ws_path", ws_path)):
                 page = page.replace("{{%s}}" % name, html.escape(value))
             return http_response(200, "OK", page.encode(), {"Content-Type": "text/html; charset=utf-8", **PAGE_HEADERS})
         snapshot = self.snapshot()

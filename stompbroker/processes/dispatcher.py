@@ -10,6 +10,7 @@ outbox's limit stops resumably and is finished here before the next event is fed
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import select
@@ -61,7 +62,8 @@ class Dispatcher:
                              diag=self.statistics, backplane=self.backplane)
         self.site = http.Site(config, self.statistics)
         self.http_pending: dict[int, tuple] = {}              # HTTP requests whose login is being checked
-        self.http_delayed: list[tuple[float, int, bytes]] = []  # refused HTTP logins, answered after a delay
+        self.http_deadlines: list[tuple[float, int]] = []     # (when, conn): answered 429/503 if still unchecked
+        self.http_delayed: list[tuple[float, int, bytes]] = []  # (heap) refused HTTP logins, answered after a delay
         self.next_tick = 0.0
         self.tick = min(TICK, R.alive_every(config))
         self.written = resources.written_channel[0]  # writers' reports: deliveries sent
@@ -103,6 +105,8 @@ class Dispatcher:
                 deadlines.append(self.next_dump)
             if self.http_delayed:
                 deadlines.append(self.http_delayed[0][0])
+            if self.http_deadlines:
+                deadlines.append(self.http_deadlines[0][0])
             if self.backplane is not None and self.bridge_backlog:
                 deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
@@ -118,11 +122,11 @@ class Dispatcher:
                 self.commit()  # deletes of messages the writers have sent
             if self.auth is not None:
                 now = time.monotonic()
-                for conn, user in self.logins.results():
+                for conn, user, delay in self.logins.results():
                     if conn in self.http_pending:
-                        self.http_checked(conn, user, now)
+                        self.http_checked(conn, user, delay, now)
                     else:
-                        self.broker.on_auth(conn, user, now)
+                        self.broker.on_auth(conn, user, now, delay)
                         self.drain()
                 self.commit()
             if self.backplane is not None:
@@ -148,8 +152,11 @@ class Dispatcher:
                 self.flush()
             if self.http_delayed and now >= self.http_delayed[0][0]:
                 while self.http_delayed and now >= self.http_delayed[0][0]:
-                    _, conn, response = self.http_delayed.pop(0)
+                    _, conn, response = heapq.heappop(self.http_delayed)
                     self.http_answer(conn, response)
+                self.flush()
+            if self.http_deadlines and now >= self.http_deadlines[0][0]:
+                self.http_late(now)
                 self.flush()
             if self.dump_channel is not None and now >= self.next_dump:
                 self.next_dump = now + self.config.diag_interval / 1000
@@ -227,6 +234,9 @@ class Dispatcher:
                     broker.on_peer(conn, blob[start:stop].decode())
                 elif kind == R.CLOSED:
                     broker.now = now  # unwritten deliveries are timed from here
+                    if conn in self.http_pending:  # its login check goes with it
+                        del self.http_pending[conn]
+                        self.logins.cancel(conn)
                     broker.on_closed(conn)
                 elif kind == R.ALIVE:
                     broker.on_alive(conn, now)
@@ -291,38 +301,51 @@ class Dispatcher:
         route, response = self.site.route(method, target)
         if response is None and route != "static" and self.auth is not None and self.auth.required:
             credentials = http.basic_credentials(authorization)
+            session = self.broker.sessions.get(conn)
+            if session is None:
+                return  # (gone already)
             if credentials is None:
                 response = http.unauthorized()
-            else:  # checked off this thread, like a CONNECT; the answer comes in http_checked
-                self.http_pending[conn] = (method, target, accept)
-                session = self.broker.sessions.get(conn)
-                address = session.peer.rsplit(":", 1)[0] if session is not None else ""
-                self.logins.submit(conn, *credentials, address)  # one check in flight per address, as for CONNECT
+            else:
+                # Checked off this thread in the same queue as CONNECTs (its back-offs, one check in
+                # flight per address); the answer comes in http_checked, or http_late says why not.
+                self.broker.on_http(conn)
+                self.http_pending[conn] = (method, target, accept, route)
+                timeout = self.config.connect_timeout_ms / 1000
+                if timeout:
+                    heapq.heappush(self.http_deadlines, (session.opened + timeout, conn))
+                self.logins.submit(conn, *credentials, session.address)
                 return
         if response is None:
             response = self.respond(method, target, accept)
         self.http_answer(conn, response)
 
-    def http_checked(self, conn: int, user: str | None, now: float) -> None:
-        method, target, accept = self.http_pending.pop(conn)
-        session = self.broker.sessions.get(conn)
-        if session is None:
-            return
-        ip = session.peer.rsplit(":", 1)[0]
-        if user is None:  # the same growing delay as a refused STOMP login from that address
-            failures = self.broker.failures[ip] = self.broker.failures.get(ip, 0) + 1
-            delay = min(self.config.auth_fail_delay_ms * 2 ** min(failures - 1, 10), 10_000) / 1000
-            log.warning("HTTP login refused from %s (%d failures from there)", ip, failures)
-            self.http_delayed.append((now + delay, conn, http.unauthorized("access refused")))
-            self.http_delayed.sort()
-            return
-        self.broker.failures.pop(ip, None)
-        if not self.auth.is_admin(user):
+    def http_checked(self, conn: int, user: str | None, delay: float, now: float) -> None:
+        method, target, accept, route = self.http_pending.pop(conn)
+        if user is None:  # told after the login's back-off, as a refused CONNECT is
+            heapq.heappush(self.http_delayed, (now + delay, conn, http.unauthorized("access refused")))
+        elif not self.auth.is_admin(user):
             self.http_answer(conn, http.forbidden())
-            return
-        # The page logs in to STOMP with a token of its own: the browser keeps Basic credentials to itself.
-        token = self.auth.console_token(user, time.time()) if self.site.route(method, target)[0] == "page" else ""
-        self.http_answer(conn, self.respond(method, target, accept, user, token))
+        elif route == "token":  # the page's STOMP passcode: the browser keeps Basic credentials to itself
+            session = self.broker.sessions.get(conn)
+            if session is not None:
+                passcode = self.auth.console.mint(user, session.address, now)
+                self.http_answer(conn, http.token_answer(user, passcode, self.auth.console.ttl))
+        else:
+            self.http_answer(conn, self.respond(method, target, accept))
+
+    def http_late(self, now: float) -> None:
+        """HTTP logins not checked within connect_timeout_ms: 429 when a back-off held them, 503
+        when they only waited their turn (never a STOMP ERROR: the client speaks HTTP)."""
+        while self.http_deadlines and now >= self.http_deadlines[0][0]:
+            _, conn = heapq.heappop(self.http_deadlines)
+            if self.http_pending.pop(conn, None) is None:
+                continue  # answered (or gone) meanwhile
+            could_start = self.logins.cancel(conn)
+            if could_start is not None and could_start > now:
+                self.http_answer(conn, http.too_many_requests(could_start - now))
+            else:  # (or being checked right now: its verdict is ignored)
+                self.http_answer(conn, http.unavailable())
 
     def respond(self, *request) -> bytes:
         try:

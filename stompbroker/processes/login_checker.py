@@ -1,13 +1,14 @@
 """The dispatcher's login checks, run off its thread.
 
 A scrypt verification takes about 20 ms; done inline it would stall every client of the broker, so
-CONNECTs (and console logins) that need one go to worker threads (hashlib's scrypt releases the
-GIL) and the verdict comes back through an eventfd, like the store's commits; the dispatcher feeds
-it to the broker as ``Broker.on_auth``. The checks wait in a
-:class:`~stompbroker.security.logins.LoginQueue`: round-robin over client addresses, one in flight
-per address, and a back-off after a refusal, so a flood of guesses from one address neither goes
-faster than guessing one by one nor holds up logins from elsewhere. The verdict itself is
-:meth:`stompbroker.broker.auth.Authenticator.check`.
+CONNECTs and HTTP Basic logins that need one go to worker threads (hashlib's scrypt releases the
+GIL) and the verdict comes back through an eventfd, like the store's commits. The checks wait in a
+:class:`~stompbroker.security.logins.LoginQueue`: round-robin over client addresses and over the
+logins of each address, one in flight per address, and a back-off after a refusal per (address,
+login) and per address, so a flood of guesses neither goes faster than guessing one by one nor holds
+up other logins. A check whose connection goes is dropped (:meth:`LoginChecker.cancel`). The
+verdict itself is :meth:`stompbroker.broker.auth.Authenticator.check`; the dispatcher feeds it to
+the broker (``Broker.on_auth``) or answers the HTTP request.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ..security.logins import LoginQueue
 
 log = logging.getLogger("stompbroker.auth")
 
-AUTH_THREADS = 2  # scrypt releases the GIL: two checks (of two addresses) run at once
+AUTH_THREADS = 2   # scrypt releases the GIL: two checks (of two addresses) run at once
+LOGIN_KEY = 64     # characters of a login its back-off is kept under (longer ones share one)
 
 
 def load_users(config) -> passwd.Users:
@@ -40,7 +42,6 @@ class LoginChecker:
         self.auth = auth  # the Authenticator: its check() runs on the threads
         self.done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._jobs = LoginQueue(backoff)
-        self._cancelled: set[int] = set()
         self._ready = threading.Condition()
         self._results: list = []
         self._lock = threading.Lock()
@@ -51,17 +52,20 @@ class LoginChecker:
 
     def submit(self, conn: int, login: str | None, passcode: str | None, address: str = "") -> None:
         with self._ready:
-            self._jobs.add(address, (conn, login, passcode))
+            self._jobs.add(address, (login or "")[:LOGIN_KEY], conn, (login, passcode))
             self._ready.notify()
 
-    def cancel(self, conn: int) -> None:
-        """The connection went: its check, if not started, is skipped."""
+    def cancel(self, conn: int) -> float | None:
+        """The connection went (or waited too long): its check, if not started, is dropped.
+        Returns when it could have started by the back-offs (monotonic; in the past: it only
+        waited its turn), or None when it was not waiting (being checked, or done)."""
         with self._ready:
-            if self._jobs.waiting:
-                self._cancelled.add(conn)
+            place = self._jobs.cancel(conn)
+            return None if place is None else self._jobs.retry_at(*place)
 
-    def results(self) -> list[tuple[int, str | None]]:
-        """(connection, user name or None for refused) for the verifications finished so far."""
+    def results(self) -> list[tuple[int, str | None, float]]:
+        """(connection, user name or None for refused, seconds the refusal waits before it is told)
+        for the checks finished so far."""
         try:
             os.eventfd_read(self.done_fd)
         except BlockingIOError:
@@ -70,35 +74,33 @@ class LoginChecker:
             done, self._results = self._results, []
         return done
 
-    def _next(self) -> tuple[str, tuple]:
+    def _next(self) -> tuple:
         with self._ready:
             while True:
                 now = time.monotonic()
                 taken = self._jobs.take(now)
-                if taken is None:
-                    due = self._jobs.next_due()
-                    self._ready.wait(None if due is None else max(due - now, 0.001))
-                    continue
-                address, job = taken
-                if job[0] in self._cancelled:
-                    self._cancelled.discard(job[0])
-                    self._jobs.release(address)
-                    continue
-                if not self._jobs.waiting:
-                    self._cancelled.clear()
-                return address, job
+                if taken is not None:
+                    return taken
+                due = self._jobs.next_due()
+                self._ready.wait(None if due is None else max(due - now, 0.001))
 
     def _run(self) -> None:
         while True:
-            address, (conn, login, passcode) = self._next()
+            address, key, conn, (login, passcode) = self._next()
             try:
                 user = self.auth.check(login, passcode, time.time())
             except Exception:  # a broken check must refuse, never crash the dispatcher
                 log.exception("login check failed")
                 user = None
             with self._ready:
-                self._jobs.done(address, user is not None, time.monotonic())
+                delay = self._jobs.done(address, key, user is not None, time.monotonic())
+                if user is None:
+                    failures = self._jobs.pairs[(address, key)][0]
+                    failing = len(self._jobs.failing.get(address, ()))
                 self._ready.notify()
+            if user is None:
+                log.warning("login refused for %r from %s: %d in a row for this login there, %d login(s) failing "
+                            "there; told in %.2f s", key, address, failures, failing, delay)
             with self._lock:
-                self._results.append((conn, user))
+                self._results.append((conn, user, delay))
             os.eventfd_write(self.done_fd, 1)

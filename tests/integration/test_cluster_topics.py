@@ -54,6 +54,7 @@ def cluster_diag(node) -> dict:
     """The node's DIAG ``cluster`` figures (the answer is a DIAG frame with a ``cluster:<JSON>`` header)."""
     w = Wire(node.connect())
     try:
+        w.connect()
         w.send(b"DIAG\n\ncluster\0")
         command, headers, _ = w.read()
         assert command == "DIAG", (command, headers)

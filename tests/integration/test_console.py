@@ -125,6 +125,7 @@ def test_metrics_speaks_openmetrics_when_asked(broker):
 # -- the JSON API and DIAG totals ------------------------------------------------------------------
 def diag_frame(broker, query):
     w = Wire(broker.connect())
+    w.connect()
     w.send(f"DIAG\n\n{query}\0".encode())
     command, headers, _ = w.read()
     assert command == "DIAG"
@@ -302,21 +303,87 @@ def test_console_api_and_metrics_are_for_admins_when_auth_is_on(secured):
     assert get(secured, "/nothing", headers=basic("root", "toor"))[0] == 404
 
 
-def test_the_page_carries_a_stomp_passcode_of_its_own(secured):
+def mint(broker, login="root", password="toor", source="127.0.0.1"):
+    """POST /console/token as the page does: (status, JSON answer or None)."""
+    conn = http.client.HTTPConnection(broker.host, broker.port, timeout=15, source_address=(source, 0))
+    try:
+        conn.request("POST", "/console/token", headers=basic(login, password))
+        response = conn.getresponse()
+        body = response.read()
+        return response.status, json.loads(body) if response.status == 200 else None
+    finally:
+        conn.close()
+
+
+def console_login(broker, token, login="root", source="127.0.0.1"):
+    w = Wire(socket.create_connection(broker.address, timeout=5, source_address=(source, 0)))
+    w.frame("CONNECT", {"accept-version": "1.2", "login": login, "passcode": token, "heart-beat": "0,0"})
+    return w, w.read(timeout=15)
+
+
+def test_a_console_token_is_a_read_only_single_use_session_of_its_user(secured):
     status, _, page = get(secured, "/", headers=basic("root", "toor"))
-    assert status == 200
-    login = re.search(rb'name="stomp-login" content="([^"]*)"', page).group(1).decode()
-    passcode = re.search(rb'name="stomp-passcode" content="([^"]*)"', page).group(1).decode()
-    assert login == "root" and passcode.startswith("console-") and "toor" not in page.decode()
-    w = stomp(secured, login="root", passcode=passcode)
+    assert status == 200 and b"console-" not in page  # the page carries no passcode: it asks for one
+    assert get(secured, "/console/token", headers=basic("root", "toor"))[0] == 405  # minted by POST only
+    assert mint(secured, "alice", "wonderland")[0] == 403
+    status, token = mint(secured)
+    assert status == 200 and token["login"] == "root" and token["passcode"].startswith("console-")
+    assert 0 < token["expires_in"] <= 300
+    w, connected = console_login(secured, token["passcode"])
+    assert connected[0] == "CONNECTED"
     w.send(b"DIAG\n\ntotals\0")
     assert w.read()[0] == "DIAG"
-    refused = Wire(secured.connect())  # the passcode is root's alone
-    refused.frame("CONNECT", {"accept-version": "1.2", "login": "alice", "passcode": passcode})
-    assert refused.read(timeout=15)[0] == "ERROR"
-    forged = Wire(secured.connect())
-    forged.frame("CONNECT", {"accept-version": "1.2", "login": "root", "passcode": "console-forged"})
-    assert forged.read(timeout=15)[0] == "ERROR"
+    w.frame("SUBSCRIBE", {"id": "m", "destination": "/queue/monitor", "receipt": "m"})
+    assert w.read()[0] == "RECEIPT"
+    w.frame("SEND", {"destination": "/queue/orders", "receipt": "s"}, b"x")
+    cmd, headers, _ = w.read()
+    assert (cmd, headers["message"], headers["receipt-id"]) == ("ERROR", "permission denied for SEND", "s")
+    _, again = console_login(secured, token["passcode"])  # used once: gone
+    assert again[1]["message"] == "access refused"
+    _, token = mint(secured)
+    w, _ = console_login(secured, token["passcode"])
+    w.frame("SUBSCRIBE", {"id": "q", "destination": "/queue/orders"})
+    assert w.read()[1]["message"] == "permission denied for /queue/orders"
+    _, token = mint(secured)
+    assert console_login(secured, token["passcode"], login="alice")[1][1]["message"] == "access refused"
+    assert console_login(secured, token["passcode"], source="127.0.0.2")[1][1]["message"] == "access refused"
+    assert get(secured, "/metrics", headers=basic("root", token["passcode"]))[0] == 401  # not a password
+    assert console_login(secured, token["passcode"])[1][0] == "CONNECTED"  # (still unused until here)
+
+
+def test_console_tokens_are_a_bounded_pool_per_user_that_head_does_not_fill(start_broker, tmp_path):
+    from stompbroker.security.console_tokens import PER_USER
+    path = tmp_path / "passwd"
+    path.write_text(f"root:{hash_secret('toor')}:admin\nops:{hash_secret('ops')}:admin\n")
+    path.chmod(0o600)
+    b = start_broker("auth=passwd", f"passwd_file={path}")
+    _, kept = mint(b)
+    for _ in range(1000):  # an open console's token outlives a flood of page loads
+        assert get(b, "/", method="HEAD", headers=basic("root", "toor"))[0] == 200
+    for _ in range(PER_USER * 3):  # and another admin's tokens
+        assert mint(b, "ops", "ops")[0] == 200
+    assert console_login(b, kept["passcode"])[1][0] == "CONNECTED"
+    _, oldest = mint(b)
+    for _ in range(PER_USER):  # root's own pool is bounded: its oldest token goes
+        newest = mint(b)[1]
+    assert console_login(b, oldest["passcode"])[1][1]["message"] == "access refused"
+    assert console_login(b, newest["passcode"])[1][0] == "CONNECTED"
+
+
+def test_a_console_session_lasts_as_long_as_its_token(start_broker, tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text(f"root:{hash_secret('toor')}:admin\n")
+    path.chmod(0o600)
+    b = start_broker("auth=passwd", f"passwd_file={path}", "console_token_ttl_ms=1000")
+    _, token = mint(b)
+    assert token["expires_in"] == 1
+    w, connected = console_login(b, token["passcode"])
+    assert connected[0] == "CONNECTED"
+    cmd, headers, _ = w.read(timeout=5)
+    assert (cmd, headers["message"]) == ("ERROR", "session expired")
+    assert get(b, "/console/token", method="POST")[0] == 401
+    open_broker = start_broker()  # without auth the page needs no token
+    assert get(open_broker, "/console/token", method="POST")[0] == 404
 
 
 # -- a real browser ---------------------------------------------------------------------------------
@@ -325,10 +392,10 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
     from playwright import sync_api as playwright
     assert os.path.exists(CHROMIUM), "the console test needs Debian's chromium (./build.sh test installs it)"
     settings, login, credentials = ["processors=4"], {}, None
-    if auth:  # the page behind HTTP Basic, its STOMP login by its own passcode, DIAG for admins only
+    if auth:  # the page behind HTTP Basic, its STOMP logins by passcodes it asks for, renewed every 2.4 s
         path = tmp_path / "passwd"
         path.write_text(f"root:{hash_secret('toor')}:admin\n")
-        settings += ["auth=passwd", f"passwd_file={path}", "diag_admin_only=true"]
+        settings += ["auth=passwd", f"passwd_file={path}", "console_token_ttl_ms=3000"]
         login = {"login": "root", "passcode": "toor"}
         credentials = {"username": "root", "password": "toor"}
     b = start_broker(*settings)
@@ -386,6 +453,14 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
                 assert len(set(colours)) == 5
                 assert not page.is_visible("#cluster-box")  # a single node
                 page.screenshot(path=shot, full_page=True)
+                if auth:  # a new session before the broker ends the last: three of them, and no ERROR
+                    seen = set()
+                    until(lambda: len(page_sessions(b, seen)) >= 3, timeout=20)
+                    until(lambda: page.inner_text("#status") == "live")
+                    published = number(page.inner_text("#tile-published"))
+                    until(lambda: number(page.inner_text("#tile-published")) > published)
+                    overview = json.loads(get(b, "/api/overview", headers=basic("root", "toor"))[2])
+                    assert overview["totals"]["errors"] == 0  # (a session the broker ended gets one)
                 stop.set()
                 loader.join(10)
                 if not auth:  # the console's own queries are DIAG frames, not messages: idle reads 0/s
@@ -400,6 +475,13 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
         loader.join(10)
     assert os.path.getsize(shot) > 20_000
     assert not errors, errors
+
+
+def page_sessions(broker, seen: set) -> set:
+    """``seen`` and the page's STOMP sessions open now (polled: each lasts a few seconds)."""
+    body = get(broker, "/api/connections", headers=basic("root", "toor"))[2]
+    seen.update(c["session"] for c in json.loads(body)["connections"] if c["websocket"] and c["login"] == "root")
+    return seen
 
 
 def until(predicate, timeout: float = 15.0) -> None:

@@ -7,8 +7,11 @@ import os
 import re
 import time
 
+import pytest
+import websocket
 
 from stompbroker.diag import schema
+from stompbroker.security import hash_secret
 from stompwire import Wire
 
 
@@ -39,7 +42,7 @@ def value(w: Wire, query: str):
 
 
 def test_diag_session_byte_for_byte_before_connect(start_broker):
-    b = start_broker()
+    b = start_broker("diag_before_connect=true")  # stompica's way, for auth=off only
     w = wire(b, connect=False)
     assert diag(w, "session") == (b'DIAG\ncontent-type:text/plain\n'
                                   b'session:{"clients":1,"websockets":0,"stomp_connected":0,"subscriptions":0}\n\n\0')
@@ -138,14 +141,6 @@ def test_unknown_diag_query_is_an_error(broker):
     assert b"session" in body
 
 
-def test_diag_before_connect_can_be_turned_off(start_broker):
-    b = start_broker("diag_before_connect=false")
-    w = wire(b, connect=False)
-    w.send(b"DIAG\n\nsession\0")
-    cmd, headers, _ = w.read()
-    assert (cmd, headers["message"]) == ("ERROR", "not connected")
-
-
 def test_queue_monitor(start_broker):
     b = start_broker("monitor_interval=200")
     pub = wire(b)
@@ -225,3 +220,69 @@ def test_dump_lines_name_their_node(start_broker, tmp_path):
         time.sleep(0.05)
     line = json.loads(path.read_bytes().split(b"\n")[0])
     assert line["broker"]["node"] == "edge-1"
+
+
+# -- nothing but CONNECT before login ---------------------------------------------------------------
+@pytest.fixture
+def secured(start_broker, tmp_path):
+    """auth=passwd with an admin, root/toor, and a user, bob/builder (diag_admin_only left to its default)."""
+    path = tmp_path / "passwd"
+    path.write_text(f"root:{hash_secret('toor')}:admin\nbob:{hash_secret('builder')}\n")
+    path.chmod(0o600)
+    return start_broker("auth=passwd", f"passwd_file={path}")
+
+
+def login(broker, user: str, passcode: str) -> Wire:
+    w = wire(broker, connect=False)
+    w.connect(login=user, passcode=passcode)
+    return w
+
+
+def test_diag_needs_a_session_and_admin_when_auth_is_on(secured):
+    b = secured
+    bob = login(b, "bob", "builder")
+    bob.frame("SUBSCRIBE", {"id": "p", "destination": "/queue/bob-payroll-2026", "receipt": "s"})
+    assert bob.read(timeout=15)[0] == "RECEIPT"
+    anonymous = wire(b, connect=False)  # no CONNECT: nothing but an ERROR, naming no destination
+    anonymous.send(b"DIAG\n\nsubs\0")
+    cmd, headers, body = anonymous.read()
+    assert (cmd, headers["message"]) == ("ERROR", "not connected") and b"payroll" not in body
+    ws = websocket.create_connection(f"ws://{b.host}:{b.port}/", origin="http://evil.example", timeout=5)
+    ws.send("DIAG\n\nsubs\0")  # the same from a foreign web page
+    answer = ws.recv()
+    assert answer.startswith("ERROR") and "not connected" in answer and "payroll" not in answer
+    user = login(b, "bob", "builder")  # a user, not an admin: diag_admin_only is on with auth
+    user.send(b"DIAG\nreceipt:d\n\nsubs\0")
+    cmd, headers, _ = user.read()
+    assert (cmd, headers["message"], headers["receipt-id"]) == ("ERROR", "permission denied for DIAG", "d")
+    for destination in ("/queue/monitor", "DIAG/bob"):
+        w = login(b, "bob", "builder")
+        w.frame("SUBSCRIBE", {"id": "m", "destination": destination})
+        assert w.read(timeout=15)[1]["message"] == f"permission denied for {destination}"
+    root = login(b, "root", "toor")
+    assert "/queue/bob-payroll-2026" in value(root, "subs")
+
+
+def test_a_wildcard_subscription_of_a_user_does_not_read_diag_answers(secured):
+    bob = login(secured, "bob", "builder")
+    bob.frame("SUBSCRIBE", {"id": "all", "destination": "*", "receipt": "s"})
+    assert bob.read(timeout=15)[0] == "RECEIPT"
+    root = login(secured, "root", "toor")
+    root.frame("SUBSCRIBE", {"id": "d", "destination": "DIAG/root", "receipt": "s"})
+    assert root.read(timeout=15)[0] == "RECEIPT"
+    root.frame("SEND", {"destination": "DIAG/root"}, b"totals")
+    assert root.read()[1]["destination"] == "DIAG/root"  # the admin's answer
+    root.frame("SEND", {"destination": "/topic/after", "receipt": "r"}, b"plain")
+    assert root.read()[0] == "RECEIPT"
+    cmd, headers, body = bob.read()  # bob's "*" got the plain message, not the statistics before it
+    assert (cmd, headers["destination"], body) == ("MESSAGE", "/topic/after", b"plain")
+
+
+def test_diag_before_connect_is_off_by_default(start_broker):
+    b = start_broker()
+    w = wire(b, connect=False)
+    w.send(b"DIAG\n\nsession\0")
+    cmd, headers, _ = w.read()
+    assert (cmd, headers["message"]) == ("ERROR", "not connected")
+    w = wire(b)
+    assert value(w, "session")["stomp_connected"] == 1

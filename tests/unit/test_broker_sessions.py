@@ -6,6 +6,7 @@ import pytest
 
 from broker_harness import Rig
 from stompbroker.ipc.records import alive_every
+from stompbroker.security.console_tokens import ConsoleTokens
 
 
 # -- CONNECT and versions ---------------------------------------------------------------------------
@@ -292,20 +293,27 @@ def test_a_login_waits_for_the_check_and_frames_wait_with_it():
     assert rig.commands(1) == ["CONNECTED", "RECEIPT"]
 
 
-def test_a_refused_login_gets_its_error_after_a_growing_delay():
-    rig = Rig(auth=FakeAuth(), auth_fail_delay_ms=200)
-    delays = []
-    for conn in (1, 2):
-        rig.open(conn, peer="10.0.0.2:1")
-        rig.frame(conn, "CONNECT", accept_version="1.2", login="u", passcode="bad")
-        rig.broker.on_auth(conn, None, rig.now)
-        waited = 0
-        while not rig.take(conn):
-            rig.tick(0.05)
-            waited += 0.05
-            assert waited < 5
-        delays.append(waited)
-    assert 0.15 < delays[0] < 0.35 and delays[1] > delays[0] * 1.5
+def test_a_refused_login_gets_its_error_after_its_back_off():
+    rig = Rig(auth=FakeAuth())
+    rig.open(1, peer="10.0.0.2:1")
+    rig.frame(1, "CONNECT", accept_version="1.2", login="u", passcode="bad")
+    rig.broker.on_auth(1, None, rig.now, 0.5)  # the login queue's verdict: refused, told in 0.5 s
+    rig.tick(0.4)
+    assert rig.take(1) == []
+    rig.tick(0.2)
+    error = rig.error(1)
+    assert error["message"] == "access refused" and b"login or passcode" in error.body
+
+
+def test_a_login_not_checked_by_the_connect_timeout_is_told_so():
+    auth = FakeAuth()
+    rig = Rig(auth=auth, connect_timeout_ms=1000)
+    rig.open(1)
+    rig.frame(1, "CONNECT", accept_version="1.2", login="u", passcode="p")
+    rig.tick(1.2)
+    assert rig.error(1)["message"] == "login not checked in time"
+    rig.broker.on_closed(1)
+    assert auth.cancelled == [1]
 
 
 def test_closing_while_a_login_is_checked_cancels_it():
@@ -342,8 +350,8 @@ class FakeDiag:
         return b"Queue: x\n"
 
 
-def test_diag_frame_answers_a_query_even_before_connect():
-    rig = Rig(diag=FakeDiag())
+def test_diag_frame_answers_a_query_before_connect_as_stompica_did_when_asked_to():
+    rig = Rig(diag=FakeDiag(), diag_before_connect=True)
     rig.open(1)
     rig.frame(1, "DIAG", body=b"session-size\n", receipt="d")
     got = rig.frames(1)
@@ -351,8 +359,8 @@ def test_diag_frame_answers_a_query_even_before_connect():
     assert got[0]["session-size"] == "<session-size>"   # stompica's form: the answer is a header
 
 
-def test_diag_before_connect_can_be_switched_off():
-    rig = Rig(diag=FakeDiag(), diag_before_connect=False)
+def test_diag_needs_a_session_by_default():
+    rig = Rig(diag=FakeDiag())
     rig.open(1)
     rig.frame(1, "DIAG", body=b"session-size")
     assert rig.error(1)["message"] == "not connected"
@@ -412,3 +420,65 @@ def test_stomp_1_0_header_values_are_not_escaped():
     rig.frame(2, "SEND", {"destination": "/topic/t", "note": "a\\nb"})   # 1.2: an escaped line break
     (message,) = rig.messages(1)
     assert message["note"] == "a b"   # 1.0 cannot carry it: the break becomes a space
+
+
+def test_diag_topic_answers_reach_only_admins_when_diag_is_for_admins():
+    auth = FakeAuth(admins=("root",))
+    rig = Rig(auth=auth, diag=FakeDiag(), diag_admin_only=True)
+    for conn, login in ((1, "root"), (2, "bob")):
+        rig.open(conn)
+        rig.frame(conn, "CONNECT", accept_version="1.2", login=login, passcode="p")
+        rig.broker.on_auth(conn, login, rig.now)
+        rig.take(conn)
+    rig.subscribe(1, "DIAG/r")
+    rig.subscribe(2, "*")
+    rig.send(1, "DIAG/r", body=b"session")
+    assert rig.messages(1)[0]["answer"] == "session" and rig.take(2) == []
+    rig.subscribe(2, "DIAG/r", sub_id="d", receipt="r")
+    assert rig.error(2)["message"] == "permission denied for DIAG/r"
+
+
+# -- the web console's read-only sessions -------------------------------------------------------------
+class ConsoleAuth(FakeAuth):
+    def __init__(self):
+        super().__init__(admins=("root",))
+        self.console = ConsoleTokens(ttl=60.0)
+
+    def console_login(self, login, passcode, address, now):
+        return self.is_admin(login) and self.console.redeem(login, passcode, address, now)
+
+
+def test_a_console_passcode_opens_a_read_only_session_at_once_that_ends():
+    auth = ConsoleAuth()
+    rig = Rig(auth=auth, diag=FakeDiag())
+    passcode = auth.console.mint("root", "10.0.0.9", rig.now)
+    rig.open(1, peer="10.0.0.9:4000")
+    rig.frame(1, "CONNECT", accept_version="1.2", login="root", passcode=passcode)
+    assert rig.commands(1) == ["CONNECTED"] and auth.submitted == []   # no password check to wait for
+    rig.frame(1, "DIAG", body=b"session-size")
+    rig.subscribe(1, "/queue/monitor", receipt="m")
+    assert rig.commands(1) == ["DIAG", "RECEIPT"]
+    for command, headers, refused in (("SEND", {"destination": "/queue/a"}, "SEND"),
+                                      ("BEGIN", {"transaction": "t"}, "BEGIN"),
+                                      ("SUBSCRIBE", {"destination": "/topic/*", "id": "x"}, "/topic/*")):
+        conn = 2 + len(rig.seen)
+        rig.open(conn, peer="10.0.0.9:4001")
+        rig.frame(conn, "CONNECT", accept_version="1.2", login="root",
+                  passcode=auth.console.mint("root", "10.0.0.9", rig.now))
+        rig.take(conn)
+        rig.frame(conn, command, headers, receipt="r")
+        error = rig.error(conn)
+        assert (error["message"], error["receipt-id"]) == (f"permission denied for {refused}", "r")
+    rig.tick(59.0)
+    assert [o.command for o in rig.take(1)] == ["MESSAGE"]  # a monitor status, no ERROR yet
+    rig.tick(1.5)
+    assert rig.error(1)["message"] == "session expired"
+
+
+def test_a_wrong_console_passcode_is_checked_like_any_passcode():
+    auth = ConsoleAuth()
+    rig = Rig(auth=auth)
+    passcode = auth.console.mint("root", "10.0.0.9", rig.now)
+    rig.open(1, peer="10.0.0.8:4000")   # another address
+    rig.frame(1, "CONNECT", accept_version="1.2", login="root", passcode=passcode)
+    assert rig.take(1) == [] and auth.submitted == [(1, "root", passcode, "10.0.0.8")]

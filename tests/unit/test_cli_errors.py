@@ -25,7 +25,7 @@ def error_of(argv, capsys, environ=None) -> str:
 
 @pytest.mark.parametrize("argv, expected", [
     (["port=x"], "port: expected a whole number, got 'x'"),
-    (["diag_admin_only=maybe"], "diag_admin_only: expected true or false (also yes/no, on/off, 1/0), got 'maybe'"),
+    (["diag_admin_only=maybe"], "diag_admin_only: expected auto, true or false (also yes/no, on/off, 1/0), got 'maybe'"),
     (["proccessors=4"], "unknown setting 'proccessors' (did you mean processors?)"),
     (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
     (["port=70000"], "port must be at most 65535"),

@@ -55,8 +55,9 @@ def test_wants_upgrade(headers, upgrade):
     assert wants_upgrade(headers) is upgrade
 
 
-def site(console=True, http_api=True):
-    return http.Site(types.SimpleNamespace(console=console, http_api=http_api, max_connections=10), stats=None)
+def site(console=True, http_api=True, auth_required=False):
+    return http.Site(types.SimpleNamespace(console=console, http_api=http_api, max_connections=10,
+                                           auth_required=auth_required), stats=None)
 
 
 @pytest.mark.parametrize("method, target, route, status", [
@@ -83,6 +84,23 @@ def test_routes(method, target, route, status):
             assert b"\r\nAllow: GET, HEAD\r\n" in response
 
 
+def test_the_console_passcode_is_minted_by_post_only_and_only_with_logins_checked():
+    assert site(auth_required=True).route("POST", "/console/token") == ("token", None)
+    for method in ("GET", "HEAD"):
+        refused = site(auth_required=True).route(method, "/console/token")[1]
+        assert refused.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: POST\r\n" in refused
+    assert site().route("POST", "/console/token")[1].startswith(b"HTTP/1.1 404 ")
+    assert site(console=False, auth_required=True).route("POST", "/console/token")[1].startswith(b"HTTP/1.1 404 ")
+    answer = http.token_answer("root", "console-x", 300.0)
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"login": "root", "passcode": "console-x", "expires_in": 300}
+    assert b"Cache-Control: no-store" in answer
+
+
+def test_late_logins_get_http_answers_that_say_when_to_come_back():
+    assert re.search(rb"^HTTP/1.1 429 .*\r\nRetry-After: 3\r\n", http.too_many_requests(2.1), re.S)
+    assert re.search(rb"^HTTP/1.1 503 .*\r\nRetry-After: 1\r\n", http.unavailable(), re.S)
+
+
 def test_settings_turn_routes_off():
     assert site(console=False).route("GET", "/")[1].startswith(b"HTTP/1.1 404 ")
     assert site(console=False).route("GET", "/console/console.js")[1].startswith(b"HTTP/1.1 404 ")
@@ -92,13 +110,14 @@ def test_settings_turn_routes_off():
     assert site(http_api=False).route("GET", "/") == ("page", None)
 
 
-def test_every_static_file_is_packaged_and_the_page_escapes_its_login():
+def test_every_static_file_is_packaged_and_the_page_carries_no_passcode():
     s = site()
     for path in http.STATIC:
         response = s.respond("GET", path)
         assert response.startswith(b"HTTP/1.1 200 ") and len(response) > 300, path
-    page = s.respond("GET", "/", login='<x">', passcode="console-abc")
-    assert b'content="&lt;x&quot;&gt;"' in page and b'content="console-abc"' in page
+    assert b'name="stomp-auth" content=""' in s.respond("GET", "/")
+    page = site(auth_required=True).respond("GET", "/")  # the page asks for a passcode before each login
+    assert b'name="stomp-auth" content="token"' in page and b"passcode" not in page
     head = s.respond("HEAD", "/")
     assert head.endswith(b"\r\n\r\n") and b"Content-Length: " in head and b"<html" not in head
 
@@ -199,6 +218,7 @@ def test_the_metrics_table_documents_every_metric():
 
 
 def test_the_page_opens_its_websocket_on_an_allowed_path():
-    config = types.SimpleNamespace(console=True, http_api=True, max_connections=10, ws_paths=["/stomp", "/ws"])
+    config = types.SimpleNamespace(console=True, http_api=True, max_connections=10, ws_paths=["/stomp", "/ws"],
+                                   auth_required=False)
     assert b'name="stomp-path" content="/stomp"' in http.Site(config, stats=None).respond("GET", "/")
     assert b'name="stomp-path" content="/"' in site().respond("GET", "/")

@@ -474,14 +474,45 @@ def test_passwd_command_as_a_process(tmp_path):
 
 # -- Authenticator: pure decisions, the time given by the caller -----------------------------------
 def test_authenticator_check_reads_no_clock():
-    from stompbroker.broker.auth import CONSOLE_TOKEN_TTL, Authenticator
+    from stompbroker.broker.auth import Authenticator
     from stompbroker.settings import make_config
 
     auth = Authenticator(make_config(secret=SECRET), Users())
     login, passcode = make_token("alice", SECRET, NOW)
     assert auth.check(login, passcode, NOW) == "alice"
     assert auth.check(login, passcode, NOW + 10 * 86400) is None      # stale at the time given
-    console = auth.console_token("bob", NOW)
-    assert auth.check("bob", console, NOW + CONSOLE_TOKEN_TTL - 1) == "bob"
-    assert auth.check("bob", console, NOW + CONSOLE_TOKEN_TTL + 1) is None
-    assert auth.check("eve", console, NOW) is None
+
+
+def test_a_console_passcode_is_for_its_user_and_address_once_and_never_a_password(tmp_path):
+    from stompbroker.broker.auth import Authenticator
+    from stompbroker.settings import make_config
+
+    path = tmp_path / "passwd"
+    path.write_text(f"root:{hash_secret('toor')}:admin\nbob:{hash_secret('b')}\n")
+    auth = Authenticator(make_config(auth="passwd", console_token_ttl_ms=60_000), load(str(path)))
+    token = auth.console.mint("root", "10.0.0.1", 100.0)
+    assert token.startswith("console-") and auth.check("root", token, NOW) is None   # not a password
+    assert not auth.console_login("bob", token, "10.0.0.1", 100.0)
+    assert not auth.console_login("root", token, "10.0.0.2", 100.0)
+    assert not auth.console_login("root", token, "10.0.0.1", 160.0)   # expired
+    assert auth.console_login("root", token, "10.0.0.1", 159.0)
+    assert not auth.console_login("root", token, "10.0.0.1", 159.0)   # used once
+    token = auth.console.mint("bob", "10.0.0.1", 100.0)                # (the dispatcher mints for admins only)
+    assert not auth.console_login("bob", token, "10.0.0.1", 100.0)
+    token = auth.console.mint("root", "10.0.0.1", 100.0)
+    auth.replace_users(load(str(path)))                                 # SIGHUP: every passcode goes
+    assert not auth.console_login("root", token, "10.0.0.1", 100.0)
+
+
+def test_console_passcodes_are_a_bounded_pool_per_user():
+    from stompbroker.security.console_tokens import ConsoleTokens
+
+    tokens = ConsoleTokens(ttl=60.0, per_user=3)
+    mine = [tokens.mint("root", "a", 0.0) for _ in range(4)]
+    others = [tokens.mint(f"admin{i}", "a", 0.0) for i in range(50)]
+    assert len(tokens) == 3 + 50
+    assert not tokens.redeem("root", mine[0], "a", 1.0)                 # root's oldest went for root's newest
+    assert all(tokens.redeem("root", t, "a", 1.0) for t in mine[1:])
+    assert tokens.redeem("admin7", others[7], "a", 1.0)
+    tokens.mint("admin8", "a", 100.0)                                    # expired ones go as new ones come
+    assert len(tokens._by_user["admin8"]) == 1

@@ -78,3 +78,22 @@ def test_readme_settings_table_is_current():
     text = open(os.path.join(ROOT, "README.md")).read()
     table = text[text.index(README_START) + len(README_START):text.index(README_END)].strip()
     assert table == markdown_table(), "run: python -m stompbroker.settings --readme"
+
+
+def test_diag_admin_only_follows_auth_unless_set():
+    assert make_config().diag_admin_only is False
+    assert make_config(auth="passwd").diag_admin_only is True
+    assert make_config(secret="s").diag_admin_only is True                     # token logins are logins too
+    assert parse_config(["auth=passwd", "diag_admin_only=false"]).diag_admin_only is False
+    assert parse_config(["diag_admin_only=auto", "auth=passwd"]).diag_admin_only is True
+    assert make_config(auth="passwd").describe() == "auth=passwd"               # a followed default is a default
+    assert "diag_admin_only=False" in make_config(auth="passwd", diag_admin_only=False).describe()
+
+
+def test_diag_before_connect_is_off_and_cannot_be_on_with_logins(capsys):
+    assert make_config().diag_before_connect is False
+    assert make_config(diag_before_connect=True).diag_before_connect is True
+    for words in (["auth=passwd", "diag_before_connect=true"], ["secret=s", "diag_before_connect=true"]):
+        with pytest.raises(SystemExit):
+            parse_config(words)
+        assert "diag_before_connect=true needs auth=off" in capsys.readouterr().err

@@ -287,15 +287,36 @@
 
   let pending = {};
   let timer = null;
-  const headers = {};
-  if (meta("stomp-login")) { headers.login = meta("stomp-login"); headers.passcode = meta("stomp-passcode"); }
+  let renewal = null;     // timer: open a new session before the broker ends this one
+  let lifetime = 0;       // seconds a session opened with the current passcode lasts
+  let renewing = false;   // the socket closes on purpose: not "reconnecting"
   const client = new StompJs.Client({
     brokerURL: (location.protocol === "https:" ? "wss://" : "ws://") + location.host + (meta("stomp-path") || "/"),
-    connectHeaders: headers,
     reconnectDelay: 2000,
     heartbeatIncoming: 10000,
     heartbeatOutgoing: 10000,
   });
+  // With logins checked, each STOMP login uses a fresh passcode the page asks for over HTTP (the
+  // browser sends the Basic credentials it holds): single-use, for this user at this address, and
+  // read-only. The session it opens ends after `expires_in` seconds, so the page opens a new one
+  // before then.
+  client.beforeConnect = async () => {
+    if (meta("stomp-auth") !== "token") return;
+    try {
+      const answer = await fetch("/console/token", { method: "POST", credentials: "same-origin", cache: "no-store" });
+      if (!answer.ok) throw new Error("HTTP " + answer.status);
+      const token = await answer.json();
+      client.connectHeaders = { login: token.login, passcode: token.passcode };
+      lifetime = token.expires_in;
+    } catch (e) {  // the login goes without one, is refused, and is tried again after reconnectDelay
+      client.connectHeaders = {};
+      status("no passcode: " + e.message, "down");
+    }
+  };
+  function renew() {
+    renewing = true;
+    client.deactivate().then(() => client.activate());
+  }
   // stompica's DIAG frame: "DIAG" with the query as body, answered by a DIAG frame whose header
   // <query> holds the figures as JSON. Unlike a SEND to a DIAG destination it publishes nothing,
   // so watching does not add to the message counters being watched.
@@ -316,6 +337,9 @@
   };
   client.onConnect = () => {
     status("live", "live");
+    renewing = false;
+    clearTimeout(renewal);
+    if (lifetime) renewal = setTimeout(renew, lifetime * 800);  // at four fifths of the session's life
     pending = {};
     const ask = () => {
       const socket = client.webSocket;
@@ -334,7 +358,12 @@
     }).catch(() => {});
   };
   client.onStompError = (frame) => status("refused: " + (frame.headers.message || "error"), "down");
-  client.onWebSocketClose = () => { clearInterval(timer); pending = {}; if (!$("status").classList.contains("down")) status("reconnecting…", "connecting"); };
+  client.onWebSocketClose = () => {
+    clearInterval(timer);
+    clearTimeout(renewal);
+    pending = {};
+    if (!renewing && !$("status").classList.contains("down")) status("reconnecting…", "connecting");
+  };
   client.activate();
 
   setInterval(() => {
