@@ -110,8 +110,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ws_max_fragments", _int, 1024, "most WebSocket frames one message may come in (its first included); a message in more gets close 1008"),
     Setting("max_headers", _int, 256, "most header lines in one frame"),
     Setting("max_header_line", _int, 64 * KB, "longest header line, in bytes"),
+    Setting("max_destination_length", _int, 1 * KB, "longest destination name (SEND and SUBSCRIBE `destination`, SEND `reply-to`), in bytes as sent; checked at the reader (stored messages of longer names are quarantined at start)"),
+    Setting("max_id_length", _int, 1 * KB, "longest subscription id (`id`, `subscription`), transaction name, durable subscription name (`activemq.subscriptionName`) and CONNECT `client-id`, in bytes as sent; checked at the reader"),
     Setting("max_connections", _int, 10_000, "most open client connections; more are refused with an ERROR"),
     Setting("max_subscriptions", _int, 1_000, "most subscriptions per connection"),
+    Setting("max_answer_bytes", _int, 1 * MB, "largest answer the broker builds: a DIAG answer, a /queue/monitor status, an /api page, a /metrics body (at most a quarter of output_queue_bytes); longer lists are cut and continue (see README, Diagnostics and Console)"),
+    Setting("metrics_max_queues", _int, 1_000, "most queues with series of their own in /metrics, the deepest (0 = none); stompbroker_queues, stompbroker_queued_messages and stompbroker_unacked_messages count all of them"),
     Setting("max_pending_bytes", _int, 16 * MB, "unsent output per connection; past it, a connection that took nothing for 1 s (or has 4x this unsent) is closed as a slow consumer"),
     Setting("write_buffer_size", _int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
     Setting("heartbeat_min_ms", _int, 100, "the broker never sends or expects heart-beats more often than this"),
@@ -185,6 +189,19 @@ class Config:
         return max(processors - 2, 1)
 
     @property
+    def ring_bytes(self) -> tuple[int, int]:
+        """(input ring, each output ring) in bytes: the settings, raised to hold a few maximum-size
+        frames in flight."""
+        margin = 4 * self.values["max_frame_size"] + MB
+        return max(self.values["input_queue_bytes"], margin), max(self.values["output_queue_bytes"], margin)
+
+    @property
+    def answer_bytes(self) -> int:
+        """The most an answer (DIAG, monitor status, /api page, /metrics) may hold: max_answer_bytes,
+        at most a quarter of an output ring, so one answer with a maximum-size frame always fits it."""
+        return min(self.values["max_answer_bytes"], self.ring_bytes[1] // 4)
+
+    @property
     def settings_id(self) -> str:
         """Short stable hash of the effective settings, to tell runs apart in diagnostics dumps
         (secrets count only as set or not: a short hash of one could be brute-forced)."""
@@ -243,11 +260,12 @@ def validate(values: dict) -> None:
     for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "ws_max_fragments", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
+                 "max_destination_length", "max_id_length", "max_answer_bytes",
                  "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
-    for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms",
+    for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms", "metrics_max_queues",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
                  "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas",
                  "hsts_max_age"):

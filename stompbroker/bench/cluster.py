@@ -24,154 +24,14 @@ import statistics
 import sys
 import time
 
-from .procs import SpawnedBroker
+from .clusternodes import Cluster, Keepers, Nodes, consumers_on, remote_nodes, target_of
+from .procs import SpawnedBroker, system_busy
 from .report import new_result, summary_line
-from .wire import BenchError, Target
+from .scale import cluster_scale
+from .scale import table as scale_table
 
 SCENARIOS = ("fanout", "queue", "local")
 LOCAL_COST_TARGET = 0.10
-
-
-class Nodes:
-    """Several spawned brokers measured as one: CPU per node and process (``n0:dispatcher``...) and
-    of the NATS servers (``nats0``...), all in the total: the cluster's whole cost."""
-
-    def __init__(self, brokers: list, nats=None, label: str = "cluster"):
-        self.brokers = brokers
-        self.nats = nats
-        self.label = label
-
-    def cpu(self) -> dict:
-        import psutil
-
-        out = {"_total": 0.0}
-        for i, b in enumerate(self.brokers):
-            for role, seconds in b.cpu().items():
-                if role == "_total":
-                    out["_total"] += seconds
-                else:
-                    out[f"n{i}:{role}"] = seconds
-        for s in (self.nats.servers if self.nats else []):
-            try:
-                t = psutil.Process(s.proc.pid).cpu_times()
-            except (psutil.Error, AttributeError):
-                continue
-            out[s.name] = t.user + t.system
-            out[s.name + ":sys"] = t.system
-            out["_total"] += t.user + t.system
-        return out
-
-    def counters(self) -> dict:
-        """System calls and context switches per node process (BrokerProcs.counters, prefixed)."""
-        return {f"n{i}:{role}": c for i, b in enumerate(self.brokers) for role, c in b.counters().items()}
-
-    def processes(self) -> list:
-        return [p for b in self.brokers for p in b.processes()]
-
-    def pss(self):
-        return None, {}
-
-
-def target_of(broker, o) -> Target:
-    return Target("127.0.0.1", broker.port, f"ws://127.0.0.1:{broker.port}/ws", o.login, o.passcode, o.vhost)
-
-
-class Cluster:
-    """A NATS cluster and ``n`` broker nodes on it, for one run."""
-
-    def __init__(self, n: int, nats_servers: int, node_args: list[str], extra_env: dict | None = None):
-        from ..tools.natscluster import NatsCluster
-
-        self.nats = NatsCluster(nats_servers)
-        self.name = f"bench{os.getpid()}x{time.monotonic_ns() % 10**9}"
-        self.nodes = []
-        try:
-            for i in range(n):
-                self.nodes.append(SpawnedBroker([f"cluster={self.nats.url_setting}", f"cluster_name={self.name}",
-                                                 f"node_id=n{i}", *node_args], extra_env))
-            time.sleep(0.5)  # every process started, every bridge connected
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        for b in self.nodes:
-            b.stop()
-        self.nats.close()
-
-
-class Keepers:
-    """One connection per consumer node subscribed to the destination with a selector nothing
-    matches: it makes the node announce its interest before the run (runner.flow starts the producer
-    as soon as the consumers' SUBSCRIBEs are in, sooner than interest crosses the cluster), costs a
-    selector test per message, and receives nothing. A probe on the same connection, subscribed
-    after it, tells when node 0 knows: a node's interest entry is written whole, in order."""
-
-    def __init__(self, cluster, o, destinations: list[str], nodes: list[int], timeout: float = 20.0):
-        self.socks = []
-        try:
-            for k in nodes:
-                self.socks.append(self._keep(cluster, o, k, destinations, timeout))
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _connect(t: Target):
-        import socket
-        s = socket.create_connection((t.host, t.port), timeout=5)
-        login = f"login:{t.login}\npasscode:{t.passcode}\n" if t.login else ""
-        s.sendall(f"CONNECT\naccept-version:1.2\nhost:{t.vhost or '/'}\n{login}\n\0".encode())
-        return s
-
-    def _keep(self, cluster, o, k: int, destinations: list[str], timeout: float):
-        from ..tools.client import FrameReader, decode
-
-        keeper = self._connect(target_of(cluster.nodes[k], o))
-        probe = f"/topic/bench-probe-n{k}-{time.monotonic_ns()}"
-        keeper.sendall("".join(f"SUBSCRIBE\ndestination:{d}\nid:keep{i}\nselector:1 = 0\n\n\0"
-                               for i, d in enumerate(destinations)).encode()
-                       + f"SUBSCRIBE\ndestination:{probe}\nid:probe\n\n\0".encode())
-        pub = self._connect(target_of(cluster.nodes[0], o))
-        reader = FrameReader()
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"interest of node {k} did not reach node 0 within {timeout} s")
-                pub.sendall(f"SEND\ndestination:{probe}\n\nprobe\0".encode())
-                keeper.settimeout(0.3)
-                try:
-                    data = keeper.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    raise BenchError(f"node {k} closed the keeper connection")
-                reader.feed(data)
-                if any(decode(*raw).command == "MESSAGE" for raw in iter(reader.next, None)):
-                    keeper.sendall(b"UNSUBSCRIBE\nid:probe\n\n\0")
-                    return keeper
-        finally:
-            pub.close()
-
-    def close(self) -> None:
-        for s in self.socks:
-            s.close()
-
-
-def remote_nodes(n_nodes: int, count: int) -> list[int]:
-    """Node index per connection: ``count`` connections spread over nodes 1..n-1."""
-    others = list(range(1, n_nodes)) or [0]
-    return [others[i % len(others)] for i in range(count)]
-
-
-def consumers_on(runner, cluster, transport: str, dest: str, where: list[int]) -> list[dict]:
-    specs = []
-    per_node_procs = max(runner.opts.consumer_procs // max(len(set(where)), 1), 1)
-    for node in sorted(set(where)):
-        links = [[(dest, "0", [])] for w in where if w == node]
-        specs += runner.consumer_specs(target_of(cluster.nodes[node], runner.opts), transport, links, per_node_procs)
-    return specs
 
 
 def cluster_fanout(runner, copts, transport: str) -> dict:
@@ -203,16 +63,21 @@ def cluster_fanout(runner, copts, transport: str) -> dict:
     return runner.guarded(name, "cluster-fanout", transport, params, body)
 
 
-def cluster_queue(runner, copts, transport: str) -> dict:
+def cluster_queue(runner, copts, transport: str):
+    """The cross-node queue, then in the same run what it is read against: the ceiling (a plain
+    nats-py pair on the same stream, while that cluster is still up) and one standalone node with
+    store=sqlite (same producer, same consumers, same flow control); then the summary."""
     o = runner.opts
     k = o.queue_consumers
     name = f"cluster-queue-{transport}"
+    replicas = copts.replicas or (3 if copts.nats_servers >= 3 else 1)
     params = {"nodes": copts.nodes, "nats_servers": copts.nats_servers, "consumers": k, "size": o.size,
-              "duration": o.duration, "flow_control": runner.flow_label, "persistent": True,
+              "duration": o.duration, "flow_control": runner.flow_label, "persistent": True, "replicas": replicas,
               "layout": f"producer on n0 (persistent SENDs, receipts), {k} consumers over n1..n{copts.nodes - 1}"}
+    ceiling = {}
 
     def body():
-        cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args)
+        cluster = Cluster(copts.nodes, copts.nats_servers, runner.spawn_args + [f"cluster_replicas={replicas}"])
         try:
             dest = f"/queue/bench-{runner.run_id}-xq"
             consumers = consumers_on(runner, cluster, transport, dest, remote_nodes(copts.nodes, k))
@@ -220,14 +85,161 @@ def cluster_queue(runner, copts, transport: str) -> dict:
                                      max_inflight=runner.inflight_cap(k), headers=[("persistent", "true")])
             nodes = Nodes(cluster.nodes, cluster.nats)
             flow = runner.flow(name, [p], consumers, o.duration, nodes, fan=1)
+            pss, pss_by = nodes.pss()
             res = runner.delivery_result(name, "cluster-queue", transport, params, flow, nodes, 1)
-            res["notes"].append("every message stored in JetStream (R%s) before its receipt"
-                                % (3 if copts.nats_servers >= 3 else 1))
+            res["broker"]["pss_bytes"], res["broker"]["pss_by_process"] = pss, pss_by
+            res["notes"].append(f"every message stored in JetStream (R{replicas}) before its receipt")
+            if copts.baselines:
+                ceiling["result"] = nats_ceiling(runner, copts, cluster, nodes, transport, replicas)
             return res
         finally:
             cluster.close()
 
-    return runner.guarded(name, "cluster-queue", transport, params, body)
+    cross = runner.guarded(name, "cluster-queue", transport, params, body)
+    yield cross
+    if not copts.baselines:
+        return
+    yield ceiling.get("result") or runner.skipped(f"cluster-queue-ceiling-{transport}", transport,
+                                                  "not measured: the cross-node run failed")
+    time.sleep(o.pause)
+    sqlite = sqlite_queue(runner, transport)
+    yield sqlite
+    yield queue_summary(cross, ceiling.get("result"), sqlite, transport)
+
+
+def nats_ceiling(runner, copts, cluster, nodes, transport: str, replicas: int) -> dict:
+    """The plain nats-py pair on the stream the broker's queues use (publisher on the first NATS
+    server, consumer on the second): msg/s stored and consumed, and the CPU it took."""
+    from ..cluster.subjects import queue_subject
+    from .natsceiling import measure
+
+    o = runner.opts
+    name = f"cluster-queue-ceiling-{transport}"
+    urls = cluster.nats.urls
+    pending = copts.nats_pending
+    params = {"nats_servers": len(urls), "replicas": replicas, "size": o.size, "duration": o.duration,
+              "flow_control": f"publish_async, at most {pending} PubAcks outstanding; fetch batches of 256, each "
+                              "acked",
+              "layout": "nats-py publisher on nats0, consumer on nats1, the broker's queue stream"}
+
+    def body():
+        before, busy0 = nodes.cpu(), system_busy()
+        t0 = time.monotonic()
+        m = measure(urls[0], urls[1 % len(urls)], queue_subject(cluster.name, f"/queue/bench-{runner.run_id}-ceiling"),
+                    o.size, o.duration, pending=pending)
+        wall = time.monotonic() - t0
+        after, busy = nodes.cpu(), system_busy() - busy0
+        res = new_result(name, "cluster-queue-ceiling", transport, params)
+        res["duration_s"] = m["seconds"]
+        res["counts"] = {"sent": m["acked"], "delivered": m["consumed"], "failed": m["failed"], "stream": m["stream"]}
+        rate = min(m["stored_per_s"], m["consumed_per_s"])
+        res["rates"] = {"sends_per_s": m["stored_per_s"], "deliveries_per_s": m["consumed_per_s"]}
+        nats_cpu = {k: round(after[k] - before.get(k, 0.0), 3) for k in after
+                    if k.startswith("nats") and not k.endswith(":sys")}
+        res["broker"]["label"] = "NATS JetStream alone (nats-py clients)"
+        res["broker"]["cpu_s"] = round(sum(nats_cpu.values()) + sum(m["client_cpu_s"].values()), 3)
+        res["broker"]["cpu_by_process"] = {**nats_cpu, **{f"client:{k}": v for k, v in m["client_cpu_s"].items()}}
+        if m["consumed"] and res["broker"]["cpu_s"]:
+            res["deliveries_per_cpu_s"] = round(m["consumed"] / res["broker"]["cpu_s"])
+        res["machine"] = {"cores": os.cpu_count(), "busy_cores": round(busy / wall, 2), "load_avg": os.getloadavg(),
+                          "other_processes_cores": round(max(busy - res["broker"]["cpu_s"], 0.0) / wall, 2)}
+        res["headline"] = {"metric": "msg/s stored and consumed", "value": rate, "unit": "1/s"}
+        return res
+
+    try:
+        return runner.guarded(name, "cluster-queue-ceiling", transport, params, body)
+    except Exception as exc:  # nats-py errors: reported, not fatal to the run
+        res = new_result(name, "cluster-queue-ceiling", transport, params)
+        res["status"] = "error"
+        res["notes"].append(repr(exc))
+        return res
+
+
+def sqlite_queue(runner, transport: str, extra_args=("store=sqlite",), label: str = "sqlite") -> dict:
+    """One standalone node (store=sqlite): the same producer (persistent SENDs, receipts) and the
+    same consumers, all on that node."""
+    o = runner.opts
+    k = o.queue_consumers
+    name = f"cluster-queue-{label}-{transport}"
+    params = {"nodes": 1, "consumers": k, "size": o.size, "duration": o.duration, "flow_control": runner.flow_label,
+              "persistent": True, "layout": f"one standalone node ({' '.join(extra_args)}): producer and {k} "
+                                            "consumers on it"}
+
+    def body():
+        broker = SpawnedBroker(list(runner.spawn_args) + list(extra_args))
+        try:
+            time.sleep(0.3)
+            t = target_of(broker, o)
+            dest = f"/queue/bench-{runner.run_id}-{label}"
+            consumers = runner.consumer_specs(t, transport, [[(dest, "0", [])] for _ in range(k)],
+                                              min(o.consumer_procs, k))
+            p = runner.producer_spec(t, transport, dest, fan=1, max_inflight=runner.inflight_cap(k),
+                                     headers=[("persistent", "true")])
+            flow = runner.flow(name, [p], consumers, o.duration, broker, fan=1)
+            return runner.delivery_result(name, "cluster-queue-baseline", transport, params, flow, broker, 1)
+        finally:
+            broker.stop()
+
+    return runner.guarded(name, "cluster-queue-baseline", transport, params, body)
+
+
+QUEUE_VS_CEILING_TARGET = 0.5
+QUEUE_VS_SQLITE_TARGET = 1.0
+BRIDGE_US_TARGET = 10.0
+NODE_CPU_RATIO_TARGET = 1.5
+
+
+def queue_summary(cross: dict, ceiling: dict | None, sqlite: dict, transport: str) -> dict:
+    """The cross-node queue as a ratio of the NATS ceiling and of the standalone sqlite node, and
+    its CPU per message (the bridges' on each side; the whole cluster's against the sqlite node's)."""
+    res = new_result(f"cluster-queue-summary-{transport}", "cluster-queue-summary", transport,
+                     {"flow_control": cross["parameters"].get("flow_control")})
+    ok = lambda r: r is not None and r["status"] == "ok"  # noqa: E731
+    rate = cross["rates"].get("deliveries_per_s") if ok(cross) else None
+    ceiling_rate = ceiling["headline"]["value"] if ok(ceiling) else None
+    sqlite_rate = sqlite["rates"].get("deliveries_per_s") if ok(sqlite) else None
+    ratio = lambda a, b: round(a / b, 3) if a and b else None  # noqa: E731
+    res["rates"] = {"cross_node_per_s": rate, "ceiling_per_s": ceiling_rate, "sqlite_node_per_s": sqlite_rate,
+                    "vs_ceiling": ratio(rate, ceiling_rate), "vs_sqlite_node": ratio(rate, sqlite_rate)}
+    cpu = {}
+    if ok(cross) and cross["counts"].get("delivered"):
+        n = cross["counts"]["delivered"]
+        by = cross["broker"]["cpu_by_process"]
+        us = lambda keys: round(sum(by.get(k, 0.0) for k in keys) / n * 1e6, 1)  # noqa: E731
+        cpu["bridge_sending_us"] = us([k for k in by if k == "n0:cluster"])
+        cpu["bridge_receiving_us"] = us([k for k in by if k.endswith(":cluster") and k != "n0:cluster"])
+        cpu["nats_us"] = us([k for k in by if k.startswith("nats")])
+        cpu["brokers_us"] = us([k for k in by if not k.startswith("nats")])
+        cpu["cluster_us"] = round(cross["broker"]["cpu_s"] / n * 1e6, 1)
+    if ok(sqlite) and sqlite["counts"].get("delivered") and sqlite["broker"]["cpu_s"]:
+        cpu["sqlite_node_us"] = round(sqlite["broker"]["cpu_s"] / sqlite["counts"]["delivered"] * 1e6, 1)
+    if cpu.get("cluster_us") and cpu.get("sqlite_node_us"):
+        cpu["cluster_vs_sqlite_node"] = round(cpu["cluster_us"] / cpu["sqlite_node_us"], 2)
+        cpu["brokers_vs_sqlite_node"] = round(cpu["brokers_us"] / cpu["sqlite_node_us"], 2)
+    res["counts"] = {"cpu_us_per_message": cpu}
+    res["duration_s"] = cross["duration_s"]
+    value = res["rates"]["vs_ceiling"]
+    res["headline"] = {"metric": "cross-node queue / NATS ceiling", "value": value, "unit": "x"}
+    res["target"] = {"metric": "cross-node queue / NATS ceiling", "op": ">=", "goal": QUEUE_VS_CEILING_TARGET,
+                     "unit": "x", "value": value, "met": None if value is None else value >= QUEUE_VS_CEILING_TARGET}
+    res["targets"] = [
+        res["target"],
+        _target("cross-node queue / standalone sqlite node", res["rates"]["vs_sqlite_node"], ">=",
+                QUEUE_VS_SQLITE_TARGET, "x"),
+        _target("sending bridge CPU per message", cpu.get("bridge_sending_us"), "<=", BRIDGE_US_TARGET, "us"),
+        _target("receiving bridges' CPU per message", cpu.get("bridge_receiving_us"), "<=", BRIDGE_US_TARGET, "us"),
+        _target("cluster CPU per message / standalone sqlite node's", cpu.get("cluster_vs_sqlite_node"), "<=",
+                NODE_CPU_RATIO_TARGET, "x"),
+    ]
+    if value is None and res["rates"]["vs_sqlite_node"] is None:
+        res["status"] = "error"
+        res["notes"].append("not enough successful runs to compare")
+    return res
+
+
+def _target(metric: str, value, op: str, goal: float, unit: str) -> dict:
+    met = None if value is None else (value >= goal if op == ">=" else value <= goal)
+    return {"metric": metric, "op": op, "goal": goal, "unit": unit, "value": value, "met": met}
 
 
 def _local_fanout(runner, broker, name: str, transport: str, params: dict) -> dict:
@@ -313,8 +325,9 @@ def local_summary(results: list[dict], transport: str) -> dict:
 
 
 RUNS = {"fanout": lambda runner, copts, t: [cluster_fanout(runner, copts, t)],
-        "queue": lambda runner, copts, t: [cluster_queue(runner, copts, t)],
-        "local": cluster_local}
+        "queue": cluster_queue,
+        "local": cluster_local,
+        "scale": cluster_scale}
 
 
 def parse_cluster_args(argv):
@@ -324,6 +337,20 @@ def parse_cluster_args(argv):
     p.add_argument("--nodes", type=int, default=3, help="broker nodes")
     p.add_argument("--nats-servers", type=int, default=3, help="NATS servers (JetStream, clustered)")
     p.add_argument("--rounds", type=int, default=3, help="runs of each side of the local scenario (medians)")
+    p.add_argument("--replicas", type=int, default=0,
+                   help="cluster_replicas of the queue scenario (0: 3 with 3 or more NATS servers, else 1)")
+    p.add_argument("--no-baselines", dest="baselines", action="store_false",
+                   help="queue: skip the NATS ceiling and the standalone sqlite node it is read against")
+    p.add_argument("--nats-pending", type=int, default=256,
+                   help="queue: PubAcks the NATS ceiling's nats-py publisher keeps outstanding")
+    p.add_argument("--scale", default="",
+                   help="scale-out under equal CPU instead of --scenario: node counts, e.g. 1,2,4 (bench/scale.py)")
+    p.add_argument("--cpu-quota", type=float, default=0.25,
+                   help="--scale: cores for each node and its NATS server (a cgroup each)")
+    p.add_argument("--scale-consumers", type=int, default=2,
+                   help="--scale: consumers (subscribers) of each node's destination, on the next node")
+    p.add_argument("--scale-kinds", default="queue,topic", help="--scale: traffic kinds, queue and/or topic")
+    p.add_argument("--r3", action="store_true", help="--scale: also cluster_replicas=3 queue runs where N >= 3")
     p.add_argument("-h", "--help", action="store_true")
     return p, *p.parse_known_args(argv)
 
@@ -339,8 +366,8 @@ def main(argv=None) -> int:
         print("\nand the bench options (stompbroker-bench --help): --spawn ARGS (node settings, default "
               "processors=2), --duration, --size, --fanout, --queue-consumers, --transports, --out ...")
         return 0
-    names = [w.strip() for w in copts.scenario.split(",") if w.strip()]
-    unknown = [w for w in names if w not in SCENARIOS]
+    names = [w.strip() for w in copts.scenario.split(",") if w.strip()] if not copts.scale else ["scale"]
+    unknown = [w for w in names if w not in RUNS]
     if unknown:
         raise SystemExit(f"unknown cluster scenario {unknown[0]!r} (known: {', '.join(SCENARIOS)})")
     if copts.nodes < 2:
@@ -350,7 +377,9 @@ def main(argv=None) -> int:
     o = parse_args(rest)
     o.out = o.out or os.path.join("out", time.strftime("bench-cluster-%Y%m%d-%H%M%S"))
     runner = Runner(o)
-    runner.label = f"stompbroker cluster {o.spawn} ({copts.nodes} nodes, {copts.nats_servers} NATS servers)"
+    runner.label = (f"stompbroker cluster {o.spawn} ({copts.nodes} nodes, {copts.nats_servers} NATS servers)"
+                    if not copts.scale else f"stompbroker cluster {o.spawn}, scale-out {copts.scale} nodes, "
+                                            f"{copts.cpu_quota} cores each")
     transports = [t for t in (o.transports or "tcp").split(",") if t]
     print(f"bench: {runner.label}; cluster scenarios {', '.join(names)}; results in {o.out}", flush=True)
     try:
@@ -360,6 +389,10 @@ def main(argv=None) -> int:
                     runner.results.append(res)
                     print(summary_line(res), flush=True)
                     runner.save()
+                    if res["scenario"] == "cluster-scale-summary":
+                        with open(os.path.join(o.out, "scale.md"), "w") as f:
+                            f.write(scale_table(res) + "\n")
+                        print(scale_table(res), flush=True)
                 time.sleep(o.pause)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

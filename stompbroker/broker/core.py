@@ -228,12 +228,22 @@ class Broker:
             receipts.close(self, session, websocket_close=False)
 
     # -- recovery --------------------------------------------------------------------------------
-    def recover(self, store, now: float) -> int:
-        """Load durable subscriptions and stored queue messages, in send order; returns the count."""
+    def recover(self, store, now: float, loading=None) -> tuple[int, list[int]]:
+        """Load durable subscriptions and stored queue messages, in send order. Returns the count
+        and the messages not loaded because their destination is over max_destination_length
+        (the reader refuses such names: nobody could subscribe to them), for quarantine.
+        ``loading(seq, body)`` is told each message before it is loaded."""
         durables.load(self, store)
         wall = self.clock()
         count = 0
+        too_long = []
+        limit = self.config.max_destination_length
         for seq, name, message_id, headers, body, expires_ms, delivered in store.load():
+            if loading is not None:
+                loading(seq, body)
+            if len(name) > limit and not name.startswith("durable:") and len(name.encode()) > limit:
+                too_long.append(seq)
+                continue
             queue = self.queues.get(name) or queues.get_queue(self, name)
             expires = now + (expires_ms / 1000 - wall) if expires_ms else 0.0
             message = Message(message_id, headers.get("destination", name), headers, body, expires or 0.0)
@@ -243,7 +253,7 @@ class Broker:
             queue.enqueued += 1
             count += 1
         self.store = store
-        return count
+        return count, too_long
 
     # -- statistics ----------------------------------------------------------------------------
     def session_stats(self) -> dict:

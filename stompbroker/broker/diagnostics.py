@@ -19,9 +19,22 @@ def diag(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if b.config.diag_admin_only and not (session.connected and b.auth is not None
                                          and b.auth.is_admin(session.login)):
         raise ProtocolError("permission denied for DIAG", "diagnostics are for admin users", receipt)
-    reply = b"DIAG\ncontent-type:text/plain\n" + f"{query}:{b.diag.text(query)}".encode() + b"\n\n\0"
+    value, more = b.diag.text(query, offset(headers, receipt))
+    lines = "".join(f"{name}:{text}\n" for name, text in more.items())
+    reply = b"DIAG\ncontent-type:text/plain\n" + f"{query}:{value}\n{lines}".encode() + b"\n\0"
     session.outbox.add(R.DATA, session.conn, reply)
     receipts.send_receipt(b, session, receipt)
+
+
+def offset(headers: dict, receipt) -> int:
+    """Where a list answer continues (the ``next-offset`` of the part before); 0 = from the start."""
+    text = headers.get("offset")
+    if text is None:
+        return 0
+    if len(text) > 12 or not (text.isascii() and text.isdigit()):
+        raise ProtocolError("invalid offset", "offset must be a whole number from 0 (a DIAG answer's next-offset)",
+                            receipt)
+    return int(text)
 
 
 def monitor(b, now: float) -> None:
@@ -29,5 +42,12 @@ def monitor(b, now: float) -> None:
     b.next_monitor = now + b.config.monitor_interval / 1000
     status = Message(f"{b.token}-{next(b.message_ids)}", MONITOR, {"content-type": "text/plain"},
                      b.diag.monitor_body())
-    for sub in b.index.exact[MONITOR]:
-        queues.deliver(b, sub, status, None)
+    monitor_rest(b, status, tuple(b.index.exact[MONITOR]))
+
+
+def monitor_rest(b, status: Message, subs: tuple) -> None:
+    """Deliver the status to ``subs``, stopping (resumably) over an outbox's limit, as a fan-out does."""
+    for i, sub in enumerate(subs):
+        if queues.deliver(b, sub, status, None) and i + 1 < len(subs):
+            b.unfinished.append((monitor_rest, (status, subs[i + 1:])))
+            return

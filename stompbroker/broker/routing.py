@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..diag.stats import QUERIES
 from ..protocol.stomp import ProtocolError
-from . import receipts, temporary
+from . import diagnostics, receipts, temporary
 from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
@@ -26,7 +26,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if destination.startswith(DIAG_PREFIX) and b.diag is not None:
         query = body.decode(errors="replace").strip()
         if query in QUERIES:
-            headers = {**headers, **b.diag.headers(query)}
+            headers = {**headers, **b.diag.headers(query, diagnostics.offset(headers, receipt))}
     if b.store is not None and receipts.store_refuses(b, destination, headers):
         raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
                             "the message was not accepted", receipt)

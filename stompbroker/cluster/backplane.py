@@ -169,8 +169,9 @@ class Backplane:
             return
         session = owner[0]
         for entry in self.waiting.get(session, ()):
-            if entry[0] == token:
+            if entry[0] == token:  # (tokens are unique; PubAcks mostly come in order: near the front)
                 entry[2] = True
+                break
         self._release(b, session)
 
     def _failed(self, b, token: int, message: str = UNAVAILABLE, detail: str = "") -> None:
@@ -207,12 +208,28 @@ class Backplane:
 
     def queues_out(self, b) -> None:
         """Once per dispatcher round: the queues' credits, and their commands as records for the bridge."""
-        from ..broker import queues
+        queues = (_BROKER or _broker_modules())[0]
         cq = self.queues
         cq.refill(b, queues)
         if cq.out:
+            out = self.out
+            settles = bytearray()   # consecutive acks, naks and terms go as one record
             for command in cq.out:
-                self.out.add(C.QUEUE_CMD, 0, pack(command))
+                kind = command[0]
+                op = C.SETTLE_OPS.get(kind)
+                if op is not None:
+                    settles += C.pack_settle(command[1], op, int((command[2] if len(command) > 2 else 0) * 1000))
+                    continue
+                if settles:
+                    out.add(C.QUEUE_SETTLE, 0, settles)
+                    settles = bytearray()
+                if kind == "publish":
+                    _, token, subject, msg_id, payload, timeout_ms = command
+                    out.add(C.QUEUE_PUBLISH, token, C.pack_queue_publish(subject, msg_id, payload), timeout_ms)
+                else:
+                    out.add(C.QUEUE_CMD, 0, pack(command))
+            if settles:
+                out.add(C.QUEUE_SETTLE, 0, settles)
             cq.out.clear()
 
     def session_ended(self, session) -> None:
@@ -225,7 +242,7 @@ class Backplane:
             self.on_record(b, kind, conn, aux, payload, now)
 
     def on_record(self, b, kind: int, conn: int, aux: int, payload, now: float) -> None:
-        from ..broker import queues, routing
+        queues, routing = _BROKER or _broker_modules()
         b.now = now
         try:
             if kind == C.MESSAGE:
@@ -252,6 +269,13 @@ class Backplane:
                 self._published(b, conn)
             elif kind == C.FAILED:
                 self._failed(b, conn)
+            elif kind == C.QUEUE_MESSAGE:
+                key, data = C.unpack_pulled(payload)
+                self.queues.arrived(b, key, conn, aux, data, queues)
+            elif kind == C.QUEUE_STORED:
+                stored = self.queues.stored
+                for token in C.unpack_tokens(payload):
+                    stored(b, token)
             elif kind == C.QUEUE_EVENT:
                 self.queues.event(b, unpack(payload), queues)
             elif kind == C.BRIDGE_START:
@@ -321,6 +345,18 @@ class Backplane:
             "failed": self.stats["failed"],
             "streams": s.get("streams", []),
         }
+
+
+_BROKER: tuple = ()
+
+
+def _broker_modules() -> tuple:
+    """(broker.queues, broker.routing), imported on first use (the broker imports this module's
+    package at construction) and kept: an import statement per record costs as much as the record."""
+    global _BROKER
+    from ..broker import queues, routing
+    _BROKER = (queues, routing)
+    return _BROKER
 
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).

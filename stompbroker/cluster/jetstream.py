@@ -26,17 +26,15 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
+from .fastpath import FastPath, pub
+from .publisher import Publisher
+from .records import ACK, SETTLE_OPS, TERM
+
 log = logging.getLogger("stompbroker.cluster")
 
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
-STATUS = "Status"
-PER_SUBJECT_FULL = 10077   # JetStream's "store failed" code, with "maximum messages per subject exceeded"
-
-
-class QueueFull(Exception):
-    """The queue stream holds max_queue_messages for this destination (discard-new per subject)."""
 
 
 def queue_stream(cluster_name: str) -> str:
@@ -117,57 +115,36 @@ def _rfc3339(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-async def publish(js, subject: str, payload: bytes, msg_id: str, deadline: float) -> api.PubAck:
-    """Publish and wait for JetStream to store it (PubAck), retrying with the same Nats-Msg-Id
-    (so a retry never stores it twice) until the monotonic ``deadline``; raises TimeoutError then."""
-    headers = {"Nats-Msg-Id": msg_id}
-    delay = 0.05
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"JetStream did not store the message within the timeout ({subject})")
-        try:
-            try:
-                return await js.publish(subject, payload, timeout=min(left, 2.0), headers=dict(headers))
-            except nats.js.errors.APIError as exc:  # (a 503 ServiceUnavailableError, retried below)
-                if exc.err_code == PER_SUBJECT_FULL and "per subject" in (exc.description or ""):
-                    raise QueueFull(exc.description) from None
-                raise
-        except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError, nats.errors.ConnectionClosedError,
-                nats.errors.NoRespondersError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError):
-            pass
-        except nats.js.errors.APIError as exc:
-            # Temporary while a stream leader is elected; anything else is final.
-            if exc.code not in (503, 500) and exc.err_code not in (10008, 10074):
-                raise
-        await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-        delay = min(delay * 2, 0.5)
-
-
 class Puller:
-    """Pulls one consumer's messages as credits allow and hands each to ``on_message(msg)`` at once.
+    """Pulls one consumer's messages as credits allow and hands each to ``on_message(reply, data)``
+    at once (its ack subject and payload, as the connection reads them: ``fastpath.py``).
 
     ``want`` is the credit the dispatcher gave and messages have not used yet; it may go below
     zero when the dispatcher takes credit back while requests are out (what they still bring is
-    handed on, and the dispatcher puts it back). Requests ask for ``want - asked`` more."""
+    handed on, and the dispatcher puts it back). Requests ask for ``want - asked`` more, in
+    batches: while requests are out, a new one goes only once it would ask for at least a quarter
+    of the credit (each pull request is work for the stream's leader)."""
 
-    def __init__(self, nc, stream: str, consumer: str, on_message):
+    def __init__(self, nc, stream: str, consumer: str, on_message, fast: FastPath | None = None):
         self.nc = nc
-        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.fast = fast or FastPath(nc)
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
         self.on_message = on_message
         self.inbox = nc.new_inbox()
         self.sub = None
         self.want = 0
-        self.requests: dict[str, list] = {}   # reply subject -> [messages still expected, deadline]
+        self.requests: dict[bytes, list] = {}  # reply subject -> [messages still expected, deadline]
         self.ids = itertools.count(1)
         self.closed = False
 
     async def start(self) -> None:
-        self.sub = await self.nc.subscribe(self.inbox + ".*", cb=self._arrived)
+        self.sub = await self.nc.subscribe(self.inbox + ".*", pending_bytes_limit=0, pending_msgs_limit=0)
+        self.fast.route(self.sub, self._arrived)
+        self.prefix = self.inbox.encode() + b"."
 
     async def credit(self, n: int) -> None:
         self.want += n
-        await self.ask()
+        self.ask()
 
     def asked(self) -> int:
         now = time.monotonic()
@@ -176,38 +153,35 @@ class Puller:
                 del self.requests[reply]
         return sum(left for left, _ in self.requests.values())
 
-    async def ask(self) -> None:
+    def ask(self) -> None:
         if self.closed or self.sub is None or self.nc.is_closed:
             return
-        more = self.want - self.asked()
-        if more <= 0 or not self.nc.is_connected:
+        asked = self.asked()
+        more = self.want - asked
+        if more <= 0 or not self.nc.is_connected or (asked and more < max(self.want >> 2, 1)):
             return
-        reply = f"{self.inbox}.{next(self.ids)}"
-        self.requests[reply] = [more, time.monotonic() + PULL_EXPIRES + PULL_SLACK]
+        reply = self.prefix + b"%d" % next(self.ids)
         request = b'{"batch":%d,"expires":%d}' % (more, int(PULL_EXPIRES * 1e9))
-        try:
-            await self.nc.publish(self.subject, request, reply=reply)
-        except nats.errors.Error:
-            self.requests.pop(reply, None)
+        if self.fast.send(pub(self.subject, reply, request)):
+            self.requests[reply] = [more, time.monotonic() + PULL_EXPIRES + PULL_SLACK]
 
-    async def _arrived(self, msg) -> None:
-        if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
-            await msg.nak(0.25)
-            return
-        status = msg.headers.get(STATUS) if msg.headers else None
+    def _arrived(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
         if status:  # status messages come on the request's own inbox subject
             if status != "100":  # 404 no messages, 408 expired, 409 over a limit: that request ended
-                self.requests.pop(msg.subject, None)
-                await self.ask()
+                self.requests.pop(subject, None)
+                self.ask()
+            return
+        if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
+            self.fast.send(pub(reply, b"", b'-NAK {"delay":%d}' % int(0.25e9)))
             return
         # A message carries its stream subject: the server fills the requests in order.
-        for reply, request in self.requests.items():
+        for request_reply, request in self.requests.items():
             request[0] -= 1
             if request[0] <= 0:
-                del self.requests[reply]
+                del self.requests[request_reply]
             break
         self.want -= 1
-        self.on_message(msg)
+        self.on_message(reply, data)
 
     async def close(self) -> None:
         self.closed = True
@@ -216,6 +190,18 @@ class Puller:
                 await self.sub.unsubscribe()
             except nats.errors.Error:
                 pass
+            # still routed a while: what the server sent before it saw the unsubscribe is nak'ed above
+            asyncio.get_running_loop().call_later(PULL_SLACK, self.fast.unroute, self.sub)
+
+
+def delivered_count(reply: bytes) -> int:
+    """JetStream's delivery count, from a pulled message's ack subject
+    ``$JS.ACK.<stream>.<consumer>.<delivered>...`` (or, with a domain and account hash, two tokens on)."""
+    tokens = reply.split(b".")
+    try:
+        return int(tokens[4] if len(tokens) == 9 else tokens[6])
+    except (IndexError, ValueError):
+        return 1
 
 
 async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000):
@@ -256,17 +242,24 @@ class QueueBridge:
     dispatcher settles them; while held, JetStream is told they are in progress, so only the
     messages of a node that is gone come back after ack_wait."""
 
-    def __init__(self, nc, js, config, emit):
+    def __init__(self, nc, js, config, emit, emit_message=None, emit_stored=None):
         self.nc = nc
         self.js = js
         self.config = config
         self.emit = emit
+        # the hot path's answers, binary (QueuesPart); plain events otherwise (tests)
+        self.emit_message = emit_message or (lambda key, ref, delivered, data: emit(("message", key, ref, delivered,
+                                                                                      data)))
+        self.emit_stored = emit_stored or (lambda token: emit(("stored", token)))
+        self.fast = FastPath(nc)
+        self.publisher = Publisher(nc, self.fast, self.emit_stored, self._failed)
         name = config.cluster_name
         self.queue_stream = queue_stream(name)
         self.topic_stream = topic_stream(name)
         self.ack_wait = config.cluster_ack_wait_ms / 1000
         self.pullers: dict[str, Puller] = {}
-        self.held: dict[int, tuple] = {}      # ref -> (message, when it was last touched)
+        self.held: dict[int, list] = {}       # ref -> [ack subject, when it was last touched]
+        self.unsettled = 0                    # settles that found no connection (the message comes back)
         self.refs = itertools.count(1)
         self.ready = asyncio.Event()
         self.tasks: set = set()
@@ -279,11 +272,13 @@ class QueueBridge:
         task.add_done_callback(self.tasks.discard)
 
     async def start(self) -> None:
+        await self.publisher.start()
         self.spawn(self._declare())
         self.spawn(self._keeper())
 
     def status(self) -> dict:
-        return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas}
+        return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas,
+                "queue_publishing": self.publisher.pending(), "queue_unsettled": self.unsettled}
 
     async def stop(self) -> None:
         for task in list(self.tasks):
@@ -300,6 +295,8 @@ class QueueBridge:
                 await declare_stream(self.js, self.topic_stream, [f"{name}.d.>"], self.replicas or 1,
                                      work_queue=False, max_age=retention)
                 self.ready.set()
+                self.publisher.ready = True
+                self.publisher.tick(time.monotonic())
                 log.info("JetStream streams %s and %s ready (%d replicas)", self.queue_stream, self.topic_stream,
                          self.replicas)
                 return
@@ -314,32 +311,27 @@ class QueueBridge:
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
-            for ref, (msg, touched) in list(self.held.items()):
-                if now - touched > self.ack_wait / 3:
-                    self.held[ref] = (msg, now)
-                    try:
-                        await msg.in_progress()
-                    except Exception:
-                        pass
+            for held in list(self.held.values()):
+                if now - held[1] > self.ack_wait / 3:
+                    held[1] = now
+                    self.fast.send(pub(held[0], b"", b"+WPI"))
             for puller in list(self.pullers.values()):
-                await puller.ask()
+                puller.ask()
 
     async def handle(self, command: tuple) -> None:
         """One command; commands are handled in order, and only an unbind is awaited here: its
         UNSUB must reach the server before the naks that follow it (see ``cluster/queuing.py``)."""
         kind = command[0]
         if kind in ("ack", "nak", "term"):
-            held = self.held.pop(command[1], None)
-            if held is not None:
-                self.spawn(self._settle(held[0], kind, command[2] if len(command) > 2 else None))
+            delay = command[2] if len(command) > 2 else 0
+            self.settle(command[1], SETTLE_OPS[kind], int((delay or 0) * 1000))
         elif kind == "publish":
             _, token, subject, msg_id, payload, timeout_ms = command
-            self.spawn(self._publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000))
+            self.publish(token, subject, msg_id, payload, timeout_ms)
         elif kind == "credit":
             puller = self.pullers.get(command[1])
             if puller is not None:
-                puller.want += command[2]
-                self.spawn(puller.ask())
+                await puller.credit(command[2])
         elif kind == "bind":
             _, key, stream_kind, consumer, filter_subject, start_ms, replace = command
             old = self.pullers.pop(key, None)
@@ -347,7 +339,8 @@ class QueueBridge:
                 await old.close()
             stream = self.queue_stream if stream_kind == "q" else self.topic_stream
             puller = self.pullers[key] = Puller(self.nc, stream, consumer,
-                                                lambda msg, key=key: self._arrived(key, msg))
+                                                lambda reply, data, key=key: self._arrived(key, reply, data),
+                                                self.fast)
             self.spawn(self._bind(puller, stream, consumer, filter_subject, start_ms, replace))
         elif kind == "unbind":
             _, key, delete = command
@@ -360,26 +353,31 @@ class QueueBridge:
             _, token, filter_subject, since_ms = command
             self.spawn(self._replay(token, filter_subject, since_ms))
 
-    async def _settle(self, msg, kind: str, delay: float | None = None) -> None:
-        try:
-            await (msg.ack() if kind == "ack" else msg.nak(delay) if kind == "nak" else msg.term())
-        except Exception as exc:  # gone with the connection: JetStream redelivers after ack_wait
-            log.info("JetStream %s failed: %s", kind, exc)
+    def settle(self, ref: int, op: int, delay_ms: int = 0) -> None:
+        self.settle_many(((ref, op, delay_ms),))
 
-    async def _publish(self, token: int, subject: str, msg_id: str, payload: bytes, deadline: float) -> None:
-        try:
-            await asyncio.wait_for(self.ready.wait(), max(deadline - time.monotonic(), 0.001))
-            await publish(self.js, subject, payload, msg_id, deadline)
-        except (TimeoutError, asyncio.TimeoutError):
-            self.emit(("failed", token, "JetStream did not store it in time", False))
-            return
-        except QueueFull as exc:
-            self.emit(("failed", token, str(exc), "full"))
-            return
-        except Exception as exc:
-            self.emit(("failed", token, str(exc) or type(exc).__name__, True))
-            return
-        self.emit(("stored", token))
+    def settle_many(self, settles) -> None:
+        """Ack, nak or term held messages ((ref, op, delay_ms)...): one publish to each one's ack
+        subject, written together with the turn's other commands and not awaited by anyone
+        (JetStream has them long before ack_wait; if the connection loses them, the messages come
+        back after ack_wait, as from a dead node)."""
+        held, commands = self.held, []
+        for ref, op, delay_ms in settles:
+            entry = held.pop(ref, None)
+            if entry is not None:
+                commands.append(pub(entry[0], b"", b"" if op == ACK else b"+TERM" if op == TERM else
+                                    b'-NAK {"delay":%d}' % (delay_ms * 1_000_000) if delay_ms else b"-NAK"))
+        if commands and not self.fast.send(b"".join(commands)):  # not connected: redelivered after ack_wait
+            self.unsettled += len(commands)
+
+    def publish(self, token: int, subject: str, msg_id: str, payload: bytes, timeout_ms: int) -> None:
+        self.publisher.publish(token, subject, msg_id, payload, time.monotonic() + timeout_ms / 1000)
+
+    def _failed(self, token: int, reason: str, refused) -> None:
+        self.emit(("failed", token, reason, refused))
+
+    async def tick(self) -> None:
+        self.publisher.tick(time.monotonic())
 
     async def _bind(self, puller: Puller, stream: str, consumer: str, filter_subject: str, start_ms: int,
                     replace: bool) -> None:
@@ -392,7 +390,7 @@ class QueueBridge:
                 await declare_consumer(self.js, stream, consumer, filter_subject, self.ack_wait,
                                        start_time=start_ms / 1000 if start_ms else None)
                 await puller.start()
-                await puller.ask()
+                puller.ask()
                 log.debug("pulling %s (%s) from %s, credit %d", consumer, filter_subject, stream, puller.want)
                 return
             except Exception as exc:
@@ -406,14 +404,10 @@ class QueueBridge:
         except Exception as exc:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
-    def _arrived(self, key: str, msg) -> None:
+    def _arrived(self, key: str, reply: bytes, data: bytes) -> None:
         ref = next(self.refs)
-        self.held[ref] = (msg, time.monotonic())
-        try:
-            delivered = msg.metadata.num_delivered
-        except Exception:
-            delivered = 1
-        self.emit(("message", key, ref, delivered, msg.data))
+        self.held[ref] = [reply, time.monotonic()]
+        self.emit_message(key, ref, delivered_count(reply), data)
 
     async def _replay(self, token: int, filter_subject: str, since_ms: float) -> None:
         try:
@@ -426,25 +420,54 @@ class QueueBridge:
 
 
 class QueuesPart:
-    """The bridge part (``processes/cluster.py``) for queues, durables and replay: one record kind
-    each way, carrying ``cluster/queuing.py``'s packed commands and events."""
+    """The bridge part (``processes/cluster.py``) for queues, durables and replay. The hot path is
+    binary (records.py: QUEUE_PUBLISH and QUEUE_SETTLE in, QUEUE_STORED and QUEUE_MESSAGE out; the
+    PubAcks of one turn of the loop go back as one record); the rest carries ``cluster/queuing.py``'s
+    packed commands and events (QUEUE_CMD, QUEUE_EVENT)."""
 
     def __init__(self, bridge):
         from . import queuing
         from . import records as C
+        self.C = C
         self.bridge = bridge
         self.unpack = queuing.unpack
         self.pack = queuing.pack
-        self.kind_event = C.QUEUE_EVENT
-        self.queues = QueueBridge(bridge.nc, None, bridge.config, self._emit)
-        self.handlers = {C.QUEUE_CMD: self._command}
+        self.queues = QueueBridge(bridge.nc, None, bridge.config, self._emit, self._emit_message, self._emit_stored)
+        self.handlers = {C.QUEUE_CMD: self._command, C.QUEUE_PUBLISH: self._publish, C.QUEUE_SETTLE: self._settle}
+        self.stored: list[int] = []
+        self.keys: dict[str, bytes] = {}
         self.started = False
 
     def _emit(self, event: tuple) -> None:
-        self.bridge.emit(self.kind_event, 0, self.pack(event))
+        self.bridge.emit(self.C.QUEUE_EVENT, 0, self.pack(event))
+
+    def _emit_message(self, key: str, ref: int, delivered: int, data: bytes) -> None:
+        raw = self.keys.get(key)
+        if raw is None:
+            if len(self.keys) > 10_000:
+                self.keys.clear()
+            raw = self.keys[key] = key.encode()
+        self.bridge.emit(self.C.QUEUE_MESSAGE, ref, self.C.pack_pulled(raw, data), min(delivered, 0xFFFFFFFF))
+
+    def _emit_stored(self, token: int) -> None:
+        if not self.stored:
+            self.bridge.loop.call_soon(self._stored_out)
+        self.stored.append(token)
+
+    def _stored_out(self) -> None:
+        tokens, self.stored = self.stored, []
+        if tokens:
+            self.bridge.emit(self.C.QUEUE_STORED, 0, self.C.pack_tokens(tokens))
 
     async def _command(self, conn: int, aux: int, payload) -> None:
         await self.queues.handle(self.unpack(payload))
+
+    async def _publish(self, token: int, timeout_ms: int, payload) -> None:
+        subject, msg_id, message = self.C.unpack_queue_publish(payload)
+        self.queues.publish(token, subject, msg_id, message, timeout_ms)
+
+    async def _settle(self, conn: int, aux: int, payload) -> None:
+        self.queues.settle_many(self.C.iter_settles(payload))
 
     async def connected(self) -> None:
         self.queues.js = self.bridge.nc.jetstream(timeout=10)  # (stream and consumer calls on a loaded machine)
@@ -453,9 +476,13 @@ class QueuesPart:
             self.started = True
             await self.queues.start()
             return
+        self.queues.publisher.resend()  # their PubAcks may have gone with the old connection
         for puller in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
             puller.requests.clear()
-            await puller.ask()
+            puller.ask()
+
+    async def tick(self) -> None:
+        await self.queues.tick()
 
     def status(self) -> dict:
         return self.queues.status()

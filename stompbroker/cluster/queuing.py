@@ -431,7 +431,10 @@ class ClusterQueues:
             consumers = queues.consumers(b, queue) if queue is not None else b.index.match(name)
             want = self.room(b, name, consumers) - (queue.depth() if queue is not None else 0)
             want = max(want, 0)
-            if want > given or (want == 0 and given > 0):  # (a consumer left: stop asking for its share)
+            # More credit goes in steps of at least a quarter of the room (or when none is left):
+            # one command per few messages, not one per delivery; a consumer that left takes its
+            # share back at once.
+            if (want > given and (given <= 0 or want - given >= max(want >> 2, 1))) or (want == 0 and given > 0):
                 self.out.append(("credit", name, want - given))
                 self.bound[name] = want
 

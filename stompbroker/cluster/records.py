@@ -18,7 +18,9 @@ import orjson
 from ..ipc.records import HEADER_SIZE, iter_records, pack_header, unpack_header
 
 __all__ = ["Kind", "record", "iter_records", "unpack_header", "HEADER_SIZE", "Records", "pack_publish",
-           "unpack_publish", "pack_message", "unpack_message", "wire", "unwire"]
+           "unpack_publish", "pack_message", "unpack_message", "wire", "unwire", "pack_queue_publish",
+           "unpack_queue_publish", "pack_settle", "iter_settles", "pack_tokens", "unpack_tokens", "pack_pulled",
+           "unpack_pulled"]
 
 
 class Kind(enum.IntEnum):
@@ -28,6 +30,9 @@ class Kind(enum.IntEnum):
                        # PUBLISHED/FAILED; aux: PUBLISH_WORKER for a worker queue's subject (a queue group)
     STOP = 102         # the dispatcher is stopping: leave the cluster cleanly and exit
     QUEUE_CMD = 110    # payload: a queuing.pack()ed command for JetStream (queues, durables, replay; cluster/queuing.py)
+    # The queue hot path, binary (no JSON per message):
+    QUEUE_PUBLISH = 111  # conn: token; aux: cluster_timeout_ms; payload: pack_queue_publish(subject, msg_id, message)
+    QUEUE_SETTLE = 112   # payload: one or more pack_settle(ref, op, delay_ms): a round's acks, naks, terms
     # bridge -> dispatcher
     BRIDGE_START = 140  # a bridge (re)started: tell it the whole local interest again
     STATUS = 141       # payload: JSON of the bridge's figures (connected, server, rtt_ms, ...); at least every second
@@ -37,6 +42,8 @@ class Kind(enum.IntEnum):
     FAILED = 145       # conn: that token: NATS stayed unreachable for cluster_timeout_ms, it was not published
     REMOTE_RESET = 146  # forget every remote pattern (the bridge lost the interest bucket's view; REMOTEs follow)
     QUEUE_EVENT = 150  # payload: a queuing.pack()ed answer from JetStream (stored, failed, message, replayed...)
+    QUEUE_STORED = 151   # payload: the tokens (u64 each) of publishes JetStream stored (PubAcks of one turn)
+    QUEUE_MESSAGE = 152  # conn: ref; aux: JetStream's delivery count; payload: pack_pulled(key, data)
 
 
 INTEREST, PUBLISH, STOP = Kind.INTEREST.value, Kind.PUBLISH.value, Kind.STOP.value
@@ -44,6 +51,8 @@ BRIDGE_START, STATUS, REMOTE, MESSAGE = (Kind.BRIDGE_START.value, Kind.STATUS.va
                                           Kind.MESSAGE.value)
 PUBLISHED, FAILED, REMOTE_RESET = Kind.PUBLISHED.value, Kind.FAILED.value, Kind.REMOTE_RESET.value
 QUEUE_CMD, QUEUE_EVENT = Kind.QUEUE_CMD.value, Kind.QUEUE_EVENT.value
+QUEUE_PUBLISH, QUEUE_SETTLE = Kind.QUEUE_PUBLISH.value, Kind.QUEUE_SETTLE.value
+QUEUE_STORED, QUEUE_MESSAGE = Kind.QUEUE_STORED.value, Kind.QUEUE_MESSAGE.value
 PUBLISH_WORKER = 1
 # Starts an INTEREST/REMOTE pattern that is a durable subscription's (announced in the interest
 # bucket; every node keeps the topic messages it matches in JetStream). NUL starts no destination.
@@ -83,6 +92,53 @@ def pack_publish(subject: str, message: bytes) -> bytes:
 
 
 def unpack_publish(payload) -> tuple[str, bytes]:
+    (n,) = _SUBJECT.unpack_from(payload)
+    return bytes(payload[2:2 + n]).decode(), bytes(payload[2 + n:])
+
+
+_QPUB = struct.Struct("<HH")
+
+
+def pack_queue_publish(subject: str, msg_id: str, message: bytes) -> bytes:
+    s, i = subject.encode(), msg_id.encode()
+    return _QPUB.pack(len(s), len(i)) + s + i + message
+
+
+def unpack_queue_publish(payload) -> tuple[str, str, bytes]:
+    n, m = _QPUB.unpack_from(payload)
+    start = _QPUB.size
+    return (bytes(payload[start:start + n]).decode(), bytes(payload[start + n:start + n + m]).decode(),
+            bytes(payload[start + n + m:]))
+
+
+# Settling a pulled message: its ref, what to do, and a nak's delay (ms; 0 = at once).
+SETTLE = struct.Struct("<QBI")
+ACK, NAK, TERM = 0, 1, 2
+SETTLE_OPS = {"ack": ACK, "nak": NAK, "term": TERM}
+
+
+def pack_settle(ref: int, op: int, delay_ms: int = 0) -> bytes:
+    return SETTLE.pack(ref, op, delay_ms)
+
+
+def iter_settles(payload):
+    """(ref, op, delay_ms) of each settle in a QUEUE_SETTLE payload."""
+    return SETTLE.iter_unpack(payload)
+
+
+def pack_tokens(tokens) -> bytes:
+    return struct.pack(f"<{len(tokens)}Q", *tokens)
+
+
+def unpack_tokens(payload) -> tuple:
+    return struct.unpack(f"<{len(payload) // 8}Q", payload)
+
+
+def pack_pulled(key: bytes, data: bytes) -> bytes:
+    return _SUBJECT.pack(len(key)) + key + data
+
+
+def unpack_pulled(payload) -> tuple[str, bytes]:
     (n,) = _SUBJECT.unpack_from(payload)
     return bytes(payload[2:2 + n]).decode(), bytes(payload[2 + n:])
 

@@ -22,6 +22,8 @@ subscriptions that overlap: :func:`cover` reduces the wanted filters to a set wi
 
 from __future__ import annotations
 
+import functools
+
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 EMPTY = "%"          # the token of an empty segment
 TOPIC, RELATIVE, WORKER, QUEUE, DURABLE = "t", "r", "w", "q", "d"
@@ -53,6 +55,7 @@ def unescape_segment(token: str) -> str:
     return out.decode()
 
 
+@functools.lru_cache(maxsize=4096)  # (every message to a destination needs its subject: made once)
 def _tokens(path: str) -> str:
     return ".".join(escape_segment(s) for s in path.split("/"))
 

@@ -11,8 +11,10 @@ and ``#`` worker messages in and out (runs in ``processes/cluster.py``; imports 
   heard of for that long (killed) is forgotten.
 - Out: PUBLISH records go to NATS in order; while NATS is unreachable they wait here, in order,
   for at most cluster_timeout_ms (then FAILED for the ones the dispatcher holds a sender for).
-- In: messages are handled as the connection reads them, in wire order (``Inline``), and a second
-  copy (two subscriptions matched while the cover was changing) is dropped by its sequence number.
+- In: messages are handled as the connection reads them, in wire order across subscriptions, raw
+  (``fastpath.py``: no nats-py message object, no task per subscription), and a second copy (two
+  subscriptions matched while the cover was changing) is dropped by its sequence number.
+- Out: written as ready protocol commands (``fastpath.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections import deque
 import orjson
 
 from . import records as C
+from .fastpath import FastPath, pub
 from .records import DURABLE_MARK
 from .subjects import cover, pattern_filters, worker_subject
 
@@ -33,34 +36,6 @@ log = logging.getLogger("stompbroker.cluster")
 REFRESH = 10.0   # seconds between rewrites of this node's interest entry
 RETIRE = 2.0     # seconds a NATS subscription no longer wanted is kept (see resubscribe)
 TTL = 30.0       # seconds the bucket keeps an entry; a node silent this long is forgotten
-
-
-class Inline:
-    """Stands in for a nats-py subscription's pending queue, so each message is handled as the
-    connection reads it: in wire order across subscriptions (nats-py gives each subscription with a
-    callback a task of its own, which would reorder them), with no copy queued."""
-
-    def __init__(self, handler, worker: bool):
-        self.handler = handler
-        self.worker = worker
-
-    def put_nowait(self, msg) -> None:
-        self.handler(msg, self.worker)
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        pass
-
-    async def join(self) -> None:
-        pass
-
-    async def get(self):
-        await asyncio.Future()  # never: messages do not wait here
 
 
 class Topics:
@@ -84,8 +59,7 @@ class Topics:
         self.setup_due: float | None = 0.0    # when to (re)open the bucket and its watch; None: done
         self.changed = asyncio.Event()        # the local interest changed: write the entry
         self.put_task = None
-        self.inline_topic = Inline(self.received, False)
-        self.inline_worker = Inline(self.received, True)
+        self.fast = FastPath(bridge.nc)
         self.stats = {"messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0, "duplicates": 0,
                       "unpublished": 0, "publish_errors": 0}
 
@@ -126,7 +100,7 @@ class Topics:
                 self.subs[subject] = retired[0]
                 continue
             sub = await nc.subscribe(subject, queue=group, pending_bytes_limit=0, pending_msgs_limit=0)
-            sub._pending_queue = self.inline_worker if group else self.inline_topic
+            self.fast.route(sub, self.received_worker if group else self.received_topic)
             self.subs[subject] = sub
         # A subscription no longer wanted goes RETIRE seconds later: nats-py drops what arrives for a
         # subscription it no longer has, and the server may still be sending messages it matched to
@@ -144,6 +118,7 @@ class Topics:
                     await sub.unsubscribe()
                 except Exception as exc:
                     log.debug("cluster: unsubscribe %s: %r", subject, exc)
+                self.fast.unroute(sub)
 
     async def writer(self) -> None:
         """Write this node's entry when its interest changes (after its subscriptions reached the
@@ -310,32 +285,44 @@ class Topics:
             return
         await self.send(subject, message, token)
 
-    async def send(self, subject: str, message: bytes, token: int) -> None:
-        self.seq += 1
-        data = C.wire(self.bridge.origin, self.seq, message)
-        try:
-            await self.bridge.nc.publish(subject, data)
-        except Exception as exc:  # too large for the server's max_payload, or the connection just went
+    async def send(self, subject: str, message: bytes, token: int, deadline: float = 0.0) -> bool:
+        """Out to NATS; False when the connection just went (the message waits, first in line)."""
+        data = C.wire(self.bridge.origin, self.seq + 1, message)
+        if len(data) > self.bridge.nc.max_payload:
             self.stats["publish_errors"] += 1
-            log.warning("cluster: cannot publish to %s (%d bytes): %r", subject, len(data), exc)
+            log.warning("cluster: cannot publish to %s: %d bytes, over the NATS server's max_payload", subject,
+                        len(data))
             if token:
                 self.bridge.emit(C.FAILED, token)
-            return
+            return True
+        if not self.fast.send(pub(subject.encode(), b"", data)):
+            self.held.appendleft((deadline or time.monotonic() + self.bridge.config.cluster_timeout_ms / 1000,
+                                  subject, message, token))
+            return False
+        self.seq += 1
         self.stats["messages_out"] += 1
         self.stats["bytes_out"] += len(data)
         if token:
             self.bridge.emit(C.PUBLISHED, token)
+        return True
 
     async def drain(self) -> None:
         """NATS is back: what waited goes out first, in order (new PUBLISHes queue behind it)."""
         held = self.held
         while held and self.bridge.connected:
-            _, subject, message, token = held.popleft()
-            await self.send(subject, message, token)
+            deadline, subject, message, token = held.popleft()
+            if not await self.send(subject, message, token, deadline):
+                return
 
     # -- messages in -----------------------------------------------------------------------------
-    def received(self, msg, worker: bool) -> None:
-        origin, seq, message = C.unwire(msg.data)
+    def received_topic(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
+        self.received(data, False)
+
+    def received_worker(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
+        self.received(data, True)
+
+    def received(self, data: bytes, worker: bool) -> None:
+        origin, seq, message = C.unwire(data)
         if not worker:
             if seq <= self.last.get(origin, 0):
                 self.stats["duplicates"] += 1
@@ -344,5 +331,5 @@ class Topics:
                 self.last.clear()
             self.last[origin] = seq
         self.stats["messages_in"] += 1
-        self.stats["bytes_in"] += len(msg.data)
+        self.stats["bytes_in"] += len(data)
         self.bridge.emit(C.MESSAGE, 0, message, C.PUBLISH_WORKER if worker else 0)

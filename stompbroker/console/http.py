@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import html
+import logging
 import math
 import os
 import time
@@ -21,8 +22,11 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from .. import __version__
+from ..diag import answers
 from ..protocol.websocket import http_response
 from .metrics import exposition
+
+log = logging.getLogger("stompbroker.http")
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 
@@ -44,7 +48,9 @@ TOKEN = "/console/token"  # POST (with logins checked): a STOMP passcode for the
 ALLOWED_METHODS = ("GET", "HEAD")
 REALM = "stompbroker"
 SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
-CONNECTIONS_LIMIT = 1000  # default number of connections /api/connections lists
+PAGE_SIZE = 100       # items per /api page unless ?page_size= says (RabbitMQ's management API's default)
+MAX_PAGE_SIZE = 500   # and at most (RabbitMQ's limit too)
+SUBSCRIPTIONS_SHARE = 16  # a connection lists its subscriptions in at most 1/16 of the answer budget
 
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -116,6 +122,44 @@ def forbidden() -> bytes:
     return text_response(403, "Forbidden", "the console, API and metrics are for admin users")
 
 
+def bad_request(reason: str) -> bytes:
+    return text_response(400, "Bad Request", reason)
+
+
+def internal_error() -> bytes:
+    return text_response(500, "Internal Server Error", "internal error (see the broker's log)")
+
+
+class BadRequest(Exception):
+    """A request the site cannot serve as asked: 400 with the reason."""
+
+
+def paging(query: dict) -> tuple[int, int]:
+    """(page, page_size) from ``?page=&page_size=`` (1 and PAGE_SIZE when absent)."""
+    values = []
+    for name, default, most in (("page", 1, 10 ** 9), ("page_size", PAGE_SIZE, MAX_PAGE_SIZE)):
+        text = query.get(name, [str(default)])[0]
+        if not (text.isascii() and text.isdigit()) or len(text) > 10 or not 1 <= int(text) <= most:
+            raise BadRequest(f"{name} must be a whole number from 1 to {most}, not {text[:40]!r}")
+        values.append(int(text))
+    return values[0], values[1]
+
+
+def page_of(items: list, page: int, page_size: int, budget: int, make=None) -> bytes:
+    """One page of a list as JSON, in the RabbitMQ management API's envelope (``items``, ``page``,
+    ``page_size``, ``page_count``, ``item_count``, ``total_count``, ``filtered_count``), cut to
+    ``budget`` bytes (whole items; ``truncated`` says so: ask for smaller pages). ``make`` turns
+    the page's items into what is shown (made only for the page, not for the whole list)."""
+    total = len(items)
+    chunk = items[(page - 1) * page_size:page * page_size]
+    if make is not None:
+        chunk = [make(item) for item in chunk]
+    text, end = answers.json_items(chunk, 0, budget - 300)  # (300: the envelope)
+    envelope = {"page": page, "page_size": page_size, "page_count": -(-total // page_size), "item_count": end,
+                "total_count": total, "filtered_count": total, "truncated": end < len(chunk)}
+    return b'{"items":' + text + b"," + orjson.dumps(envelope)[1:]
+
+
 def too_many_requests(retry_after: float) -> bytes:
     """The login's back-off (after refusals from its address) outlasts the time a request may wait."""
     return text_response(429, "Too Many Requests", "logins from this address back off after refusals; "
@@ -149,6 +193,7 @@ class Site:
         self._files: dict[str, bytes] = {}
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
+        self.errors = 0  # requests answered 500 (failed)
 
     # -- routing ---------------------------------------------------------------------------------
     def route(self, method: str, target: str) -> tuple[str | None, bytes | None]:
@@ -177,8 +222,25 @@ class Site:
 
     def respond(self, method: str, target: str, accept: str = "") -> bytes:
         """The response to a routed request (not ``"token"``: the dispatcher mints those)."""
-        response = self._respond(target, accept)
+        try:
+            response = self._respond(target, accept)
+        except BadRequest as exc:
+            response = bad_request(str(exc))
+        except Exception as exc:  # a bug costs this request a 500, never the broker
+            response = self.failed(method, target, exc)
         return _head_only(response) if method == "HEAD" else response
+
+    def failed(self, method: str, target: str, exc: Exception) -> bytes:
+        """A 500 for a request the broker failed to answer: one log line (where it failed, not a
+        traceback), counted in /metrics (stompbroker_http_internal_errors_total)."""
+        self.errors += 1
+        where = exc.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        place = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+        log.error("internal error answering %s %s: %s: %s%s", method[:16], target[:200], type(exc).__name__,
+                  str(exc)[:200], place)
+        return internal_error()
 
     def _respond(self, target: str, accept: str) -> bytes:
         parts = urlsplit(target)
@@ -196,18 +258,22 @@ class Site:
                 page = page.replace("{{%s}}" % name, html.escape(value))
             return http_response(200, "OK", page.encode(), {"Content-Type": "text/html; charset=utf-8", **PAGE_HEADERS})
         snapshot = self.snapshot()
+        budget = self.config.answer_bytes
         if path == METRICS:
-            body, content_type = exposition(snapshot, accept)
+            body, content_type = exposition(snapshot, accept, self.config.metrics_max_queues, budget)
             return http_response(200, "OK", body, {"Content-Type": content_type, "Cache-Control": "no-store",
                                                    **SECURITY_HEADERS})
         if path == "/api/overview":
-            value = {key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
-                                                     "writers", "process", "latency")}
-        elif path == "/api/queues":
-            value = snapshot["queues"]
-        else:
-            value = self.connections(parse_qs(parts.query))
-        return json_response(value)
+            return json_response({key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
+                                                                 "writers", "process", "latency")})
+        page, page_size = paging(parse_qs(parts.query))
+        if path == "/api/queues":
+            queues = snapshot.get("sorted_queues")
+            if queues is None:  # by name, so pages follow one another (sorted once per snapshot)
+                queues = snapshot["sorted_queues"] = sorted(snapshot["queues"], key=lambda q: q["destination"])
+            return json_response(page_of(queues, page, page_size, budget))
+        sessions = list(self.stats.broker.sessions.values())
+        return json_response(page_of(sessions, page, page_size, budget, self.connection))
 
     def _file(self, name: str) -> bytes:
         data = self._files.get(name)
@@ -244,38 +310,38 @@ class Site:
             "latency": stats.latency(),
             "queues": stats.query("queues"),
             "cluster": stats.query("cluster"),  # {} on a single node
+            "http": {"internal_errors": self.errors},
         }
         self._snapshot_at = now
         return self._snapshot
 
-    def connections(self, query: dict) -> dict:
-        broker = self.stats.broker
-        try:
-            limit = max(0, min(int(query.get("limit", [CONNECTIONS_LIMIT])[0]), self.config.max_connections))
-        except ValueError:
-            limit = CONNECTIONS_LIMIT
+    def connection(self, session) -> dict:
+        """One connection as /api/connections shows it; its subscriptions as many as fit in a share
+        of the answer budget (``subscription_count`` counts them all)."""
         now = self.clock()
-        listed = []
-        for session in list(broker.sessions.values())[:limit]:
-            listed.append({
-                "id": session.conn,
-                "session": session.id,
-                "peer": session.peer,
-                "writer": session.outbox.index,
-                "websocket": session.websocket,
-                "connected": session.connected,
-                "version": session.version if session.connected else None,
-                "login": session.login,
-                "client_id": session.client_id,
-                "age_seconds": round(now - session.opened, 3),
-                "idle_seconds": round(now - session.last_seen, 3),
-                "subscriptions": [{"id": sub.id, "destination": sub.destination, "ack": sub.ack,
-                                   "unacked": len(sub.unacked)} for sub in session.subs.values()],
-            })
-        return {"session": broker.session_stats(), "connections": listed,
-                "truncated": len(broker.sessions) > limit}
+        subs = [{"id": sub.id, "destination": sub.destination, "ack": sub.ack, "unacked": len(sub.unacked)}
+                for sub in session.subs.values()]
+        listed, end = answers.json_items(subs, 0, self.config.answer_bytes // SUBSCRIPTIONS_SHARE)
+        return {
+            "id": session.conn,
+            "session": session.id,
+            "peer": session.peer,
+            "writer": session.outbox.index,
+            "websocket": session.websocket,
+            "connected": session.connected,
+            "version": session.version if session.connected else None,
+            "login": session.login,
+            "client_id": session.client_id,
+            "age_seconds": round(now - session.opened, 3),
+            "idle_seconds": round(now - session.last_seen, 3),
+            "subscription_count": len(subs),
+            "subscriptions": orjson.Fragment(listed),
+            "subscriptions_truncated": end < len(subs),
+        }
 
 
 def json_response(value) -> bytes:
-    return http_response(200, "OK", orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS),
+    """200 with ``value`` as JSON (bytes: already JSON)."""
+    body = value if isinstance(value, bytes) else orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    return http_response(200, "OK", body,
                          {"Content-Type": "application/json", "Cache-Control": "no-store", **SECURITY_HEADERS})

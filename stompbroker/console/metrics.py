@@ -10,7 +10,8 @@ The names and their meaning are listed in docs/metrics.md.
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, SummaryMetricFamily
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
 PREFIX = "stompbroker_"
@@ -45,8 +46,42 @@ CLUSTER_TOTALS = (
 QUANTILES = (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms"), ("0.999", "p999_ms"), ("1", "max_ms"))
 
 
-def families(s: dict):
-    """Metric families for one snapshot (see ``snapshot`` in console/http.py for its shape)."""
+TEXT = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def negotiate(accept: str) -> str:
+    """The content type of a scrape: OpenMetrics 1.0.0 when ``Accept`` ranks it above the text
+    format, else the text format (whatever else it says: an unknown type or version, a malformed
+    header). Never an error: a scraper always gets metrics in a format it can read or ignore."""
+    best, best_q = TEXT, -1.0
+    for position, offer in enumerate(accept.split(",")[:32]):
+        kind, *params = [part.strip() for part in offer.split(";")]
+        options = {}
+        for param in params:
+            name, _, value = param.partition("=")
+            options[name.strip().lower()] = value.strip().strip('"')
+        try:
+            q = float(options.get("q", "1"))
+        except ValueError:
+            continue
+        if not 0 < q <= 1:
+            continue
+        kind = kind.lower()
+        if kind == "application/openmetrics-text" and options.get("version", "1.0.0") == "1.0.0":
+            candidate = OPENMETRICS
+        elif kind in ("text/plain", "text/*", "*/*") and options.get("version", "0.0.4") == "0.0.4":
+            candidate = TEXT
+        else:
+            continue
+        if q > best_q:  # the first of equal preference wins
+            best, best_q = candidate, q
+    return best
+
+
+def families(s: dict, max_queues: int | None = None):
+    """Metric families for one snapshot (see ``snapshot`` in console/http.py for its shape);
+    per-queue series for the ``max_queues`` deepest queues at most (all of them: None)."""
     info = InfoMetricFamily(PREFIX + "build", "broker version")
     info.add_metric([], {"version": s["broker"]["version"]})
     yield info
@@ -77,6 +112,15 @@ def families(s: dict):
     yield GaugeMetricFamily(PREFIX + "websocket_buffer_bytes",
                             "bytes held for partial WebSocket frames", value=s["ws_buffer"]["allocated"])
 
+    every = s["queues"]
+    listed = every if max_queues is None or len(every) <= max_queues else deepest(every)[:max_queues]
+    yield GaugeMetricFamily(PREFIX + "queues", "queues in the broker", value=len(every))
+    yield GaugeMetricFamily(PREFIX + "queues_listed", "queues with series of their own (stompbroker_queue_*) in this "
+                            "scrape: the deepest, at most metrics_max_queues", value=len(listed))
+    yield GaugeMetricFamily(PREFIX + "queued_messages", "messages waiting, all queues",
+                            value=sum(q["depth"] for q in every))
+    yield GaugeMetricFamily(PREFIX + "unacked_messages", "delivered, not yet acknowledged, all queues",
+                            value=sum(q["unacked"] for q in every))
     labels = ["destination"]
     depth = GaugeMetricFamily(PREFIX + "queue_messages", "messages waiting in the destination", labels=labels)
     unacked = GaugeMetricFamily(PREFIX + "queue_unacked_messages", "delivered, not yet acknowledged", labels=labels)
@@ -85,7 +129,7 @@ def families(s: dict):
                                    labels=labels)
     dequeued = CounterMetricFamily(PREFIX + "queue_dequeued_messages", "messages removed from the destination",
                                    labels=labels)
-    for q in s["queues"]:
+    for q in listed:
         value = [q["destination"]]
         depth.add_metric(value, q["depth"])
         unacked.add_metric(value, q["unacked"])
@@ -133,6 +177,9 @@ def families(s: dict):
     yield GaugeMetricFamily(PREFIX + "delivery_latency_window_deliveries",
                             "deliveries measured over the last diag_interval", value=lat.get("count", 0))
 
+    yield CounterMetricFamily(PREFIX + "http_internal_errors", "HTTP requests answered 500: the broker failed "
+                              "to answer them (each logged in one line)", value=s.get("http", {}).get("internal_errors", 0))
+
     cluster = s.get("cluster")
     if cluster:  # cluster mode (docs/cluster.md)
         info = InfoMetricFamily(PREFIX + "cluster_node", "this node of the cluster and the NATS server it uses")
@@ -151,19 +198,51 @@ def families(s: dict):
         yield depth
 
 
+def deepest(queues: list) -> list:
+    """The queues by depth, deepest first (ties by name): the ones given series of their own."""
+    return sorted(queues, key=lambda q: (-q["depth"], q["destination"]))
+
+
+SERIES_BYTES = 5 * 80  # a queue's five series take about this plus five times its escaped name
+BASE_BYTES = 16 * 1024  # everything but the per-queue series, with room to spare
+
+
+def queues_within(queues: list, budget: int) -> int:
+    """How many of the deepest queues' series fit in ``budget`` bytes, by the length of their names."""
+    left = budget - BASE_BYTES
+    for n, q in enumerate(deepest(queues)):
+        name = q["destination"]
+        left -= SERIES_BYTES + 5 * (len(name.encode()) + name.count('"') + name.count("\\") + name.count("\n"))
+        if left < 0:
+            return n
+    return len(queues)
+
+
 class _Snapshot:
     """A collector over one snapshot: a registry is built per scrape, so nothing is shared."""
 
-    def __init__(self, snapshot: dict):
+    def __init__(self, snapshot: dict, max_queues: int | None):
         self.snapshot = snapshot
+        self.max_queues = max_queues
 
     def collect(self):
-        return families(self.snapshot)
+        return families(self.snapshot, self.max_queues)
 
 
-def exposition(snapshot: dict, accept: str = "") -> tuple[bytes, str]:
-    """(body, content type) for a scrape; ``accept`` picks the text format or OpenMetrics."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(snapshot))
-    encoder, content_type = choose_encoder(accept)
-    return encoder(registry), content_type
+def exposition(snapshot: dict, accept: str = "", max_queues: int | None = None,
+               budget: int | None = None) -> tuple[bytes, str]:
+    """(body, content type) for a scrape; ``accept`` picks the text format or OpenMetrics. Per-queue
+    series for at most ``max_queues`` queues, and fewer (halving) while the body is over ``budget``
+    bytes: long queue names cost bytes, and a body must fit what carries it to the writer."""
+    content_type = negotiate(accept)
+    encode = generate_openmetrics if content_type == OPENMETRICS else generate_latest
+    if budget is not None:
+        fit = queues_within(snapshot["queues"], budget)
+        max_queues = fit if max_queues is None else min(max_queues, fit)
+    while True:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Snapshot(snapshot, max_queues))
+        body = encode(registry)
+        if budget is None or len(body) <= budget or not max_queues:
+            return body, content_type
+        max_queues //= 2  # (the estimate was short: names full of characters to escape)

@@ -15,12 +15,15 @@ import psutil
 
 from .. import __version__
 from ..processes.titles import process_role
-from . import latency, schema
+from . import answers, latency, schema
 
 # stompica's queries; the first three answer with JSON objects, the rest with one value.
 STOMPICA_QUERIES = ("session", "ws_buffer", "stale", "session-size", "session-encoded-size",
                     "session-connected-size", "pubsub-size", "subs")
 QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals", "cluster")
+# The queries whose answers grow with the broker's state: cut at Config.answer_bytes, continued from
+# an offset (the other answers are a few hundred bytes, bounded by the number of processes).
+LISTS = ("queues", "subs")
 
 
 class Statistics:
@@ -70,21 +73,43 @@ class Statistics:
             return self.broker.backplane.diag() if self.broker.backplane is not None else {}
         raise KeyError(name)
 
-    def text(self, name: str) -> str:
-        """A query's value as stompica's DIAG frame wrote it: JSON for objects and lists, plain for the rest."""
+    def text(self, name: str, offset: int = 0) -> tuple[str, dict[str, str]]:
+        """A query's value as stompica's DIAG frame wrote it (JSON for objects and lists, plain for
+        the rest), and the headers that say where a list was cut (``list_part``)."""
+        if name in LISTS:
+            return self.list_part(name, offset)
         value = self.query(name)
         if name == "stale":  # the frame form has the two queue sizes only, named as stompica named them
             value = {"in": value["input-queue-size"], "out": value["output-queue-size"]}
-        if isinstance(value, (dict, list)):
-            return orjson.dumps(value).decode()
-        return str(value)
+        return _header_value(value), {}
 
-    def headers(self, name: str) -> dict[str, str]:
+    def headers(self, name: str, offset: int = 0) -> dict[str, str]:
         """A query's value as MESSAGE headers (the DIAG topic form)."""
+        if name in LISTS:
+            text, more = self.list_part(name, offset)
+            return {name: text, **more}
         value = self.query(name)
         if isinstance(value, dict):
             return {k: _header_value(v) for k, v in value.items()}
         return {name: _header_value(value)}
+
+    def list_part(self, name: str, offset: int) -> tuple[str, dict[str, str]]:
+        """The items of a list query from ``offset`` that fit in the answer budget, and the headers
+        ``total`` (items in all; when cut or asked from an offset) and, when some are left out,
+        ``truncated:true`` and ``next-offset``."""
+        budget = self.config.answer_bytes
+        if name == "queues":
+            items = self.broker.queue_stats()
+            text, end = answers.json_items(items, offset, budget)
+            text = text.decode()
+        else:
+            items = self.broker.index.patterns()
+            text, end = answers.joined(items, offset, budget)
+        # stompica's answer, byte for byte, unless cut or asked for from an offset
+        more = {"total": str(len(items))} if offset or end < len(items) else {}
+        if end < len(items):
+            more.update({"truncated": "true", "next-offset": str(end)})
+        return text, more
 
     def writers(self) -> list[dict]:
         out = []
@@ -155,17 +180,27 @@ class Statistics:
 
     # -- /queue/monitor ------------------------------------------------------------------------
     def monitor_body(self) -> bytes:
-        """stompserver's status message: one block per queue."""
-        lines = []
-        for q in self.broker.queue_stats():
-            lines.append(f"Queue: {q['destination']}\nsize: {q['depth']}\nenqueued: {q['enqueued']}\n"
-                         f"dequeued: {q['dequeued']}\n\n")
+        """stompserver's status message: one block per queue, as many as fit in the answer budget
+        (a last block says how many were left out), then the cluster's block in cluster mode."""
+        tail = ""
         if self.broker.backplane is not None:
             c = self.broker.backplane.diag()
-            lines.append(f"Cluster: {c['node']}\nserver: {c['server'] or '(unreachable)'}\nrtt_ms: {c['rtt_ms']}\n"
-                         f"messages_in: {c['messages_in']}\nmessages_out: {c['messages_out']}\n"
-                         f"reconnects: {c['reconnects']}\n"
-                         + "".join(f"stream {s['name']}: {s['messages']}\n" for s in c["streams"]) + "\n")
+            tail = (f"Cluster: {c['node']}\nserver: {c['server'] or '(unreachable)'}\nrtt_ms: {c['rtt_ms']}\n"
+                    f"messages_in: {c['messages_in']}\nmessages_out: {c['messages_out']}\n"
+                    f"reconnects: {c['reconnects']}\n"
+                    + "".join(f"stream {s['name']}: {s['messages']}\n" for s in c["streams"]) + "\n")
+        lines = []
+        budget = self.config.answer_bytes - len(tail) - 100  # (100: the "Truncated" block)
+        queues = self.broker.queue_stats()
+        for i, q in enumerate(queues):
+            block = (f"Queue: {q['destination']}\nsize: {q['depth']}\nenqueued: {q['enqueued']}\n"
+                     f"dequeued: {q['dequeued']}\n\n")
+            budget -= len(block.encode())
+            if budget < 0 and lines:
+                lines.append(f"Truncated: {len(queues) - i} more queues (max_answer_bytes)\n\n")
+                break
+            lines.append(block)
+        lines.append(tail)
         return "".join(lines).encode()
 
     # -- dump lines ----------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class Ring:
         self.data_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._written = 0  # producer-private count of records written
+        self._held = None  # consumer-private: the head after a read not released yet
 
     # -- producer side -------------------------------------------------------------------------
     def try_write(self, blob, nrecords: int) -> bool:
@@ -107,6 +108,7 @@ class Ring:
         for slot in (HEAD, READ, TAIL, WAITING, WRITTEN):
             self._ctl[slot] = 0
         self._written = 0
+        self._held = None
         for fd in (self.data_fd, self.space_fd):
             try:
                 os.eventfd_read(fd)
@@ -114,8 +116,26 @@ class Ring:
                 pass
 
     # -- consumer side -------------------------------------------------------------------------
-    def read(self, max_bytes: int = 1 << 20) -> bytes:
-        """Copy out whole batches, at least one if any, up to about max_bytes; b'' when empty."""
+    def read(self, max_bytes: int = 1 << 20, hold: bool = False) -> bytes:
+        """Copy out whole batches, at least one if any, up to about max_bytes; b'' when empty.
+
+        ``hold``: keep their bytes in the ring until ``release()`` (the producer cannot overwrite
+        them meanwhile), so another process can ``peek`` at them if this one dies handling them
+        (the supervisor does, to name what killed the dispatcher)."""
+        blob, head, records = self._copy(max_bytes)
+        if blob:
+            self._ctl[READ] += records  # (taken: no longer pending, even while its bytes are held)
+            if hold:
+                self._held = head
+            else:
+                self._advance(head)
+        return blob
+
+    def peek(self, max_bytes: int) -> bytes:
+        """What ``read`` would copy out, changing nothing (the batches a dead consumer held)."""
+        return self._copy(max_bytes)[0]
+
+    def _copy(self, max_bytes: int) -> tuple[bytes, int, int]:
         ctl = self._ctl
         head = ctl[HEAD]
         tail = ctl[TAIL]
@@ -129,13 +149,23 @@ class Ring:
             total += size
             records += count
             head += _BATCH.size + size
-        if not parts:
-            return b""
+        return (parts[0] if len(parts) == 1 else b"".join(parts)), head, records
+
+    def release(self) -> None:
+        """Let the producer have the space of what the last ``read(hold=True)`` copied out."""
+        head = self._held
+        if head is not None:
+            self._held = None
+            ctl = self._ctl
+            ctl[HEAD] = head
+            if ctl[WAITING]:
+                os.eventfd_write(self.space_fd, 1)
+
+    def _advance(self, head: int) -> None:
+        ctl = self._ctl
         ctl[HEAD] = head
-        ctl[READ] += records
         if ctl[WAITING]:
             os.eventfd_write(self.space_fd, 1)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def clear_wakeup(self) -> None:
         try:

@@ -33,6 +33,10 @@ STATUS_EVERY = 1.0      # seconds between STATUS records (and round-trip measure
 STREAMS_EVERY = 5.0     # seconds between stream depth reads
 TICK = 0.1
 MAX_BACKLOG = 64 << 20  # bytes for the dispatcher held here while its ring is full; past it messages go
+# Under load, records leave for the dispatcher at most this often: one wake-up of the dispatcher
+# (and one ring write) carries many messages. An idle bridge sends at once; a busy one adds at most
+# this much latency.
+COALESCE = 0.0005
 
 
 def tls_context(config):
@@ -70,6 +74,8 @@ class Bridge:
         self.backlog: list[tuple[bytearray, int]] = []
         self.backlog_bytes = 0
         self.flush_soon = False
+        self.last_flush = 0.0               # loop time of the last records sent to the dispatcher
+        self.loop = None                    # the running loop, kept (asking for it costs a getpid)
         self.logged_errors: dict[str, float] = {}  # error text -> when last logged
         self.wake = asyncio.Event()
         self.handlers: dict = {}
@@ -90,7 +96,12 @@ class Bridge:
             self.flush()
         elif not self.flush_soon:
             self.flush_soon = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            loop = self.loop
+            wait = self.last_flush + COALESCE - loop.time()
+            if wait > 0:
+                loop.call_later(wait, self.flush)
+            else:
+                loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self.flush_soon = False
@@ -109,6 +120,7 @@ class Bridge:
             sent = True
         if sent:
             ring.notify()
+            self.last_flush = self.loop.time()
         while self.backlog_bytes > MAX_BACKLOG and len(self.backlog) > 1:  # the dispatcher is stuck
             buf, count = self.backlog.pop(0)
             self.backlog_bytes -= len(buf)
@@ -255,7 +267,7 @@ class Bridge:
     async def main(self) -> None:
         from ..cluster.jetstream import QueuesPart
         from ..cluster.topics import Topics
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         loop.add_reader(self.from_dispatcher.data_fd, self.wake.set)
         self.add_part(Topics(self))
         self.add_part(QueuesPart(self))

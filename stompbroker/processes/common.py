@@ -13,6 +13,7 @@ from setproctitle import setproctitle
 
 from ..diag import latency
 from ..ipc.ring import Ring, anonymous_segment
+from .poison import Note
 from .titles import title
 
 log = logging.getLogger("stompbroker")
@@ -95,10 +96,9 @@ class Resources:
         _supervisor_pid = os.getpid()
         self.listener = listener
         self.tls_listener = tls_listener
-        # Big enough for a few maximum-size frames in flight.
-        margin = 4 * config.max_frame_size + (1 << 20)
-        self.input_ring = Ring(max(config.input_queue_bytes, margin), config.max_input_queue_size)
-        self.output_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(config.writers)]
+        input_bytes, output_bytes = config.ring_bytes  # big enough for a few maximum-size frames in flight
+        self.input_ring = Ring(input_bytes, config.max_input_queue_size)
+        self.output_rings = [Ring(output_bytes) for _ in range(config.writers)]
         self.fd_pairs = [self._fd_pair() for _ in range(config.writers)]
         self.written_channel = self._written_pair()  # writers -> dispatcher: deliveries sent
         self.reader_generation = 0  # set by the supervisor before each reader start: unique connection ids
@@ -109,8 +109,10 @@ class Resources:
         self.writer_stats = [SharedStats(WRITER_STATS) for _ in range(config.writers)]
         self.writer_latency = [SharedHistogram(latency.BUCKETS) for _ in range(config.writers)]
         self.supervisor_stats = SharedStats(SUPERVISOR_STATS)
+        self.dispatcher_note = Note()  # what the dispatcher is handling, for the supervisor if it dies (poison.py)
+        self.quarantine: dict = {}     # inputs that killed it twice, set by the supervisor before forking it
         # cluster mode: dispatcher -> bridge and bridge -> dispatcher (cluster/records.py)
-        self.bridge_rings = [Ring(max(config.output_queue_bytes, margin)) for _ in range(2)] if config.cluster else []
+        self.bridge_rings = [Ring(output_bytes) for _ in range(2)] if config.cluster else []
         self.diag_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # dispatcher -> dump file
         for sock in self.diag_channel:  # room for a few large lines (many queues) before one is dropped
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -131,10 +133,12 @@ class Resources:
     def close(self) -> None:
         for ring in [self.input_ring, *self.output_rings, *self.bridge_rings]:
             ring.close()
-        for stats in [self.reader_stats, *self.writer_stats, *self.writer_latency, self.supervisor_stats]:
+        for stats in [self.reader_stats, *self.writer_stats, *self.writer_latency, self.supervisor_stats,
+                      self.dispatcher_note]:
             stats.close()
 
     def reset(self) -> None:
+        self.dispatcher_note.idle()
         self.input_ring.reset()
         for ring in [*self.output_rings, *self.bridge_rings]:
             ring.reset()

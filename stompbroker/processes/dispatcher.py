@@ -29,7 +29,9 @@ from ..ipc import records as R
 from ..cluster import records as C
 from ..ipc.outbox import Outbox
 from ..protocol.handshake import with_header
+from ..protocol.stomp import render_frame
 from . import common
+from . import poison
 from .login_checker import LoginChecker, load_users
 from .login_checker import log as auth_log
 
@@ -81,21 +83,53 @@ class Dispatcher:
         signal.set_wakeup_fd(signal_w)
         signal.signal(signal.SIGHUP, lambda signum, frame: None)
         self.wait_fds.append(self.signal_r)
+        # What it handles is noted for the supervisor, which quarantines an input that killed it twice.
+        self.note = resources.dispatcher_note
+        refusals = poison.Refusals(resources.quarantine)
+        self.quarantined_rows = refusals.rows
+        self.refusals = refusals if refusals.inputs else None  # (None: one test per input)
+        marker = poison.fault_marker()
+        if marker is not None:
+            self.broker.on_frame = poison.die_on(marker, self.broker.on_frame)
         self.store = None
         if config.store == "sqlite" and config.cluster:
             log.warning("store=sqlite is not used in cluster mode: JetStream keeps queues and durable subscriptions")
         elif config.store == "sqlite":
-            self.store = Store(config.store_path, config.checkpoint, config.replay_retention)
-            recovered = self.broker.recover(self.store, time.monotonic())
+            self.store = self.recover(config, marker)
             self.wait_fds.append(self.store.done_fd)
-            log.info("store %s: recovered %d queued messages and %d durable subscriptions",
-                     config.store_path, recovered, len(self.broker.durables))
         os.write(resources.dispatcher_ready[1], b"R")  # the supervisor starts the reader after this
         self.dump_channel = resources.diag_channel[0] if config.diag_dump else None
         self.next_dump = time.monotonic() + config.diag_interval / 1000
 
+    def recover(self, config, marker: bytes | None) -> Store:
+        """Open the store and load it; first set aside the stored messages that killed a dispatcher
+        twice while loading, then those whose names the broker would now refuse."""
+        store = Store(config.store_path, config.checkpoint, config.replay_retention)
+        if self.quarantined_rows:
+            moved = store.quarantine(self.quarantined_rows, "the dispatcher died twice loading it")
+            log.error("store %s: quarantined %d stored messages that killed the dispatcher twice while loading "
+                      "(seq %s); stompbroker-store export --quarantined shows them", config.store_path, moved,
+                      ", ".join(map(str, self.quarantined_rows[:20])))
+
+        def loading(seq: int, body: bytes) -> None:
+            self.note.loading(seq)
+            if marker is not None and marker in body:
+                poison.die()
+
+        recovered, too_long = self.broker.recover(store, time.monotonic(), loading)
+        self.note.idle()
+        if too_long:
+            moved = store.quarantine(too_long, "destination longer than max_destination_length")
+            log.warning("store %s: quarantined %d stored messages whose destination is longer than "
+                        "max_destination_length (%d bytes); stompbroker-store export --quarantined shows them, "
+                        "release puts them back", config.store_path, moved, config.max_destination_length)
+        log.info("store %s: recovered %d queued messages and %d durable subscriptions",
+                 config.store_path, recovered, len(self.broker.durables))
+        return store
+
     def run(self) -> None:
         ring = self.ring
+        note = self.note.slots
         running = True
         while running:
             deadlines = []
@@ -135,10 +169,14 @@ class Dispatcher:
             if ready is None or self.signal_r in ready:
                 self.signals()
             while running:
-                blob = ring.read(READ_BYTES)
+                blob = ring.read(READ_BYTES, hold=True)  # kept in the ring while handled (poison.py)
                 if not blob:
                     break
+                note[poison.BLOB] = len(blob)
+                note[poison.WHAT] = poison.INPUT
                 running = self.handle(blob, time.monotonic())
+                note[poison.WHAT] = poison.IDLE
+                ring.release()
                 if self.backplane is not None and self.from_bridge.used_bytes:
                     self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring
                 self.commit()
@@ -211,13 +249,18 @@ class Dispatcher:
         broker = self.broker
         boxes = self.outboxes
         unpack = R.unpack_header
+        note, at = self.note.slots, poison.RECORD
+        refusals = self.refusals
         pos, end = 0, len(blob)
         current = 0
         while pos < end:
             length, kind, conn, aux, stamp = unpack(blob, pos)
+            note[at] = pos
             start = pos + R.HEADER_SIZE
             stop = pos + length
             pos = stop
+            if refusals is not None and self.refused(kind, conn, aux, blob, start, stop):
+                continue
             if stamp != current:  # the frames of one read share a stamp
                 current = stamp
                 for box in boxes:
@@ -266,19 +309,46 @@ class Dispatcher:
         """The frames of one read (a FRAMES record), each fed as a FRAME record's would be."""
         broker = self.broker
         on_frame = broker.on_frame
+        note, at = self.note.slots, poison.FRAME
+        refusals = self.refusals
         sizes = R.frame_sizes(count).unpack_from(blob, start)
         pos = start + R.FRAME_SIZE * 2 * count
         for i in range(0, 2 * count, 2):
             split = pos + sizes[i]
             stop = split + sizes[i + 1]
+            note[at] = i  # (twice the frame's index)
             try:
-                on_frame(conn, blob[pos:split], blob[split:stop], now)
+                if refusals is not None and refusals.frame(blob[pos:split], blob[split:stop]):
+                    self.refuse(conn, blob[pos:split])
+                else:
+                    on_frame(conn, blob[pos:split], blob[split:stop], now)
             except Exception:
                 log.exception("internal error on connection %d; closing it", conn)
                 broker.on_internal_error(conn)
             pos = stop
             if broker.unfinished:
                 self.drain(conn)
+
+    def refused(self, kind: int, conn: int, aux: int, blob: bytes, start: int, stop: int) -> bool:
+        """A quarantined input (it killed the dispatcher twice) gets its refusal instead of being handled."""
+        if kind == R.FRAME:
+            head = blob[start:start + aux]
+            if self.refusals.frame(head, blob[start + aux:stop]):
+                self.refuse(conn, head)
+                return True
+        elif kind == R.HTTP_REQUEST and self.refusals.request(blob[start:stop]):
+            log.warning("refused a quarantined HTTP request on connection %d", conn)
+            self.http_answer(conn, http.text_response(500, "Internal Server Error", "this request made the broker "
+                                                      "fail twice; it is refused (see the broker's log)"))
+            return True
+        return False
+
+    def refuse(self, conn: int, head: bytes) -> None:
+        log.warning("refused a quarantined frame on connection %d", conn)
+        receipt = next((line[8:].decode(errors="replace") for line in head.split(b"\n") if line.startswith(b"receipt:")),
+                       None)
+        self.broker.on_bad_frame(conn, "refused", "this frame made the broker fail twice; it is quarantined (see the "
+                                 "broker's log)", receipt)
 
     def transport(self, kind: int, conn: int, payload: bytes) -> None:
         """HTTP and WebSocket control traffic: written raw by the connection's writer."""
@@ -297,7 +367,14 @@ class Dispatcher:
 
     # -- the console, API and metrics (console/http.py) ------------------------------------------------
     def http_request(self, conn: int, payload: bytes, now: float) -> None:
-        method, target, authorization, accept = http.decode_request(payload)
+        method = target = "?"
+        try:
+            method, target, authorization, accept = http.decode_request(payload)
+            self.http_route(conn, method, target, authorization, accept)
+        except Exception as exc:  # an HTTP client gets an HTTP answer, never a STOMP ERROR
+            self.http_answer(conn, self.site.failed(method, target, exc))
+
+    def http_route(self, conn: int, method: str, target: str, authorization: str, accept: str) -> None:
         route, response = self.site.route(method, target)
         if response is None and route != "static" and self.auth is not None and self.auth.required:
             credentials = http.basic_credentials(authorization)
@@ -317,7 +394,7 @@ class Dispatcher:
                 self.logins.submit(conn, *credentials, session.address)
                 return
         if response is None:
-            response = self.respond(method, target, accept)
+            response = self.site.respond(method, target, accept)
         self.http_answer(conn, response)
 
     def http_checked(self, conn: int, user: str | None, delay: float, now: float) -> None:
@@ -329,10 +406,14 @@ class Dispatcher:
         elif route == "token":  # the page's STOMP passcode: the browser keeps Basic credentials to itself
             session = self.broker.sessions.get(conn)
             if session is not None:
-                passcode = self.auth.console.mint(user, session.address, now)
-                self.http_answer(conn, http.token_answer(user, passcode, self.auth.console.ttl))
+                try:
+                    passcode = self.auth.console.mint(user, session.address, now)
+                    response = http.token_answer(user, passcode, self.auth.console.ttl)
+                except Exception as exc:
+                    response = self.site.failed(method, target, exc)
+                self.http_answer(conn, response)
         else:
-            self.http_answer(conn, self.respond(method, target, accept))
+            self.http_answer(conn, self.site.respond(method, target, accept))
 
     def http_late(self, now: float) -> None:
         """HTTP logins not checked within connect_timeout_ms: 429 when a back-off held them, 503
@@ -346,13 +427,6 @@ class Dispatcher:
                 self.http_answer(conn, http.too_many_requests(could_start - now))
             else:  # (or being checked right now: its verdict is ignored)
                 self.http_answer(conn, http.unavailable())
-
-    def respond(self, *request) -> bytes:
-        try:
-            return self.site.respond(*request)
-        except Exception:  # a bug costs this request a 500, never the broker
-            log.exception("internal error answering %s %s", request[0], request[1][:200])
-            return http.text_response(500, "Internal Server Error", "internal error (see the broker's log)")
 
     def http_answer(self, conn: int, response: bytes) -> None:
         session = self.broker.sessions.get(conn)
@@ -460,9 +534,9 @@ class Dispatcher:
         buf, count = box.take()
         # A batch over the limit by one record (a record is at most a quarter of the ring, the limit
         # half of it) fits the ring; more (many replies at once, e.g. receipts released by the
-        # store) is cut first.
+        # store, or one record too big for the ring) is cut first.
         if len(buf) > box.limit + (box.limit >> 1):
-            for piece, n in batches(buf, box.limit):
+            for piece, n in batches(buf, box.limit, self.rings[box.index].capacity):
                 self.write(box.index, piece, n)
         else:
             self.write(box.index, buf, count)
@@ -475,18 +549,44 @@ class Dispatcher:
         ring.notify()
 
 
-def batches(buf: bytearray, limit: int):
+def batches(buf: bytearray, limit: int, capacity: int):
     """Cut a batch of records into batches of at most ``limit`` bytes plus one record, so each fits
-    the ring (whose capacity is at least twice the limit)."""
+    the ring (whose capacity is at least twice the limit). A record that could never fit the ring
+    (every answer is bounded to a quarter of it: this is the last guard, not the rule) is replaced
+    by an error to its connection and a close: it costs that requester its answer, never the
+    dispatcher (an exception here would restart every process)."""
     view = memoryview(buf)
     start = pos = count = 0
     end = len(buf)
+    most = capacity - 64  # the ring's batch header, with room to spare
     while pos < end:
-        pos += R.unpack_header(buf, pos)[0]
+        length, kind, conn, _, stamp = R.unpack_header(buf, pos)
+        if count and pos - start + length > most:  # (a record bigger than the usual quarter of the ring)
+            yield bytes(view[start:pos]), count
+            start, count = pos, 0
+        if length > most:
+            yield too_large(kind, conn, length, stamp, most), 2
+            pos += length
+            start = pos
+            continue
+        pos += length
         count += 1
         if pos - start > limit or pos == end:
             yield bytes(view[start:pos]), count
             start, count = pos, 0
+
+
+def too_large(kind: int, conn: int, size: int, stamp: int, most: int) -> bytes:
+    """The records that stand for one too big for the ring: a STOMP ERROR (an HTTP 500 for a raw
+    HTTP answer), then a close."""
+    log.error("an answer of %d bytes for connection %d is larger than its output queue takes (%d): the "
+              "connection gets an error instead", size, conn, most)
+    if kind == R.RAW:
+        reply = http.text_response(500, "Internal Server Error", "the answer is too large (see the broker's log)")
+    else:
+        reply = render_frame("ERROR", {"message": "answer too large", "content-type": "text/plain"},
+                             f"the broker's answer of {size} bytes is larger than it can send at once".encode())
+    return R.record(R.RAW if kind == R.RAW else R.DATA, conn, reply, 0, stamp) + R.record(R.CLOSE, conn)
 
 
 def run(config, resources) -> None:

@@ -513,7 +513,9 @@ class Reader:
         self.emit(R.HTTP, conn.id)  # nothing to write, then close
 
     def new_parser(self) -> FrameParser:
-        return FrameParser(self.config.max_frame_size, self.config.max_headers, self.config.max_header_line)
+        config = self.config
+        return FrameParser(config.max_frame_size, config.max_headers, config.max_header_line,
+                           config.max_destination_length, config.max_id_length)
 
     def feed(self, conn: Conn, data: bytes) -> list:
         """The frames ``data`` completes. A connection has a parser of its own only while an

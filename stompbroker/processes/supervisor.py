@@ -29,7 +29,7 @@ import psutil
 from setproctitle import setproctitle
 
 from .. import __version__
-from . import cluster, dispatcher, reader, writer
+from . import cluster, dispatcher, poison, reader, writer
 from ..diag.dump import DumpWriter
 from ..ipc import control
 from ..ipc.control import Control
@@ -131,6 +131,7 @@ class Supervisor:
         self.resources = Resources(config, self.listener, self.tls_listener)
         self.children: dict[str, multiprocessing.Process] = {}
         self.restarts: list[float] = []
+        self.deaths = poison.Deaths()  # the dispatcher's deaths per input; what is quarantined
         self.stats = {"dump_lines": 0, "dump_errors": 0, "dump_dropped": 0, "restarts": 0}
         self.signal_r, self.signal_w = os.pipe()
         self.stopping = None  # None, "graceful" or "fast"
@@ -147,6 +148,7 @@ class Supervisor:
             self.resources.reader_generation += 1  # the child sees it: connection ids never repeat
             target, args = reader.run, (self.config, self.resources)
         elif role == "dispatcher":
+            self.resources.quarantine = dict(self.deaths.quarantine)  # (it inherits it at the fork)
             target, args = dispatcher.run, (self.config, self.resources)
         elif role == "cluster":
             target, args = cluster.run, (self.config, self.resources)
@@ -168,10 +170,27 @@ class Supervisor:
         for role in self.roles():
             if role == "reader":
                 # No connection is read before the dispatcher has loaded its state (the store).
-                if not self.wait_ready("dispatcher", self.resources.dispatcher_ready[0], None):
-                    return False
+                while True:
+                    try:
+                        if not self.wait_ready("dispatcher", self.resources.dispatcher_ready[0], None):
+                            return False
+                        break
+                    except StartError:
+                        if not self.died_loading():
+                            raise
+                        self.spawn("dispatcher")
             self.spawn(role)
         return self.wait_ready("reader", self.resources.reader_ready[0], READER_START_TIMEOUT)
+
+    def died_loading(self) -> bool:
+        """The dispatcher died while starting: True (start another) when it died loading a stored
+        message, which goes to quarantine once it has killed two, within the restart limit."""
+        if self.resources.dispatcher_note.slots[poison.WHAT] != poison.LOADING:
+            return False
+        self.deaths.died(self.resources.dispatcher_note, self.resources.input_ring)
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW] + [now]
+        return len(self.restarts) <= RESTART_LIMIT
 
     def wait_ready(self, role: str, ready: int, timeout: float | None) -> bool:
         proc = self.children[role]
@@ -238,6 +257,8 @@ class Supervisor:
             os.set_blocking(pipe, True)
             self.spawn("reader")
         else:
+            if role == "dispatcher":  # what was it handling? An input that killed it twice is quarantined
+                self.deaths.died(self.resources.dispatcher_note, self.resources.input_ring)
             log.error("restarting every process (the %s holds shared state); open connections are closed", role)
             self.kill_all()
             self.resources.reset()

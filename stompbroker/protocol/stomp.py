@@ -52,14 +52,17 @@ class FrameParser:
     between the blank line and the NUL.  Nothing is decoded here.
     """
 
-    __slots__ = ("max_frame_size", "max_headers", "max_header_line", "heartbeats",
+    __slots__ = ("max_frame_size", "max_headers", "max_header_line", "max_names", "heartbeats",
                  "_buf", "_pending", "_error")
 
     def __init__(self, max_frame_size: int = 4 * 1024 * 1024, max_headers: int = 256,
-                 max_header_line: int = 64 * 1024):
+                 max_header_line: int = 64 * 1024, max_destination: int | None = None, max_id: int | None = None):
         self.max_frame_size = max_frame_size
         self.max_headers = max_headers
         self.max_header_line = max_header_line
+        # (command, header, limit, what): the names a frame gives the broker to keep and show
+        # (NAMED); None when neither limit is set (a client parsing the broker's frames)
+        self.max_names = named_limits(max_destination, max_id)
         self.heartbeats = 0  # EOLs seen between frames; never reset here
         self._buf = bytearray()  # starts at the first byte of an unfinished frame (or a lone CR)
         # State of the unfinished frame, offsets relative to the start of _buf;
@@ -132,6 +135,8 @@ class FrameParser:
         mfs = self.max_frame_size
         max_headers = self.max_headers
         head_limit = min(mfs, self.max_header_line)
+        if self.max_names is not None:  # a head longer than the shortest name limit has its names checked
+            head_limit = min(head_limit, self.max_names[0] + 1)
         head, bstart, clen, scan, line = self._pending or _FRESH
         nn = crn = -2  # next LF LF / LF CR LF at or after the search start; -1: none in buf, -2: unknown
         self._pending = None
@@ -247,6 +252,8 @@ class FrameParser:
             raise _fail("too many headers", f"more than {self.max_headers} headers", head)
         if len(head) > self.max_header_line and max(map(len, head.split(b"\n"))) > self.max_header_line:
             raise _fail("header line too long", f"a header line exceeds {self.max_header_line} bytes", head)
+        if self.max_names is not None and len(head) > self.max_names[0]:
+            _check_names(head, self.max_names[1])
 
     def _content_length(self, head, k):
         j = head.find(b"\n", k)
@@ -259,6 +266,46 @@ class FrameParser:
         if clen > self.max_frame_size:
             raise _fail("frame too large", f"content-length exceeds {self.max_frame_size} bytes", head)
         return clen
+
+
+# The headers whose values the broker keeps and shows (in MESSAGE frames, DIAG answers, the API,
+# metrics), per command: (header, limit kind). Their lengths are checked as sent (escaped, UTF-8).
+DESTINATION, ID = "destination", "id"
+NAMED = {
+    b"SEND": ((b"destination", DESTINATION), (b"reply-to", DESTINATION), (b"transaction", ID)),
+    b"SUBSCRIBE": ((b"destination", DESTINATION), (b"id", ID), (b"activemq.subscriptionName", ID)),
+    b"UNSUBSCRIBE": ((b"id", ID),),
+    b"ACK": ((b"id", ID), (b"subscription", ID), (b"transaction", ID)),
+    b"NACK": ((b"id", ID), (b"subscription", ID), (b"transaction", ID)),
+    b"BEGIN": ((b"transaction", ID),), b"COMMIT": ((b"transaction", ID),), b"ABORT": ((b"transaction", ID),),
+    b"CONNECT": ((b"client-id", ID),), b"STOMP": ((b"client-id", ID),),
+}
+_LIMIT_SETTINGS = {DESTINATION: "max_destination_length", ID: "max_id_length"}
+
+
+def named_limits(max_destination: int | None, max_id: int | None):
+    """(shortest limit, {command: ((header + b":", limit, header text), ...)}) or None for no limits."""
+    limits = {DESTINATION: max_destination, ID: max_id}
+    if max_destination is None and max_id is None:
+        return None
+    table = {command: tuple((name + b":", limits[kind], name.decode(), kind) for name, kind in names
+                            if limits[kind] is not None)
+             for command, names in NAMED.items()}
+    return min(limit for limit in limits.values() if limit is not None), table
+
+
+def _check_names(head: bytes, table: dict) -> None:
+    """Raise for a destination or id longer than its limit (only heads longer than the shortest limit come here)."""
+    lines = head.split(b"\n")
+    names = table.get(lines[0])
+    if not names:
+        return
+    for line in lines[1:]:
+        for prefix, limit, name, kind in names:
+            if line.startswith(prefix) and len(line) - len(prefix) > limit:
+                raise _fail(f"{'destination' if kind == DESTINATION else name} too long",
+                            f"{name} has {len(line) - len(prefix)} bytes; the broker accepts at most {limit} "
+                            f"({_LIMIT_SETTINGS[kind]})", head)
 
 
 # --- dispatcher side ---------------------------------------------------------

@@ -56,7 +56,20 @@ CREATE TABLE IF NOT EXISTS replay_log (
     body BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS replay_log_ts ON replay_log (ts);
+CREATE TABLE IF NOT EXISTS quarantine (   -- messages set aside at start, kept for the operator
+    seq INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    headers BLOB NOT NULL,
+    body BLOB NOT NULL,
+    expires REAL NOT NULL DEFAULT 0,
+    delivered INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    reason TEXT NOT NULL,             -- why (a name over a limit; the dispatcher died loading it twice)
+    quarantined REAL NOT NULL         -- epoch ms
+);
 """
+MESSAGE_COLUMNS = "seq, queue, message_id, headers, body, expires, delivered, created"
 
 
 class StoreError(Exception):
@@ -86,6 +99,38 @@ def check(path: str) -> int:
             db.close()
     except sqlite3.Error as exc:
         raise StoreError(f"{path} cannot be used as a store: {exc}") from None
+
+
+def quarantined(path: str) -> int:
+    """How many messages a (checked) store holds in quarantine."""
+    db = connect(path)
+    try:
+        db.executescript(SCHEMA)
+        return db.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+    finally:
+        db.close()
+
+
+def release(path: str, seqs: list[int] | None = None) -> int:
+    """Quarantined messages (all, or those of ``seqs``) back into their queues; the broker must be
+    stopped (it loads queues at start). Returns how many moved."""
+    try:
+        db = connect(path)
+        try:
+            db.executescript(SCHEMA)
+            where, args = ("WHERE seq IN (SELECT value FROM json_each(?))", (orjson.dumps(seqs).decode(),)) \
+                if seqs else ("", ())
+            db.execute("BEGIN IMMEDIATE")
+            before = db.total_changes
+            db.execute(f"INSERT OR IGNORE INTO messages SELECT {MESSAGE_COLUMNS} FROM quarantine {where}", args)
+            moved = db.total_changes - before
+            db.execute(f"DELETE FROM quarantine {where}", args)
+            db.execute("COMMIT")
+            return moved
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot release quarantined messages: {exc}") from None
 
 
 class Store:
@@ -122,6 +167,26 @@ class Store:
         for seq, name, message_id, headers, body, expires, delivered in self.db.execute(
                 "SELECT seq, queue, message_id, headers, body, expires, delivered FROM messages ORDER BY seq"):
             yield seq, name, message_id, orjson.loads(headers), bytes(body), expires, bool(delivered)
+
+    def quarantine(self, seqs, reason: str) -> int:
+        """Set stored messages aside (at start, before anything else writes): out of their queues,
+        into the quarantine table with the reason; ``stompbroker-store`` exports or releases them.
+        Returns how many were moved."""
+        seqs = [(seq,) for seq in seqs]
+        now = time.time() * 1000
+        db = self.db
+        db.execute("BEGIN")
+        try:
+            before = db.total_changes
+            db.executemany(f"INSERT OR REPLACE INTO quarantine SELECT {MESSAGE_COLUMNS}, ?, ? FROM messages "
+                           "WHERE seq = ?", [(reason, now, seq) for (seq,) in seqs])
+            moved = db.total_changes - before
+            db.executemany("DELETE FROM messages WHERE seq = ?", seqs)
+            db.execute("COMMIT")
+        except sqlite3.Error:
+            db.execute("ROLLBACK")
+            raise
+        return moved
 
     def load_durables(self) -> list[tuple[str, str]]:
         return list(self.db.execute("SELECT name, pattern FROM durable_subscriptions ORDER BY created"))

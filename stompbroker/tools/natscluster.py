@@ -101,11 +101,12 @@ class NatsServer:
                 "  max_memory_store: 64MB\n"
                 "  max_file_store: 512MB\n"
                 "}\n"
-                "cluster {\n"
-                f'  name: "{self.cluster_name}"\n'
-                f"  listen: 127.0.0.1:{self.route_port}\n"
-                f"  routes: [{routes}]\n"
-                "}\n")
+                # (one server alone is no cluster: JetStream refuses a cluster block without routes)
+                + ("cluster {\n"
+                   f'  name: "{self.cluster_name}"\n'
+                   f"  listen: 127.0.0.1:{self.route_port}\n"
+                   f"  routes: [{routes}]\n"
+                   "}\n" if routes else ""))
 
     @property
     def running(self) -> bool:
@@ -238,8 +239,8 @@ class NatsCluster:
                 raise RuntimeError(f"nats-server {dead[0].name} exited:\n{dead[0].log()[-4000:]}")
             live = [s for s in self.servers if s.running]
             leaders = {s.meta_leader() for s in live}
-            if (all(s.healthy() for s in servers) and len(leaders) == 1
-                    and leaders.pop() in {s.name for s in live}):
+            if all(s.healthy() for s in servers) and (len(self.servers) == 1 or (  # (one server: no meta group)
+                    len(leaders) == 1 and leaders.pop() in {s.name for s in live})):
                 return
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {s.name}\n{s.log()[-2000:]}" for s in servers)

@@ -2,8 +2,14 @@
 
     stompbroker-store check PATH           verify it; exit 0 when the broker can start on it
     stompbroker-store export PATH [--out F] every readable queued message as JSON lines (body base64)
+                             [--quarantined] the quarantined ones instead, each with its reason
+    stompbroker-store release PATH [SEQ..] put quarantined messages (all, or these) back in their
+                                           queues; with the broker stopped
     stompbroker-store repair PATH          copy what is readable into a fresh store; the damaged file
                                            is kept as PATH.damaged-<time> (a healthy store is left alone)
+
+The broker quarantines a stored message at start when its destination is longer than
+max_destination_length, or when the dispatcher died twice while loading it (docs/reliability.md).
 
 Exit status: 0 done, 1 the file is not a store or cannot be read.
 """
@@ -85,18 +91,34 @@ def cmd_check(path: str) -> int:
     except store.StoreError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"{path}: ok, {count} queued messages")
+    quarantined = store.quarantined(path)
+    aside = f", {quarantined} quarantined (stompbroker-store export --quarantined)" if quarantined else ""
+    print(f"{path}: ok, {count} queued messages{aside}")
     return 0
 
 
-def cmd_export(path: str, out) -> int:
+def cmd_export(path: str, out, quarantined: bool = False) -> int:
     n = 0
-    for seq, queue, message_id, headers, body, expires, delivered, created in readable_rows(path):
+    rows = readable_rows(path, "quarantine", COLUMNS + ", reason") if quarantined else \
+        ((*row, None) for row in readable_rows(path))
+    for seq, queue, message_id, headers, body, expires, delivered, created, reason in rows:
         out.write(orjson.dumps({"seq": seq, "queue": queue, "message_id": message_id,
                                 "headers": orjson.loads(headers), "body": base64.b64encode(body).decode(),
-                                "expires": expires, "delivered": bool(delivered), "created": created}) + b"\n")
+                                "expires": expires, "delivered": bool(delivered), "created": created,
+                                **({"reason": reason} if quarantined else {})}) + b"\n")
         n += 1
-    print(f"exported {n} messages", file=sys.stderr)
+    print(f"exported {n} {'quarantined ' if quarantined else ''}messages", file=sys.stderr)
+    return 0
+
+
+def cmd_release(path: str, seqs: list[int]) -> int:
+    """Quarantined messages back into their queues (the broker loads them at its next start)."""
+    try:
+        moved = store.release(path, seqs or None)
+    except store.StoreError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"released {moved} quarantined messages into their queues")
     return 0
 
 
@@ -138,6 +160,11 @@ def copy_readable(path: str, fresh: str) -> int:
             n += 1
         for row in readable_rows(path, "durable_subscriptions", "name, pattern, created"):
             db.execute("INSERT OR IGNORE INTO durable_subscriptions VALUES (?, ?, ?)", row)
+        try:
+            for row in readable_rows(path, "quarantine", COLUMNS + ", reason, quarantined"):
+                db.execute("INSERT OR IGNORE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        except sqlite3.OperationalError:  # a store written before the quarantine table
+            pass
         db.execute("COMMIT")
     finally:
         db.close()
@@ -151,9 +178,11 @@ def _interrupted(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stompbroker-store", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("check", "export", "repair"))
+    parser.add_argument("command", choices=("check", "export", "release", "repair"))
     parser.add_argument("path", help="the store file (the broker's store_path)")
+    parser.add_argument("seqs", nargs="*", type=int, help="release: these quarantined messages (default: all)")
     parser.add_argument("--out", help="export: write here instead of standard output")
+    parser.add_argument("--quarantined", action="store_true", help="export: the quarantined messages")
     args = parser.parse_args(argv)
     if not os.path.exists(args.path):
         print(f"{args.path}: no such file", file=sys.stderr)
@@ -166,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             require_sqlite(args.path)
             if args.out:
                 with open(args.out, "wb") as out:
-                    return cmd_export(args.path, out)
-            return cmd_export(args.path, sys.stdout.buffer)
+                    return cmd_export(args.path, out, args.quarantined)
+            return cmd_export(args.path, sys.stdout.buffer, args.quarantined)
+        if args.command == "release":
+            return cmd_release(args.path, args.seqs)
         return cmd_repair(args.path)
     except NotAStore as exc:
         print(f"stompbroker-store: {exc}", file=sys.stderr)

@@ -172,20 +172,23 @@ def test_api_gives_the_same_figures_as_diag(start_broker):
     assert overview["broker"]["uptime_seconds"] > 0
 
     status, _, body = get(b, "/api/queues")
-    queues = {q["destination"]: q for q in json.loads(body)}
+    page = json.loads(body)
+    queues = {q["destination"]: q for q in page["items"]}
     assert queues == {q["destination"]: q for q in diag_frame(b, "queues")}
+    assert page["total_count"] == len(queues) and page["page"] == 1 and page["truncated"] is False
     assert queues["/queue/api"]["dequeued"] == 30 and queues["/queue/api"]["consumers"] == 1
     assert queues["/queue/api-backlog"]["depth"] == 1
 
     status, _, body = get(b, "/api/connections")
     listed = json.loads(body)
-    stomp_conns = [c for c in listed["connections"] if c["connected"]]
-    assert len(stomp_conns) == 2 and listed["truncated"] is False
+    stomp_conns = [c for c in listed["items"] if c["connected"]]
+    assert len(stomp_conns) == 2 and listed["truncated"] is False and listed["total_count"] >= 3  # and this one
     subscribed = [c for c in stomp_conns if c["subscriptions"]]
     assert subscribed[0]["subscriptions"] == [{"id": "s", "destination": "/queue/api", "ack": "auto", "unacked": 0}]
+    assert subscribed[0]["subscription_count"] == 1 and subscribed[0]["subscriptions_truncated"] is False
     assert subscribed[0]["version"] == "1.2" and subscribed[0]["peer"].startswith("127.0.0.1:")
-    status, _, body = get(b, "/api/connections?limit=1")
-    assert len(json.loads(body)["connections"]) == 1 and json.loads(body)["truncated"] is True
+    status, _, body = get(b, "/api/connections?page=2&page_size=1")
+    assert len(json.loads(body)["items"]) == 1 and json.loads(body)["page_count"] >= 3
 
 
 # -- HTTP behaviour ----------------------------------------------------------------------------------
@@ -480,7 +483,7 @@ def test_console_in_a_headless_browser_shows_live_figures(start_broker, tmp_path
 def page_sessions(broker, seen: set) -> set:
     """``seen`` and the page's STOMP sessions open now (polled: each lasts a few seconds)."""
     body = get(broker, "/api/connections", headers=basic("root", "toor"))[2]
-    seen.update(c["session"] for c in json.loads(body)["connections"] if c["websocket"] and c["login"] == "root")
+    seen.update(c["session"] for c in json.loads(body)["items"] if c["websocket"] and c["login"] == "root")
     return seen
 
 

@@ -1,6 +1,7 @@
 """stompbroker-bench cluster: the pure parts (placement, the local-cost summary, options)."""
 
-from stompbroker.bench.cluster import SCENARIOS, local_summary, parse_cluster_args, remote_nodes
+from stompbroker.bench.cluster import SCENARIOS, local_summary, parse_cluster_args, queue_summary, remote_nodes
+from stompbroker.bench.scale import scale_chart, scale_summary, table
 from stompbroker.bench.report import new_result, validate_result
 
 
@@ -38,3 +39,102 @@ def test_cluster_options_leave_the_bench_options_to_the_bench():
     assert (copts.scenario, copts.nodes, copts.nats_servers) == ("queue", 2, 3)
     assert rest == ["--duration", "3", "--fanout", "9"]
     assert set(SCENARIOS) == {"fanout", "queue", "local"}
+
+
+def queue_run(name: str, rate: float, delivered: int, cpu: dict, status: str = "ok") -> dict:
+    r = new_result(name, "x", "tcp", {"flow_control": "4 bursts of <= 16 KB unreceipted"})
+    r["status"], r["rates"], r["counts"] = status, {"deliveries_per_s": rate}, {"delivered": delivered}
+    r["broker"]["cpu_by_process"], r["broker"]["cpu_s"], r["duration_s"] = cpu, sum(cpu.values()), 5.0
+    return r
+
+
+def test_queue_summary_reads_the_cross_node_rate_against_the_ceiling_and_the_sqlite_node():
+    cross = queue_run("cluster-queue-tcp", 6000, 10_000,
+                      {"n0:dispatcher": 0.1, "n0:cluster": 0.08, "n1:cluster": 0.05, "n2:cluster": 0.07, "nats0": 0.3})
+    ceiling = queue_run("cluster-queue-ceiling-tcp", 10_000, 50_000, {"nats0": 1.0})
+    ceiling["headline"] = {"metric": "msg/s", "value": 10_000, "unit": "1/s"}
+    sqlite = queue_run("cluster-queue-sqlite-tcp", 12_000, 20_000, {"dispatcher": 0.4})
+    res = queue_summary(cross, ceiling, sqlite, "tcp")
+    assert res["rates"]["vs_ceiling"] == 0.6 and res["rates"]["vs_sqlite_node"] == 0.5
+    cpu = res["counts"]["cpu_us_per_message"]
+    assert cpu["bridge_sending_us"] == 8.0 and cpu["bridge_receiving_us"] == 12.0   # n1 + n2: the other side
+    assert cpu["nats_us"] == 30.0 and cpu["cluster_us"] == 60.0 and cpu["sqlite_node_us"] == 20.0
+    assert cpu["cluster_vs_sqlite_node"] == 3.0
+    met = {t["metric"]: t["met"] for t in res["targets"]}
+    assert met == {"cross-node queue / NATS ceiling": True, "cross-node queue / standalone sqlite node": False,
+                   "sending bridge CPU per message": True, "receiving bridges' CPU per message": False,
+                   "cluster CPU per message / standalone sqlite node's": False}
+    assert validate_result(res) == []
+    failed = queue_summary(queue_run("c", 1, 1, {}, status="error"), None, sqlite, "tcp")
+    assert failed["status"] == "error" and failed["rates"]["vs_ceiling"] is None
+
+
+def scale_run(kind: str, nodes: int, replicas, rate: float, standalone: bool = False) -> dict:
+    r = queue_run(f"cluster-scale-{kind}-{nodes}", rate, int(rate * 5), {"dispatcher": rate * 5 * 20e-6})
+    r["parameters"].update({"kind": kind, "nodes": nodes, "replicas": replicas, "standalone": standalone})
+    return r
+
+
+def test_scale_summary_rows_ratios_and_the_targets_at_the_largest_node_count():
+    runs = [scale_run("queue", 1, None, 10_000, standalone=True), scale_run("queue", 1, 1, 4_000),
+            scale_run("queue", 2, 1, 8_000), scale_run("queue", 4, 1, 15_000), scale_run("queue", 4, 3, 9_000),
+            scale_run("topic", 1, None, 40_000, standalone=True), scale_run("topic", 1, 1, 40_000),
+            scale_run("topic", 4, 1, 150_000)]
+    res = scale_summary(runs, "tcp", 0.25)
+    rows = {(x["kind"], x["setup"], x["nodes"]): x for x in res["counts"]["rows"]}
+    q4 = rows[("queue", "cluster R1", 4)]
+    assert (q4["rate"], q4["per_node"], q4["vs_standalone"], q4["vs_one_node"]) == (15_000, 3750, 1.5, 3.75)
+    assert rows[("queue", "cluster R3", 4)]["vs_one_node"] is None      # (R1 is the linearity test)
+    assert rows[("queue", "cluster R3", 4)]["vs_standalone"] == 0.9
+    assert rows[("queue", "cluster R1", 1)]["cpu_us_per_message"] == 20.0
+    met = {t["metric"]: (t["value"], t["met"]) for t in res["targets"]}
+    assert met["queue: 4 nodes / standalone sqlite node"] == (1.5, False)
+    assert met["queue: 4 nodes / one cluster node"] == (3.75, True)
+    assert met["topic: 4 nodes / standalone sqlite node"] == (3.75, True)
+    assert validate_result(res) == []
+    text = table(res)
+    assert "| queue | cluster R1 | 4 | 15,000 | 3,750 | 1.5x | 3.75x | 20.0 |  |" in text
+
+
+def test_scale_chart_draws_a_png(tmp_path):
+    runs = [scale_run("queue", 1, None, 10_000, standalone=True), scale_run("queue", 1, 1, 4_000),
+            scale_run("queue", 2, 1, 8_000), scale_run("queue", 4, 3, 9_000)]
+    path = tmp_path / "scale.png"
+    scale_chart(scale_summary(runs, "tcp", 0.25), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cluster_scale_options():
+    _, copts, rest = parse_cluster_args(["--scale", "1,2,4", "--cpu-quota", "0.3", "--r3", "--duration", "4"])
+    assert (copts.scale, copts.cpu_quota, copts.r3, copts.scale_consumers) == ("1,2,4", 0.3, True, 2)
+    assert rest == ["--duration", "4"]
+
+
+def test_cpu_group_quota_where_cgroups_can_be_written():
+    """A real cgroup (root only): a child that needs 0.3 s of CPU takes at least 1 s under a 0.2-core
+    quota (0.3 s alone on an idle core), and the group reports throttling."""
+    import os
+    import time as t
+
+    from stompbroker.bench.cgroups import CpuGroup, flavour
+
+    if flavour() is None:
+        import pytest
+        pytest.skip("no writable cgroup CPU controller here (not root)")
+    group = CpuGroup(f"stompbroker-test-{os.getpid()}", 0.2)
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.read(r, 1)  # (in the group before it starts)
+            while t.process_time() < 0.3:
+                pass
+            os._exit(0)
+        group.add(pid)
+        started = t.monotonic()
+        os.write(w, b"go")
+        os.waitpid(pid, 0)
+        assert t.monotonic() - started >= 1.0
+        assert group.throttled()["throttled_periods"] > 0
+    finally:
+        group.close()

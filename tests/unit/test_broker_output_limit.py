@@ -128,9 +128,31 @@ def test_a_batch_too_big_for_the_ring_is_cut_at_record_boundaries():
     for i in range(100):
         box.add(R.DATA, i, b"x" * (i % 37))
     buf, count = box.take()
-    pieces = list(batches(buf, 300))
+    pieces = list(batches(buf, 300, 1000))
     assert b"".join(p for p, _ in pieces) == bytes(buf)
     assert sum(n for _, n in pieces) == count
     for piece, n in pieces:
         assert len(piece) - last_record_size(piece) <= 300
         assert len(decode(piece)) == n
+
+
+def test_a_record_too_big_for_the_ring_becomes_an_error_to_its_connection_only():
+    """The last guard: a record the ring could never hold (every answer is bounded well below it)
+    is replaced by an ERROR and a close for its connection; a record over a quarter of the ring
+    travels alone; the others go as they came (failed before: RingFull raised in the dispatcher)."""
+    box = Outbox()
+    box.add(R.DATA, 1, b"MESSAGE\n\nbefore\0")
+    box.add(R.DATA, 2, b"DIAG\nqueues:" + b"x" * 5000 + b"\n\n\0")   # too big for a ring of 4000
+    box.add(R.RAW, 3, b"HTTP/1.1 200 OK\r\n\r\n" + b"y" * 5000)       # an HTTP answer too big
+    box.add(R.DATA, 4, b"MESSAGE\n\n" + b"z" * 2500 + b"\0")            # big, but fits alone
+    box.add(R.DATA, 1, b"MESSAGE\n\nafter\0")
+    buf, count = box.take()
+    pieces = list(batches(buf, 1000, 4000))
+    assert all(len(piece) <= 4000 - 64 for piece, _ in pieces)
+    records = [(kind, conn, payload) for piece, n in pieces for kind, conn, _, _, payload in R.iter_records(piece)]
+    assert [(kind, conn) for kind, conn, _ in records] == [
+        (R.DATA, 1), (R.DATA, 2), (R.CLOSE, 2), (R.RAW, 3), (R.CLOSE, 3), (R.DATA, 4), (R.DATA, 1)]
+    assert records[1][2].startswith(b"ERROR\nmessage:answer too large\n")
+    assert records[3][2].startswith(b"HTTP/1.1 500 ")
+    assert records[5][2] == b"MESSAGE\n\n" + b"z" * 2500 + b"\0"
+    assert sum(n for _, n in pieces) == len(records)

@@ -340,10 +340,12 @@ def test_permissions_refuse_with_the_destination_named():
 
 # -- DIAG --------------------------------------------------------------------------------------------
 class FakeDiag:
-    def text(self, query):
-        return f"<{query}>"
+    def text(self, query, offset=0):
+        if query == "queues":  # a list, in parts
+            return f"<queues from {offset}>", {"total": "9", "truncated": "true", "next-offset": str(offset + 3)}
+        return f"<{query}>", {}
 
-    def headers(self, query):
+    def headers(self, query, offset=0):
         return {"answer": query}
 
     def monitor_body(self):
@@ -357,6 +359,20 @@ def test_diag_frame_answers_a_query_before_connect_as_stompica_did_when_asked_to
     got = rig.frames(1)
     assert [o.command for o in got] == ["DIAG", "RECEIPT"]
     assert got[0]["session-size"] == "<session-size>"   # stompica's form: the answer is a header
+
+
+def test_a_diag_list_answer_says_where_it_was_cut_and_continues_from_an_offset():
+    rig = Rig(diag=FakeDiag())
+    rig.connect(1)
+    rig.frame(1, "DIAG", body=b"queues")
+    rig.frame(1, "DIAG", {"offset": "3"}, body=b"queues")
+    first, second = rig.frames(1)
+    assert (first["queues"], first["truncated"], first["next-offset"], first["total"]) == (
+        "<queues from 0>", "true", "3", "9")
+    assert second["queues"] == "<queues from 3>" and second["next-offset"] == "6"
+    rig.frame(1, "DIAG", {"offset": "²", "receipt": "r"}, body=b"queues")  # (a digit to isdigit, not to int)
+    error = rig.error(1)
+    assert error["message"] == "invalid offset" and error["receipt-id"] == "r"
 
 
 def test_diag_needs_a_session_by_default():
@@ -401,6 +417,26 @@ def test_the_monitor_queue_gets_status_on_tick_and_refuses_sends():
     assert rig.take(1) == []
     rig.send(1, "/queue/monitor")
     assert rig.error(1)["message"] == "reserved destination"
+
+
+def test_monitor_statuses_stop_over_the_outbox_limit_and_resume():
+    """Many monitor subscribers: the status goes out as a fan-out does, never the whole lot at once."""
+    rig = Rig(diag=FakeDiag(), monitor_interval=1000)
+    for conn in range(1, 21):
+        rig.connect(conn)
+        rig.subscribe(conn, "/queue/monitor")
+    for box in rig.outboxes:
+        box.take()
+        box.limit = 100
+    rig.tick(0.1)
+    assert rig.broker.unfinished
+    batches = 0
+    while rig.broker.unfinished:
+        assert len(rig.outboxes[0].buf) < 300
+        rig.outboxes[0].take()
+        rig.broker.resume()
+        batches += 1
+    assert batches > 5
 
 
 def test_frames_waiting_for_a_login_are_bounded():

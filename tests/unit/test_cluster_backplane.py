@@ -299,3 +299,64 @@ def test_durable_patterns_are_announced_and_plain_topic_messages_matching_any_ar
     assert ("INTEREST", 0, 0, b"\x00/topic/d") in to_bridge(r)
     feed(r, remote("\x00/topic/r*", 0))
     assert not bp.durable_wants(r.broker, "/topic/rx")
+
+
+def test_the_queue_hot_path_records_round_trip():
+    payload = C.pack_queue_publish("c.q.queue.a", "/queue/a id-1", b"\x00body")
+    assert C.unpack_queue_publish(payload) == ("c.q.queue.a", "/queue/a id-1", b"\x00body")
+    settles = C.pack_settle(7, C.ACK) + C.pack_settle(2 ** 40, C.NAK, 250) + C.pack_settle(9, C.TERM)
+    assert list(C.iter_settles(settles)) == [(7, C.ACK, 0), (2 ** 40, C.NAK, 250), (9, C.TERM, 0)]
+    assert C.unpack_tokens(C.pack_tokens([1, 5, 2 ** 50])) == (1, 5, 2 ** 50)
+    assert C.unpack_pulled(C.pack_pulled("/queue/é".encode(), b"data")) == ("/queue/é", b"data")
+
+
+def test_a_rounds_settles_travel_as_one_record_in_order_with_the_other_commands():
+    """The queues' commands of one dispatcher round: publishes binary, consecutive acks/naks/terms
+    as one record, anything else (credit, bind) JSON, all in the order they were decided."""
+    from stompbroker.cluster.queuing import unpack
+
+    r = rig()
+    bp = r.broker.backplane
+    cq = bp.queues
+    cq.out += [("ack", 1), ("nak", 2, 0.25), ("credit", "/queue/a", 5), ("term", 3),
+               ("publish", 9, "c.q.queue.a", "id", b"m", 10000)]
+    bp.queues_out(r.broker)
+    records = [(kind, conn, aux, bytes(payload)) for kind, conn, aux, _, payload in C.iter_records(bp.out.buf)]
+    assert [r[0] for r in records] == [C.QUEUE_SETTLE, C.QUEUE_CMD, C.QUEUE_SETTLE, C.QUEUE_PUBLISH]
+    assert list(C.iter_settles(records[0][3])) == [(1, C.ACK, 0), (2, C.NAK, 250)]
+    assert unpack(records[1][3]) == ("credit", "/queue/a", 5)
+    assert list(C.iter_settles(records[2][3])) == [(3, C.TERM, 0)]
+    assert records[3][1:3] == (9, 10000) and C.unpack_queue_publish(records[3][3]) == ("c.q.queue.a", "id", b"m")
+    assert cq.out == []
+
+
+def test_the_fast_paths_fallback_takes_apart_several_commands_in_one_blob():
+    """Without nats-py's internals the raw commands go out through Client.publish: each one of a
+    blob (a round's acks are written as one), headers and reply included."""
+    import asyncio
+
+    from stompbroker.cluster.fastpath import FastPath, header_block, hpub, pub
+
+    class Client:  # what FastPath uses of a nats-py client when its internals are not there
+        is_connected = True
+
+        def __init__(self):
+            self.sent = []
+
+        async def publish(self, subject, data, reply="", headers=None):
+            self.sent.append((subject, data, reply, headers))
+
+    async def main():
+        nc = Client()
+        fast = FastPath(nc)
+        assert not fast.raw_in and not fast.raw_out
+        blob = (pub(b"$JS.ACK.s.c.1.2.3", b"", b"") + pub(b"$JS.ACK.s.c.1.3.4", b"", b"-NAK")
+                + hpub(b"c.q.a", b"_INBOX.x.1", header_block("Nats-Msg-Id", "id 1"), b"bo\r\ndy")
+                + pub(b"s.next", b"_INBOX.y.2", b'{"batch":5}'))
+        assert fast.send(blob)
+        await asyncio.sleep(0.01)
+        return nc.sent
+
+    assert asyncio.run(main()) == [("$JS.ACK.s.c.1.2.3", b"", "", None), ("$JS.ACK.s.c.1.3.4", b"-NAK", "", None),
+                                   ("c.q.a", b"bo\r\ndy", "_INBOX.x.1", {"Nats-Msg-Id": "id 1"}),
+                                   ("s.next", b'{"batch":5}', "_INBOX.y.2", None)]

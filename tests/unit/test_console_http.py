@@ -56,8 +56,12 @@ def test_wants_upgrade(headers, upgrade):
 
 
 def site(console=True, http_api=True, auth_required=False):
-    return http.Site(types.SimpleNamespace(console=console, http_api=http_api, max_connections=10,
-                                           auth_required=auth_required), stats=None)
+    return http.Site(config(console=console, http_api=http_api, auth_required=auth_required), stats=None)
+
+
+def config(**settings):
+    return types.SimpleNamespace(**{"console": True, "http_api": True, "max_connections": 10, "auth_required": False,
+                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, **settings})
 
 
 @pytest.mark.parametrize("method, target, route, status", [
@@ -218,7 +222,122 @@ def test_the_metrics_table_documents_every_metric():
 
 
 def test_the_page_opens_its_websocket_on_an_allowed_path():
-    config = types.SimpleNamespace(console=True, http_api=True, max_connections=10, ws_paths=["/stomp", "/ws"],
-                                   auth_required=False)
-    assert b'name="stomp-path" content="/stomp"' in http.Site(config, stats=None).respond("GET", "/")
+    settings = config(ws_paths=["/stomp", "/ws"])
+    assert b'name="stomp-path" content="/stomp"' in http.Site(settings, stats=None).respond("GET", "/")
     assert b'name="stomp-path" content="/"' in site().respond("GET", "/")
+
+
+# -- answers bounded, negotiation that never fails, errors that cost one request ---------------------
+@pytest.mark.parametrize("accept, openmetrics", [
+    ("", False),
+    ("text/plain", False),
+    ("application/openmetrics-text", True),
+    ("application/openmetrics-text; version=1.0.0", True),
+    ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", True),                       # Prometheus' own
+    ("application/openmetrics-text; version=abc", False),                     # was a 500 and a traceback
+    ("application/openmetrics-text; version=2.0.0", False),                   # was echoed into Content-Type
+    ("application/openmetrics-text; version=1.0.0; q=0.2, text/plain", False),  # the text format ranks higher
+    ("application/openmetrics-text; q=abc", False),
+    ("application/json", False),
+    (";;;,,=;q=,", False),
+    ("application/openmetrics-text; escaping=\r\nX-Evil: 1", True),
+])
+def test_metrics_negotiation_never_fails_and_never_echoes(accept, openmetrics):
+    from stompbroker.console.metrics import OPENMETRICS, TEXT
+    body, content_type = exposition(SNAPSHOT, accept)
+    assert content_type == (OPENMETRICS if openmetrics else TEXT)
+    assert body.endswith(b"# EOF\n") is openmetrics
+
+
+def queue(name, depth):
+    return {"destination": name, "depth": depth, "enqueued": depth, "dequeued": 0, "unacked": 0, "consumers": 0}
+
+
+def test_metrics_list_the_deepest_queues_and_sum_them_all():
+    snapshot = dict(SNAPSHOT, queues=[queue(f"/queue/q{i}", i) for i in range(50)])
+    body, _ = exposition(snapshot, "", max_queues=10)
+    samples = {(s.name, tuple(s.labels.values())): s.value
+               for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    listed = {labels[0] for name, labels in samples if name == "stompbroker_queue_messages"}
+    assert listed == {f"/queue/q{i}" for i in range(40, 50)}
+    assert samples[("stompbroker_queues", ())] == 50
+    assert samples[("stompbroker_queues_listed", ())] == 10
+    assert samples[("stompbroker_queued_messages", ())] == sum(range(50))
+
+
+def test_metrics_stay_within_the_answer_budget_with_long_queue_names():
+    """130 queues with 55 KB names (failed before: a 36 MB body, bigger than the ring that carries it)."""
+    snapshot = dict(SNAPSHOT, queues=[queue(f"/queue/{i}-" + "x" * 55_000, 1) for i in range(130)])
+    body, _ = exposition(snapshot, "", max_queues=1000, budget=1 << 20)
+    assert len(body) <= 1 << 20
+    assert b"stompbroker_queues 130.0" in body
+    quoted = dict(SNAPSHOT, queues=[queue(f'/queue/{i}-' + '"\\' * 20_000, 1) for i in range(40)])
+    body, _ = exposition(quoted, "", max_queues=1000, budget=1 << 20)
+    assert len(body) <= 1 << 20 and b"stompbroker_queues_listed 0.0" not in body
+
+
+class Stats:
+    """The figures a Site reads (diag.stats.Statistics): fixed, with sessions of a Rig-like broker."""
+
+    def __init__(self, sessions=(), queues=()):
+        self.broker = types.SimpleNamespace(sessions={s.conn: s for s in sessions})
+        self.resources = types.SimpleNamespace(writer_stats=[])
+        self.started = 0.0
+        self.queues = list(queues)
+
+    def writers(self):
+        return []
+
+    def processes(self):
+        return []
+
+    def totals(self, writers):
+        return SNAPSHOT["totals"]
+
+    def latency(self):
+        return SNAPSHOT["latency"]
+
+    def query(self, name):
+        return self.queues if name == "queues" else SNAPSHOT.get(name, {})
+
+
+def page(site_, target):
+    response = site_.respond("GET", target)
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), (json.loads(body) if body.startswith(b"{") else body)
+
+
+def test_api_queues_pages_by_name_with_totals():
+    s = http.Site(config(), Stats(queues=[queue(f"/queue/{i:03d}", i) for i in range(250)][::-1]))
+    status, first = page(s, "/api/queues")
+    assert status == 200 and first["page"] == 1 and first["page_size"] == 100 and first["item_count"] == 100
+    assert (first["total_count"], first["page_count"], first["truncated"]) == (250, 3, False)
+    assert first["items"][0]["destination"] == "/queue/000"
+    status, last = page(s, "/api/queues?page=3&page_size=100")
+    assert [q["destination"] for q in last["items"]] == [f"/queue/{i:03d}" for i in range(200, 250)]
+    assert page(s, "/api/queues?page=4")[1]["items"] == []
+    for bad in ("page=0", "page=x", "page_size=501", "page_size=-1", "page=" + "9" * 40, "page=%C2%B2"):
+        status, body = page(s, "/api/queues?" + bad)
+        assert status == 400, bad
+
+
+def test_api_pages_are_cut_at_the_answer_budget():
+    s = http.Site(config(answer_bytes=64 * 1024), Stats(queues=[queue(f"/queue/{i:03d}-" + "x" * 5000, 1)
+                                                                for i in range(100)]))
+    response = s.respond("GET", "/api/queues?page_size=500")
+    assert len(response) < 64 * 1024 + 1024
+    status, body = page(s, "/api/queues?page_size=500")
+    assert body["truncated"] is True and 5 < body["item_count"] == len(body["items"]) < 13
+
+
+def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
+    s = site()
+    s.snapshot = lambda: 1 / 0
+    with caplog.at_level("ERROR", logger="stompbroker.http"):
+        response = s.respond("GET", "/api/overview")
+    assert response.startswith(b"HTTP/1.1 500 ") and b"Traceback" not in response and b"ZeroDivision" not in response
+    (record,) = caplog.records
+    assert record.exc_info is None and "\n" not in record.getMessage()
+    assert "ZeroDivisionError" in record.getMessage() and "test_console_http.py" in record.getMessage()
+    assert s.errors == 1

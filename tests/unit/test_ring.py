@@ -261,3 +261,20 @@ def test_no_torn_reads_under_a_concurrent_writer_process(make_ring):
 def rng_bytes(i: int) -> int:
     """Vary how much the consumer takes at once (a few batches or many)."""
     return (1 << 20) if i % 3 else 300
+
+
+def test_a_held_read_stays_in_the_ring_until_released(make_ring):
+    """What the dispatcher is handling stays readable (by the supervisor, if it dies) and keeps its
+    space from the producer until released."""
+    r = make_ring(64)
+    assert r.try_write(blob(20, 1), 1) and r.try_write(blob(20, 2), 3)
+    assert r.read(20, hold=True) == blob(20, 1)
+    assert (r.used_bytes, r.pending_records) == (56, 3)     # (taken, so no longer pending)
+    assert not r.try_write(blob(20, 3), 1)                 # its space is still taken
+    assert r.peek(20) == blob(20, 1)                       # and it can be read again
+    assert r.pending_records == 3
+    r.release()
+    assert (r.used_bytes, r.pending_records) == (28, 3)
+    assert r.try_write(blob(20, 3), 1)
+    r.release()                                            # nothing held: nothing happens
+    assert r.read(1 << 10) == blob(20, 2) + blob(20, 3)

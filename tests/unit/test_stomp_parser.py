@@ -207,6 +207,34 @@ def test_unfinished_header_block_limit():
     assert info.value.message == "frame too large"
 
 
+def test_destination_and_id_limits_per_command():
+    """max_destination_length and max_id_length, counted in bytes as sent, for the headers the
+    broker keeps and shows; other headers, and a parser without limits (a client's), are free."""
+    limits = {"max_destination": 20, "max_id": 8}
+    ok = [b"SEND\ndestination:/queue/" + b"d" * 13 + b"\nid:" + b"i" * 50 + b"\n\n\0",  # id: not SEND's
+          b"SUBSCRIBE\ndestination:/topic/t\nid:" + b"i" * 8 + b"\nselector:" + b"s" * 3000 + b"\n\n\0",
+          b"MESSAGE\ndestination:" + b"d" * 3000 + b"\n\n\0"]
+    for wire in ok:
+        assert len(FrameParser(**limits).feed(wire)) == 1
+        assert len(feed_all(FrameParser(**limits), one_by_one(wire))) == 1
+    bad = [
+        (b"SEND\nreceipt:r1\ndestination:/queue/" + b"d" * 14 + b"\n\n\0", "destination too long", "r1"),
+        (b"SEND\ndestination:/q\nreply-to:/queue/" + b"d" * 14 + b"\n\n\0", "destination too long", None),
+        (b"SUBSCRIBE\ndestination:/q\nid:" + b"i" * 9 + b"\nreceipt:s\n\n\0", "id too long", "s"),
+        (b"ACK\nsubscription:" + b"i" * 9 + b"\n\n\0", "subscription too long", None),
+        (b"BEGIN\ntransaction:" + b"t" * 9 + b"\n\n\0", "transaction too long", None),
+        (b"CONNECT\naccept-version:1.2\nclient-id:" + b"c" * 9 + b"\n\n\0", "client-id too long", None),
+        (b"SUBSCRIBE\ndestination:/q\nid:1\nactivemq.subscriptionName:" + b"n" * 9 + b"\n\n\0",
+         "activemq.subscriptionName too long", None),
+    ]
+    for wire, message, receipt in bad:
+        for chunks in ([wire], one_by_one(wire)):
+            with pytest.raises(ProtocolError) as info:
+                feed_all(FrameParser(**limits), chunks)
+            assert (info.value.message, info.value.receipt) == (message, receipt), wire
+    assert len(FrameParser().feed(bad[0][0])) == 1
+
+
 # --- errors ------------------------------------------------------------------
 
 ERRORS = [

@@ -228,6 +228,7 @@
       { label: "input queue (records)", colour: PALETTE[0], values: values("input") },
       { label: "output queues (records)", colour: PALETTE[1], values: values("output") }] });
 
+    setText("queues-shown", raw.queuesTotal ? `(the first ${raw.queues.length} of ${raw.queuesTotal})` : "");
     fillTable("queues", raw.queues.slice().sort((a, b) => b.depth - a.depth || a.destination.localeCompare(b.destination))
       .map((q) => [q.destination, si(q.depth), si(queueRates[q.destination].in), si(queueRates[q.destination].out),
                    si(q.consumers), si(q.unacked), si(q.enqueued), si(q.dequeued)]));
@@ -329,6 +330,8 @@
     } catch (e) {
       return;
     }
+    // a long list comes cut to the broker's max_answer_bytes: the page shows the first part and says so
+    if (query === "queues") pending.queuesTotal = frame.headers.truncated === "true" ? Number(frame.headers.total) : null;
     if (query === QUERIES[QUERIES.length - 1] && QUERIES.every((q) => q in pending)) {
       const raw = pending;
       pending = {};

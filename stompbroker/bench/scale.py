@@ -1,0 +1,267 @@
+"""Scale-out under equal CPU: ``stompbroker-bench cluster --scale 1,2,4``.
+
+Each node (its broker processes and its own NATS server) runs in a cgroup with the same CPU quota
+(``--cpu-quota`` cores, ``cgroups.py``), so N nodes have N times the CPU of one, as N machines
+would. For each N: N NATS servers and N nodes (``cluster_replicas=1``, and 3 where N >= 3 with
+``--r3``); node i's producer sends to its own destination and that destination's consumers sit on
+node i+1 (mod N): every message crosses nodes (with one node it cannot). Two kinds of traffic, one
+run each:
+
+- ``queue``: persistent SENDs with receipts (the bench's flow control) to ``/queue/scale-i``,
+  ``--scale-consumers`` consumers each: aggregate receipted and delivered msg/s.
+- ``topic``: SENDs with receipts to ``/topic/scale-i``, ``--scale-consumers`` subscribers each:
+  aggregate deliveries/s across nodes.
+
+Against one standalone node (``store=sqlite``, no NATS) in one cgroup with the same quota and the
+same producer and consumers. The summary has the table (docs/performance.md) and ``scale.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .cgroups import CgroupError, CpuGroup
+from .clusternodes import Cluster, Keepers, Nodes, target_of
+from .procs import SpawnedBroker
+from .report import new_result
+from .wire import BenchError
+
+SCALE_VS_STANDALONE_TARGET = 3.0
+SCALE_VS_ONE_NODE_TARGET = 3.5
+KINDS = ("queue", "topic")
+
+
+def groups_for(n: int, cores: float, tag: str) -> list[CpuGroup]:
+    groups = []
+    try:
+        for i in range(n):
+            groups.append(CpuGroup(f"stompbroker-bench-{tag}-{os.getpid()}-n{i}", cores))
+    except BaseException:
+        for g in groups:
+            g.close()
+        raise
+    return groups
+
+
+def load(runner, kind: str, nodes: list, k: int, transport: str) -> tuple[list, list, int]:
+    """Producer specs, consumer specs and deliveries per SEND: node i's producer to destination i,
+    its ``k`` consumers on node i+1 (mod the node count)."""
+    o = runner.opts
+    n = len(nodes)
+    producers, consumers = [], []
+    for i in range(n):
+        dest = f"/{kind}/bench-{runner.run_id}-scale-{i}"
+        there = target_of(nodes[(i + 1) % n], o)
+        consumers += runner.consumer_specs(there, transport, [[(dest, "0", [])] for _ in range(k)], 1)
+        headers = [("persistent", "true")] if kind == "queue" else []
+        producers.append(runner.producer_spec(target_of(nodes[i], o), transport, dest, fan=1 if kind == "queue" else k,
+                                              max_inflight=runner.inflight_cap(k), headers=headers))
+    return producers, consumers, 1 if kind == "queue" else k
+
+
+def throttling(groups: list[CpuGroup], before: list[dict]) -> list[dict]:
+    out = []
+    for g, b in zip(groups, before):
+        now = g.throttled()
+        out.append({k: round(now[k] - b.get(k, 0), 3) for k in now})
+    return out
+
+
+def one_run(runner, scopts, kind: str, n: int, replicas: int, transport: str) -> dict:
+    """N cluster nodes (replicas R) under the quota, or n == 0: the standalone sqlite node."""
+    o = runner.opts
+    k = scopts.scale_consumers
+    standalone = n == 0
+    label = "standalone" if standalone else f"{n}n-R{replicas}"
+    name = f"cluster-scale-{kind}-{label}-{transport}"
+    params = {"kind": kind, "nodes": max(n, 1), "standalone": standalone, "replicas": None if standalone else replicas,
+              "cpu_quota_cores": scopts.cpu_quota, "consumers_per_destination": k, "size": o.size,
+              "duration": o.duration, "flow_control": runner.flow_label, "persistent": kind == "queue",
+              "layout": ("one standalone node (store=sqlite): producer and consumers on it" if standalone else
+                         f"{n} nodes, each with its own NATS server, in a cgroup of {scopts.cpu_quota} cores; node i's "
+                         f"producer -> {k} consumers on node i+1")}
+
+    def body():
+        groups = groups_for(max(n, 1), scopts.cpu_quota, f"{kind}{label}")
+        cluster = broker = keepers = None
+        try:
+            if standalone:
+                broker = SpawnedBroker(list(runner.spawn_args) + ["store=sqlite"])
+                groups[0].add_tree(broker.proc.pid)
+                nodes, measured = [broker], broker
+            else:
+                cluster = Cluster(n, n, runner.spawn_args + [f"cluster_replicas={replicas}"], own_server=True)
+                for i, g in enumerate(groups):
+                    g.add_tree(cluster.nodes[i].proc.pid)
+                    g.add(cluster.nats.servers[i].proc.pid)
+                nodes, measured = cluster.nodes, Nodes(cluster.nodes, cluster.nats)
+            time.sleep(0.5)
+            producers, consumers, fan = load(runner, kind, nodes, k, transport)
+            if kind == "topic" and n > 1:  # each producer's node must know its subscribers' interest first
+                keepers = [Keepers(cluster, o, [f"/topic/bench-{runner.run_id}-scale-{i}"], [(i + 1) % n], source=i)
+                           for i in range(n)]
+            before = [g.throttled() for g in groups]
+            flow = runner.flow(name, producers, consumers, o.duration, measured, fan=fan)
+            pss, pss_by = measured.pss()
+            res = runner.delivery_result(name, "cluster-scale", transport, params, flow, measured, fan)
+            res["broker"]["pss_bytes"], res["broker"]["pss_by_process"] = pss, pss_by
+            res["cgroups"] = {"kind": groups[0].kind, "cores_each": scopts.cpu_quota,
+                              "throttling": throttling(groups, before)}
+            return res
+        finally:
+            for kp in keepers or []:
+                kp.close()
+            if broker is not None:
+                broker.stop()
+            if cluster is not None:
+                cluster.close()
+            for g in groups:
+                g.close()
+
+    try:
+        return runner.guarded(name, "cluster-scale", transport, params, body)
+    except CgroupError as exc:
+        return runner.skipped(name, transport, str(exc))
+
+
+def cluster_scale(runner, copts, transport: str):
+    """Every run (standalone, then each N, R1 and R3 where asked), then the summary."""
+    sizes = sorted({int(x) for x in str(copts.scale).split(",") if x.strip()})
+    if not sizes or min(sizes) < 1:
+        raise BenchError("--scale: node counts of at least 1, e.g. 1,2,4")
+    runs = []
+    for kind in copts.scale_kinds.split(","):
+        plan = [(0, 0)] + [(n, 1) for n in sizes]
+        if copts.r3 and kind == "queue":
+            plan += [(n, 3) for n in sizes if n >= 3]
+        for n, replicas in plan:
+            res = one_run(runner, copts, kind, n, replicas, transport)
+            runs.append(res)
+            yield res
+            time.sleep(runner.opts.pause)
+    summary = scale_summary(runs, transport, copts.cpu_quota)
+    yield summary
+    try:
+        scale_chart(summary, os.path.join(runner.opts.out, "scale.png"))
+        summary["notes"].append(f"chart: {os.path.join(runner.opts.out, 'scale.png')}")
+    except Exception as exc:  # matplotlib missing (the bench extra): the table stays
+        summary["notes"].append(f"no chart: {exc!r}")
+
+
+def rate_of(res: dict) -> float | None:
+    if res["status"] != "ok":
+        return None
+    return res["rates"].get("deliveries_per_s")
+
+
+def scale_summary(runs: list[dict], transport: str, cores: float) -> dict:
+    """Rows of (kind, nodes, replicas, msg/s, per node, vs standalone, vs one node), and the targets
+    at the largest node count."""
+    res = new_result(f"cluster-scale-summary-{transport}", "cluster-scale-summary", transport,
+                     {"cpu_quota_cores": cores,
+                      "flow_control": next((r["parameters"].get("flow_control") for r in runs), None)})
+    rows, targets = [], []
+    for kind in KINDS:
+        mine = [r for r in runs if r["parameters"].get("kind") == kind]
+        if not mine:
+            continue
+        base = next((rate_of(r) for r in mine if r["parameters"]["standalone"]), None)
+        one = next((rate_of(r) for r in mine if not r["parameters"]["standalone"] and r["parameters"]["nodes"] == 1
+                    and r["parameters"]["replicas"] == 1), None)
+        for r in mine:
+            p = r["parameters"]
+            rate = rate_of(r)
+            n = p["nodes"]
+            cpu = r["broker"].get("cpu_s")
+            throttled = [t.get("throttled_s", 0.0) for t in (r.get("cgroups") or {}).get("throttling", [])]
+            held = (round(100 * max(throttled) / r["duration_s"]) if throttled and r.get("duration_s") else None)
+            rows.append({"kind": kind, "setup": "standalone sqlite" if p["standalone"] else f"cluster R{p['replicas']}",
+                         "nodes": n, "replicas": p["replicas"], "rate": rate,
+                         "per_node": round(rate / n) if rate else None,
+                         "vs_standalone": round(rate / base, 2) if rate and base else None,
+                         "vs_one_node": (round(rate / one, 2) if rate and one and not p["standalone"] and p["replicas"] == 1
+                                         else None),
+                         "cpu_us_per_message": round(cpu / r["counts"]["delivered"] * 1e6, 1)
+                         if cpu and r["counts"].get("delivered") else None,
+                         "held_pct": held, "status": r["status"]})
+        cluster_rows = [x for x in rows if x["kind"] == kind and x["replicas"] == 1]
+        if cluster_rows:
+            top = max(cluster_rows, key=lambda x: x["nodes"])
+            targets.append(_target(f"{kind}: {top['nodes']} nodes / standalone sqlite node", top["vs_standalone"],
+                                   SCALE_VS_STANDALONE_TARGET))
+            targets.append(_target(f"{kind}: {top['nodes']} nodes / one cluster node", top["vs_one_node"],
+                                   SCALE_VS_ONE_NODE_TARGET))
+    res["counts"] = {"rows": rows}
+    loose = [f"{x['kind']} {x['setup']} x{x['nodes']}" for x in rows if x["held_pct"] is not None and x["held_pct"] < 20]
+    if loose:
+        res["notes"].append("not held back by its quota (no node throttled 20 % of the time): the machine gave "
+                            "less than the quotas, so these rates are not the quota's: " + ", ".join(loose))
+    res["targets"] = targets
+    res["target"] = targets[0] if targets else None
+    first = targets[0]["value"] if targets else None
+    res["headline"] = {"metric": targets[0]["metric"] if targets else "scale-out", "value": first, "unit": "x"}
+    res["duration_s"] = round(sum(r["duration_s"] or 0 for r in runs), 3)
+    if not rows or all(x["rate"] is None for x in rows):
+        res["status"] = "error"
+        res["notes"].append("no successful run")
+    return res
+
+
+def _target(metric: str, value, goal: float) -> dict:
+    return {"metric": metric, "op": ">=", "goal": goal, "unit": "x", "value": value,
+            "met": None if value is None else value >= goal}
+
+
+def table(summary: dict) -> str:
+    """The summary's rows as a markdown table (docs/performance.md)."""
+    lines = ["| traffic | setup | nodes | msg/s (all nodes) | per node | vs standalone | vs 1 cluster node | "
+             "CPU µs per message | busiest node throttled |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in summary["counts"]["rows"]:
+        f = lambda v, fmt="{:,}": "" if v is None else fmt.format(v)  # noqa: E731
+        lines.append(f"| {x['kind']} | {x['setup']} | {x['nodes']} | {f(x['rate'])} | {f(x['per_node'])} | "
+                     f"{f(x['vs_standalone'], '{}x')} | {f(x['vs_one_node'], '{}x')} | {f(x['cpu_us_per_message'])} | "
+                     f"{f(x.get('held_pct'), '{} %')} |")
+    return "\n".join(lines)
+
+
+def scale_chart(summary: dict, path: str) -> None:
+    """Aggregate msg/s against nodes, one panel per kind of traffic: R1 (line), R3 (points), the
+    standalone node (dashed) and N times one node (dotted)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["counts"]["rows"]
+    kinds = [k for k in KINDS if any(x["kind"] == k for x in rows)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 5), squeeze=False)
+    fig.suptitle(f"scale-out under equal CPU: each node and its NATS server in a cgroup of "
+                 f"{summary['parameters']['cpu_quota_cores']} cores  [flow: {summary['parameters']['flow_control']}]",
+                 fontsize=10)
+    for ax, kind in zip(axes[0], kinds):
+        mine = [x for x in rows if x["kind"] == kind and x["rate"]]
+        r1 = sorted((x["nodes"], x["rate"]) for x in mine if x["replicas"] == 1)
+        r3 = sorted((x["nodes"], x["rate"]) for x in mine if x["replicas"] == 3)
+        base = next((x["rate"] for x in mine if x["setup"].startswith("standalone")), None)
+        if r1:
+            ax.plot([n for n, _ in r1], [v for _, v in r1], marker="o", color="#4C72B0", label="cluster, R1")
+            for n, v in r1:
+                ax.annotate(f"{v:,.0f}", (n, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+            one = dict(r1).get(1)
+            if one:
+                xs = [n for n, _ in r1]
+                ax.plot(xs, [one * n for n in xs], linestyle=":", color="#8C8C8C", label="N x one cluster node")
+        if r3:
+            ax.plot([n for n, _ in r3], [v for _, v in r3], marker="s", linestyle="none", color="#C44E52",
+                    label="cluster, R3")
+        if base:
+            ax.axhline(base, linestyle="--", color="#55A868", label=f"one standalone sqlite node ({base:,.0f})")
+        ax.set_xticks(sorted({x["nodes"] for x in mine}))
+        ax.set_xlabel("nodes (each with its own NATS server and CPU quota)")
+        ax.set_ylabel("receipted persistent msg/s delivered" if kind == "queue" else "deliveries/s across nodes")
+        ax.set_title(f"{kind}", fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
