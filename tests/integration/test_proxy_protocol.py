@@ -47,7 +47,7 @@ def api_connections(port: int, source: str) -> list[dict]:
             "Authorization": "Basic " + base64.b64encode(b"root:toor").decode()})
         response = conn.getresponse()
         assert response.status == 200, response.read()
-        return json.loads(response.read())["connections"]
+        return json.loads(response.read())["items"]
     finally:
         conn.close()
 
