@@ -71,6 +71,7 @@ def _list(text: str) -> list[str]:
 
 KB = 1024
 MB = 1024 * 1024
+MAX_CLUSTER_STREAMS = 64   # shards of each kind: each is a JetStream stream (a Raft group) per kind
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("processors", _int, 0, "processor count; writers = max(processors-2, 1); 0 = number of CPUs"),
@@ -146,6 +147,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_tls_cert", str, "", "PEM client certificate for the NATS connection (with cluster_tls_key)"),
     Setting("cluster_tls_key", str, "", "PEM private key for cluster_tls_cert"),
     Setting("cluster_replicas", _int, 0, "copies JetStream keeps of queue and durable streams (0 = 3 when the NATS cluster has at least 3 servers, else 1)"),
+    Setting("cluster_streams", _int, 6, "shards of queues and of durable/replay topic messages: each destination lives in one of this many JetStream streams of each kind, by a hash of its name, and their leaders are spread over the NATS servers (1 = one stream of each kind; give every node the same; see docs/cluster.md for changing it)"),
     Setting("cluster_ack_wait_ms", _int, 30_000, "a queue message delivered by a node and not acknowledged within this is redelivered elsewhere (a dead node's unacked messages come back after it)"),
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
@@ -313,6 +315,8 @@ def validate(values: dict) -> None:
     for name in ("cluster_ack_wait_ms", "cluster_timeout_ms"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
+    if not 1 <= values["cluster_streams"] <= MAX_CLUSTER_STREAMS:
+        raise ValueError(f"cluster_streams must be 1 to {MAX_CLUSTER_STREAMS}, got {values['cluster_streams']}")
     if bool(values["cluster_tls_cert"]) != bool(values["cluster_tls_key"]):
         raise ValueError("cluster_tls_cert and cluster_tls_key go together")
     if values["cluster"] and not values["node_id"]:

@@ -110,7 +110,7 @@ def cluster_queue(runner, copts, transport: str):
 def nats_ceiling(runner, copts, cluster, nodes, transport: str, replicas: int) -> dict:
     """The plain nats-py pair on the stream the broker's queues use (publisher on the first NATS
     server, consumer on the second): msg/s stored and consumed, and the CPU it took."""
-    from ..cluster.subjects import queue_subject
+    from ..cluster.shards import queue_subject
     from .natsceiling import measure
 
     o = runner.opts
@@ -125,7 +125,8 @@ def nats_ceiling(runner, copts, cluster, nodes, transport: str, replicas: int) -
     def body():
         before, busy0 = nodes.cpu(), system_busy()
         t0 = time.monotonic()
-        m = measure(urls[0], urls[1 % len(urls)], queue_subject(cluster.name, f"/queue/bench-{runner.run_id}-ceiling"),
+        m = measure(urls[0], urls[1 % len(urls)], queue_subject(cluster.name, cluster.streams,
+                                                               f"/queue/bench-{runner.run_id}-ceiling"),
                     o.size, o.duration, pending=pending)
         wall = time.monotonic() - t0
         after, busy = nodes.cpu(), system_busy() - busy0

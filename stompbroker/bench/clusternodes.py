@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..settings import BY_LOWER
 from .procs import SpawnedBroker
 from .wire import BenchError, Target
 
@@ -79,6 +80,9 @@ class Cluster:
 
         self.nats = NatsCluster(nats_servers)
         self.name = f"bench{os.getpid()}x{time.monotonic_ns() % 10**9}"
+        # the nodes' shard count (cluster/shards.py: which stream holds a queue)
+        self.streams = next((int(a.split("=", 1)[1]) for a in reversed(node_args) if a.startswith("cluster_streams=")),
+                            BY_LOWER["cluster_streams"].default)
         self.nodes = []
         urls = self.nats.urls
         try:

@@ -3,12 +3,17 @@
 Everything here is asyncio over one nats-py connection; the decisions (how many to pull, when to
 ack, nak, dead-letter) are made by the dispatcher (``cluster/queuing.py``) and arrive as calls.
 
-- Stream ``<cluster_name>_QUEUES`` (work-queue retention): subjects ``<cluster_name>.q.<dest>``,
-  one durable pull consumer per queue destination, shared by every node: each message goes to one
-  node, and leaves the stream when acknowledged.
-- Stream ``<cluster_name>_TOPICS`` (limits retention, ``max_age`` = replay_retention): subjects
-  ``<cluster_name>.d.<dest>``: topic messages kept for durable subscriptions (one durable pull
-  consumer each) and replay-from (a short-lived consumer from a start time).
+Which stream holds what is ``cluster/shards.py``'s: ``cluster_streams`` shards of each kind.
+
+- Queue streams (work-queue retention): one durable pull consumer per queue destination in the
+  stream of its shard, shared by every node: each message goes to one node, and leaves the stream
+  when acknowledged.
+- Topic streams (limits retention, ``max_age`` = replay_retention): topic messages kept for
+  durable subscriptions (one durable pull consumer each, in every shard its pattern may match)
+  and replay-from (a short-lived consumer from a start time).
+- A queue or durable is read from its shard in every layout whose streams exist (``PullGroup``),
+  so messages stored before the shard count changed drain to the same consumers. Which exist, and
+  their leaders spread over the NATS servers: ``cluster/leaders.py``.
 
 Pulls are raw pull requests (``$JS.API.CONSUMER.MSG.NEXT``) answered on one inbox per consumer, so
 each message is handed on the moment it arrives (nats-py's ``fetch`` waits to fill its batch).
@@ -26,6 +31,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
+from . import leaders, shards
 from .fastpath import FastPath, pub
 from .publisher import Publisher
 from .records import ACK, SETTLE_OPS, TERM
@@ -35,14 +41,6 @@ log = logging.getLogger("stompbroker.cluster")
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
-
-
-def queue_stream(cluster_name: str) -> str:
-    return f"{cluster_name}_QUEUES"
-
-
-def topic_stream(cluster_name: str) -> str:
-    return f"{cluster_name}_TOPICS"
 
 
 async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, work_queue: bool,
@@ -115,6 +113,15 @@ def _rfc3339(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+class Credit:
+    """The credit a dispatcher gave one queue or durable, shared by its pullers (``PullGroup``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+
 class Puller:
     """Pulls one consumer's messages as credits allow and hands each to ``on_message(reply, data)``
     at once (its ack subject and payload, as the connection reads them: ``fastpath.py``).
@@ -123,19 +130,30 @@ class Puller:
     zero when the dispatcher takes credit back while requests are out (what they still bring is
     handed on, and the dispatcher puts it back). Requests ask for ``want - asked`` more, in
     batches: while requests are out, a new one goes only once it would ask for at least a quarter
-    of the credit (each pull request is work for the stream's leader)."""
+    of the credit (each pull request is work for the stream's leader). Pullers of one group share
+    the credit (``shared``)."""
 
-    def __init__(self, nc, stream: str, consumer: str, on_message, fast: FastPath | None = None):
+    def __init__(self, nc, stream: str, consumer: str, on_message, fast: FastPath | None = None,
+                 shared: Credit | None = None):
         self.nc = nc
         self.fast = fast or FastPath(nc)
+        self.stream = stream
         self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}".encode()
         self.on_message = on_message
         self.inbox = nc.new_inbox()
         self.sub = None
-        self.want = 0
+        self.shared = shared or Credit()
         self.requests: dict[bytes, list] = {}  # reply subject -> [messages still expected, deadline]
         self.ids = itertools.count(1)
         self.closed = False
+
+    @property
+    def want(self) -> int:
+        return self.shared.value
+
+    @want.setter
+    def want(self, value: int) -> None:
+        self.shared.value = value
 
     async def start(self) -> None:
         self.sub = await self.nc.subscribe(self.inbox + ".*", pending_bytes_limit=0, pending_msgs_limit=0)
@@ -204,6 +222,46 @@ def delivered_count(reply: bytes) -> int:
         return 1
 
 
+class PullGroup:
+    """The pulls of one queue or durable: a ``Puller`` on each stream that may hold its messages
+    (its shard in every layout present; every shard for a wildcard durable), sharing one credit.
+    Each asks for the whole credit, so a group of k streams may bring up to k times it: what the
+    dispatcher did not ask for waits in its local queue (it takes that credit back)."""
+
+    def __init__(self, kind: str, consumer: str, pattern: str, start_ms: int):
+        self.kind = kind
+        self.consumer = consumer
+        self.pattern = pattern
+        self.start_ms = start_ms
+        self.shared = Credit()
+        self.members: dict[str, Puller] = {}   # stream -> its puller
+        self.binding: set = set()              # tasks declaring its consumers
+        self.closed = False
+        self.deleted = False                   # a durable's end (UNSUBSCRIBE): its consumers go
+
+    @property
+    def want(self) -> int:
+        return self.shared.value
+
+    @want.setter
+    def want(self, value: int) -> None:
+        self.shared.value = value
+
+    def ask(self) -> None:
+        for puller in list(self.members.values()):
+            puller.ask()
+
+    def reset(self) -> None:
+        """A new connection: the requests out on the old one are gone."""
+        for puller in self.members.values():
+            puller.requests.clear()
+
+    async def close(self) -> None:
+        self.closed = True
+        for puller in list(self.members.values()):
+            await puller.close()
+
+
 async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000):
     """The messages of ``stream`` on ``filters`` stored since ``since_s`` (epoch seconds), in
     order, read by a short-lived consumer; stops at what was there when it began."""
@@ -215,12 +273,13 @@ async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000)
     try:
         sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
         # (a new consumer of a replicated stream may not know its pending count yet: read until a
-        # message says none is left, or nothing comes)
+        # message says none is left, or nothing comes: for a while when it said some are there)
+        wait = 5.0 if info.num_pending else 1.0
         left = limit
         while left > 0:
             try:
-                msgs = await sub.fetch(min(left, 256), timeout=1.0)
-            except nats.errors.TimeoutError:
+                msgs = await sub.fetch(min(left, 256), timeout=wait)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 break
             for msg in msgs:
                 yield msg
@@ -234,6 +293,55 @@ async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000)
             await js.delete_consumer(stream, name)
         except nats.js.errors.Error:
             pass
+
+
+async def replay_merged(js, sources: list[tuple[str, list[str]]], since_s: float, limit: int = 100_000):
+    """``replay`` of several streams at once, merged by the time each message was stored."""
+    readers = [replay(js, stream, filters, since_s, limit) for stream, filters in sources]
+    try:
+        # every stream's first message at once (an empty one takes a fetch's timeout to say so)
+        firsts = await asyncio.gather(*[_next(reader, stream) for reader, (stream, _) in zip(readers, sources)])
+        heads = [[msg.metadata.timestamp, i, msg, reader, sources[i][0]]
+                 for i, (msg, reader) in enumerate(zip(firsts, readers)) if msg is not None]
+        left = limit
+        while heads and left > 0:
+            head = min(heads, key=lambda h: (h[0], h[1]))
+            yield head[2]
+            left -= 1
+            msg = await _next(head[3], head[4])
+            if msg is None:
+                heads.remove(head)
+            else:
+                head[0], head[2] = msg.metadata.timestamp, msg
+    finally:
+        for reader in readers:
+            await reader.aclose()
+
+
+async def _next(reader, stream: str):
+    """The next message of one stream's replay, None at its end or when JetStream failed it (the
+    other streams' go on)."""
+    try:
+        return await anext(reader, None)
+    except Exception as exc:
+        log.warning("replay of %s failed: %r", stream, exc)
+        return None
+
+
+def _epoch(rfc3339) -> float | None:
+    if not rfc3339:
+        return None
+    if isinstance(rfc3339, datetime.datetime):
+        return rfc3339.timestamp()
+    text = str(rfc3339).replace("Z", "+00:00")
+    if "." in text:  # (nanoseconds: Python reads at most microseconds)
+        head, _, rest = text.partition(".")
+        digits = "".join(itertools.takewhile(str.isdigit, rest))
+        text = f"{head}.{digits[:6]}{rest[len(digits):]}"
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 class QueueBridge:
@@ -253,11 +361,10 @@ class QueueBridge:
         self.emit_stored = emit_stored or (lambda token: emit(("stored", token)))
         self.fast = FastPath(nc)
         self.publisher = Publisher(nc, self.fast, self.emit_stored, self._failed)
-        name = config.cluster_name
-        self.queue_stream = queue_stream(name)
-        self.topic_stream = topic_stream(name)
+        self.cluster = config.cluster_name
+        self.shards = config.cluster_streams   # this node's layout
         self.ack_wait = config.cluster_ack_wait_ms / 1000
-        self.pullers: dict[str, Puller] = {}
+        self.pullers: dict[str, PullGroup] = {}
         self.held: dict[int, list] = {}       # ref -> [ack subject, when it was last touched]
         self.unsettled = 0                    # settles that found no connection (the message comes back)
         self.refs = itertools.count(1)
@@ -265,11 +372,17 @@ class QueueBridge:
         self.tasks: set = set()
         self.replicas = 0
         self.replicas_hint = config.cluster_replicas   # 0: 3 if the NATS cluster takes them, else 1
+        self.listing = leaders.Survey(nc, self.cluster, self.own(shards.QUEUES) + self.own(shards.TOPICS))
 
-    def spawn(self, coro) -> None:
+    def own(self, kind: str) -> list[str]:
+        """This node's layout's streams of ``kind``."""
+        return [shards.stream_name(self.cluster, kind, self.shards, i) for i in range(self.shards)]
+
+    def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     async def start(self) -> None:
         await self.publisher.start()
@@ -278,35 +391,47 @@ class QueueBridge:
 
     def status(self) -> dict:
         return {"queue_consumers": len(self.pullers), "queue_held": len(self.held), "stream_replicas": self.replicas,
-                "queue_publishing": self.publisher.pending(), "queue_unsettled": self.unsettled}
+                "queue_publishing": self.publisher.pending(), "queue_unsettled": self.unsettled,
+                "streams": self.listing.streams, "cluster_streams": self.shards, "leader_moves": self.listing.moves}
 
     async def stop(self) -> None:
         for task in list(self.tasks):
             task.cancel()
 
     async def _declare(self) -> None:
-        name = self.config.cluster_name
-        retention = getattr(self.config, "replay_retention", 3600.0) or 3600.0
         while True:
             try:
-                self.replicas = await declare_stream(self.js, self.queue_stream, [f"{name}.q.>"],
-                                                     self.replicas_hint, work_queue=True,
-                                                     per_subject=self.config.max_queue_messages)
-                await declare_stream(self.js, self.topic_stream, [f"{name}.d.>"], self.replicas or 1,
-                                     work_queue=False, max_age=retention)
-                self.ready.set()
-                self.publisher.ready = True
-                self.publisher.tick(time.monotonic())
-                log.info("JetStream streams %s and %s ready (%d replicas)", self.queue_stream, self.topic_stream,
-                         self.replicas)
-                return
+                await self.declare()
+                break
             except Exception as exc:  # NATS not there yet, no meta leader yet: try again
                 log.info("JetStream streams not declared yet: %s", exc)
                 await asyncio.sleep(0.5)
+        self.ready.set()
+        self.publisher.ready = True
+        self.publisher.tick(time.monotonic())
+        await self.survey()
+
+    async def declare(self) -> None:
+        """Create (or update) this node's layout's streams."""
+        retention = getattr(self.config, "replay_retention", 3600.0) or 3600.0
+        queues, topics = self.own(shards.QUEUES), self.own(shards.TOPICS)
+
+        def subjects(kind, i):
+            return [shards.subject_root(self.cluster, kind, self.shards, i) + ".>"]
+        # the first one finds out how many replicas the NATS cluster takes
+        self.replicas = await declare_stream(self.js, queues[0], subjects(shards.QUEUES, 0), self.replicas_hint,
+                                             work_queue=True, per_subject=self.config.max_queue_messages)
+        await asyncio.gather(
+            *[declare_stream(self.js, name, subjects(shards.QUEUES, i), self.replicas or 1, work_queue=True,
+                             per_subject=self.config.max_queue_messages) for i, name in enumerate(queues) if i],
+            *[declare_stream(self.js, name, subjects(shards.TOPICS, i), self.replicas or 1, work_queue=False,
+                             max_age=retention) for i, name in enumerate(topics)])
+        log.info("JetStream: %d queue and %d topic streams ready (%d replicas)", len(queues), len(topics),
+                 self.replicas)
 
     async def _keeper(self) -> None:
         """Held messages stay ours (in progress) while the node lives; lost pull requests are
-        asked again."""
+        asked again; the streams are listed every ``leaders.SURVEY_EVERY`` seconds."""
         every = max(min(self.ack_wait / 3, 1.0), 0.05)
         while True:
             await asyncio.sleep(every)
@@ -315,9 +440,28 @@ class QueueBridge:
                 if now - held[1] > self.ack_wait / 3:
                     held[1] = now
                     self.fast.send(pub(held[0], b"", b"+WPI"))
-            for puller in list(self.pullers.values()):
-                puller.ask()
+            for group in list(self.pullers.values()):
+                group.ask()
+            if self.ready.is_set() and now >= self.listing.due:
+                await self.survey()
 
+    async def survey(self) -> None:
+        """List the streams (``cluster/leaders.py``): the layouts to read, this node's streams
+        declared again if one was deleted, the figures for STATUS, the leaders spread."""
+        before = self.listing.present
+        infos = await self.listing.run()
+        if infos is None:
+            return
+        if not {i.config.name for i in infos} >= set(self.listing.own):
+            try:  # one of this node's streams was deleted (by hand?): publishes need it
+                await self.declare()
+            except Exception as exc:
+                log.warning("cluster: this node's streams cannot be declared again: %r", exc)
+        if self.listing.present != before:
+            for key, group in list(self.pullers.items()):
+                self.reconcile(key, group)
+
+    # -- commands from the dispatcher ------------------------------------------------------------
     async def handle(self, command: tuple) -> None:
         """One command; commands are handled in order, and only an unbind is awaited here: its
         UNSUB must reach the server before the naks that follow it (see ``cluster/queuing.py``)."""
@@ -329,29 +473,55 @@ class QueueBridge:
             _, token, subject, msg_id, payload, timeout_ms = command
             self.publish(token, subject, msg_id, payload, timeout_ms)
         elif kind == "credit":
-            puller = self.pullers.get(command[1])
-            if puller is not None:
-                await puller.credit(command[2])
+            group = self.pullers.get(command[1])
+            if group is not None:
+                group.want += command[2]
+                group.ask()
         elif kind == "bind":
-            _, key, stream_kind, consumer, filter_subject, start_ms, replace = command
+            _, key, stream_kind, consumer, pattern, start_ms, replace = command
             old = self.pullers.pop(key, None)
             if old is not None:
                 await old.close()
-            stream = self.queue_stream if stream_kind == "q" else self.topic_stream
-            puller = self.pullers[key] = Puller(self.nc, stream, consumer,
-                                                lambda reply, data, key=key: self._arrived(key, reply, data),
-                                                self.fast)
-            self.spawn(self._bind(puller, stream, consumer, filter_subject, start_ms, replace))
+            group = self.pullers[key] = PullGroup(stream_kind, consumer, pattern, start_ms)
+            if replace:  # a durable subscribed anew to another destination: its old consumers go first
+                self.spawn(self._replace(key, group))
+            else:
+                self.reconcile(key, group)
         elif kind == "unbind":
             _, key, delete = command
-            puller = self.pullers.pop(key, None)
-            if puller is not None:
-                await puller.close()
+            group = self.pullers.pop(key, None)
+            if group is not None:
+                group.deleted = bool(delete)
+                await group.close()
             if delete:
-                self.spawn(self._delete(delete))
+                self.spawn(self._delete(delete, group))
         elif kind == "replay":
-            _, token, filter_subject, since_ms = command
-            self.spawn(self._replay(token, filter_subject, since_ms))
+            _, token, pattern, since_ms = command
+            self.spawn(self._replay(token, pattern, since_ms))
+
+    def sources(self, kind: str, pattern: str) -> list[tuple[str, list[str]]]:
+        """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
+        node's layout, and in every other layout whose streams exist."""
+        present = self.listing.present
+        layouts = set(shards.layouts(self.cluster, present, kind)) | {self.shards}
+        return [(stream, filters) for stream, filters in shards.reads(self.cluster, kind, pattern, layouts)
+                if stream in present]
+
+    def reconcile(self, key: str, group: PullGroup) -> None:
+        """Pull from every stream that may hold the group's messages, and from no other."""
+        if group.closed:
+            return
+        wanted = dict(self.sources(group.kind, group.pattern))
+        for stream in [s for s in group.members if s not in wanted]:  # (its stream was deleted)
+            self.spawn(group.members.pop(stream).close())
+        for stream, filters in wanted.items():
+            if stream not in group.members:
+                puller = group.members[stream] = Puller(
+                    self.nc, stream, group.consumer, lambda reply, data, key=key: self._arrived(key, reply, data),
+                    self.fast, group.shared)
+                task = self.spawn(self._bind(group, puller, stream, filters))
+                group.binding.add(task)
+                task.add_done_callback(group.binding.discard)
 
     def settle(self, ref: int, op: int, delay_ms: int = 0) -> None:
         self.settle_many(((ref, op, delay_ms),))
@@ -379,28 +549,60 @@ class QueueBridge:
     async def tick(self) -> None:
         self.publisher.tick(time.monotonic())
 
-    async def _bind(self, puller: Puller, stream: str, consumer: str, filter_subject: str, start_ms: int,
-                    replace: bool) -> None:
-        while not puller.closed:
+    async def _start_time(self, group: PullGroup, stream: str) -> float | None:
+        """When a durable's consumer in ``stream`` starts: as its consumers in the group's other
+        streams did (a layout that came later holds nothing older), else when it was made."""
+        if group.kind != shards.TOPICS:
+            return None
+        starts = []
+        for other in list(group.members):
+            if other == stream:
+                continue
+            try:
+                info = await self.js.consumer_info(other, group.consumer)
+            except Exception:
+                continue
+            start = _epoch(info.config.opt_start_time)
+            if start is not None:
+                starts.append(start)
+        if starts:
+            return min(starts)
+        return group.start_ms / 1000 if group.start_ms else None
+
+    async def _bind(self, group: PullGroup, puller: Puller, stream: str, filters: list[str]) -> None:
+        """Declare the consumer and pull it. A durable's consumer is declared even when its
+        subscription left meanwhile: it keeps what is sent for the durable until it comes back."""
+        durable = group.kind == shards.TOPICS
+        while not group.deleted and (durable or not (puller.closed or group.closed)):
             try:
                 await self.ready.wait()
-                if replace:
-                    await delete_consumer(self.js, stream, consumer)
-                    replace = False
-                await declare_consumer(self.js, stream, consumer, filter_subject, self.ack_wait,
-                                       start_time=start_ms / 1000 if start_ms else None)
+                await declare_consumer(self.js, stream, group.consumer, filters, self.ack_wait,
+                                       start_time=await self._start_time(group, stream))
+                if puller.closed or group.closed:
+                    return
                 await puller.start()
                 puller.ask()
-                log.debug("pulling %s (%s) from %s, credit %d", consumer, filter_subject, stream, puller.want)
+                log.debug("pulling %s (%s) from %s, credit %d", group.consumer, filters, stream, puller.want)
                 return
             except Exception as exc:
-                log.info("JetStream consumer %s not ready yet: %s", consumer, exc)
+                log.info("JetStream consumer %s not ready yet: %s", group.consumer, exc)
                 await asyncio.sleep(0.5)
 
-    async def _delete(self, consumer: str) -> None:
+    async def _replace(self, key: str, group: PullGroup) -> None:
+        await self._delete(group.consumer)
+        if self.pullers.get(key) is group:
+            self.reconcile(key, group)
+
+    async def _delete(self, consumer: str, group: PullGroup | None = None) -> None:
+        """A durable's consumers go from every topic stream (once any being declared are made)."""
         try:
+            if group is not None and group.binding:
+                await asyncio.wait(list(group.binding), timeout=self.config.cluster_timeout_ms / 1000)
             await self.ready.wait()
-            await delete_consumer(self.js, self.topic_stream, consumer)
+            topics = shards.layouts(self.cluster, self.listing.present, shards.TOPICS)
+            for stream in sorted(shards.stream_name(self.cluster, shards.TOPICS, n, i) for n, ids in topics.items()
+                                 for i in ids):
+                await delete_consumer(self.js, stream, consumer)
         except Exception as exc:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
 
@@ -409,13 +611,14 @@ class QueueBridge:
         self.held[ref] = [reply, time.monotonic()]
         self.emit_message(key, ref, delivered_count(reply), data)
 
-    async def _replay(self, token: int, filter_subject: str, since_ms: float) -> None:
+    async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:
             await asyncio.wait_for(self.ready.wait(), self.config.cluster_timeout_ms / 1000)
-            async for msg in replay(self.js, self.topic_stream, filter_subject, since_ms / 1000):
+            await self.survey()  # (every layout's streams, as they are now: a replay reads them once)
+            async for msg in replay_merged(self.js, self.sources(shards.TOPICS, pattern), since_ms / 1000):
                 self.emit(("replayed", token, msg.data))
         except Exception as exc:
-            log.warning("replay of %s failed: %s", filter_subject, exc)
+            log.warning("replay of %s failed: %r", pattern, exc)
         self.emit(("replay_end", token))
 
 
@@ -477,9 +680,9 @@ class QueuesPart:
             await self.queues.start()
             return
         self.queues.publisher.resend()  # their PubAcks may have gone with the old connection
-        for puller in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
-            puller.requests.clear()
-            puller.ask()
+        for group in list(self.queues.pullers.values()):  # a new connection: the old pulls are gone
+            group.reset()
+            group.ask()
 
     async def tick(self) -> None:
         await self.queues.tick()

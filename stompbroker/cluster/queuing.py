@@ -4,16 +4,19 @@ The bridge (``cluster/jetstream.py``) stores and pulls; this decides. It is fed 
 (a queue SEND, an ACK, a delivery written, a pulled message arriving, a PubAck) and appends
 commands for the bridge to ``out`` as plain tuples (the backplane turns them into records):
 
-  ("bind", key, kind, consumer, filter_subjects, start_ms, replace)
+  ("bind", key, kind, consumer, pattern, start_ms, replace)
                                                             pull a shared durable consumer
-                                                            (kind "q": queue stream, "d": topic
-                                                            stream; replace: delete it first)
+                                                            (kind "q": a queue, pattern its
+                                                            destination; "d": a durable, pattern
+                                                            its topic pattern; in the streams that
+                                                            hold them: ``cluster/shards.py``;
+                                                            replace: delete it first)
   ("unbind", key, delete)                                   stop pulling it (delete: the consumer
                                                             of that name goes too)
   ("credit", key, n)                                        may send ``n`` more (n < 0 takes back)
   ("publish", token, subject, msg_id, payload, deadline_ms) store it; answer stored/failed(token)
   ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
-  ("replay", token, filter_subjects, since_ms)              stored topic messages since then
+  ("replay", token, pattern, since_ms)                      stored topic messages since then
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused)
 (refused: False when it may have been stored, True when refused, "full" for a full queue),
@@ -47,8 +50,7 @@ import orjson
 from ..broker.model import Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
-from . import subjects
-from .subjects import queue_subject
+from . import shards
 
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
 PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
@@ -80,18 +82,6 @@ def consumer_name(prefix: str, text: str) -> str:
 
 def durable_consumer(key: str) -> str:
     return consumer_name("d", key.replace(OWNER_SEP, "/"))
-
-
-def topic_subject(cluster_name: str, destination: str) -> str:
-    """The subject of a topic message kept for durables and replay: the topic subject
-    (``cluster/subjects.py``) under ``<cluster_name>.d``."""
-    return f"{cluster_name}.d.{subjects.topic_subject(cluster_name, destination)[len(cluster_name) + 1:]}"
-
-
-def topic_filters(cluster_name: str, pattern: str) -> list[str]:
-    """The subject filters covering a topic subscription pattern in the kept-topics stream (``*``
-    is a text prefix match: the broker filters exactly)."""
-    return [f"{cluster_name}.d.{f[len(cluster_name) + 1:]}" for f in subjects.pattern_filters(cluster_name, pattern)]
 
 
 # -- the message on the wire ------------------------------------------------------------------
@@ -161,6 +151,7 @@ class ClusterQueues:
         self.config = config
         self.backplane = backplane        # its tokens, and its queue of replies held behind a sender's messages
         self.name = config.cluster_name
+        self.shards = config.cluster_streams   # this node's layout: it publishes into these shards
         self.out: list = []
         self.run = os.urandom(6).hex()    # Nats-Msg-Id prefix: unique per node and start
         self.tokens = 0
@@ -188,9 +179,9 @@ class ClusterQueues:
         if session is not None:
             bp.owners[token] = (session, deadline + 2)
             bp.waiting.setdefault(session, []).append([token, None, False, message.headers.get("receipt")])
-        self.out.append(("publish", token, subject or queue_subject(self.name, message.destination),
-                         msg_id.replace("\r", " ").replace("\n", " "), encode(message, wall_ms),
-                         int(self.config.cluster_timeout_ms)))
+        subject = subject or shards.queue_subject(self.name, self.shards, message.destination)
+        self.out.append(("publish", token, subject, msg_id.replace("\r", " ").replace("\n", " "),
+                         encode(message, wall_ms), int(self.config.cluster_timeout_ms)))
         return token
 
     def stored(self, b, token: int) -> None:
@@ -242,7 +233,7 @@ class ClusterQueues:
             return True
         if not destination.startswith((DIAG_PREFIX, WORKER_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES) and (
                 persistent == "true" or self.backplane.durable_wants(b, destination)):
-            self.publish(b, message, session, subject=topic_subject(self.name, destination))
+            self.publish(b, message, session, subject=shards.topic_subject(self.name, self.shards, destination))
         return False
 
     def subscribing(self, b, sub, durable_key: str | None, receipt) -> None:
@@ -256,8 +247,8 @@ class ClusterQueues:
                 if existing is not None:
                     self.backplane.durable(existing.pattern, -1)
                 self.backplane.durable(destination, +1)
-            self.bind(b, f"durable:{durable_key}", "d", durable_consumer(durable_key),
-                      topic_filters(self.name, destination), int(b.clock() * 1000),
+            self.bind(b, f"durable:{durable_key}", "d", durable_consumer(durable_key), destination,
+                      int(b.clock() * 1000),
                       replace=existing is not None and existing.pattern != destination)
         elif destination.startswith(QUEUE_PREFIX) and destination != MONITOR:
             if "*" in destination:
@@ -275,7 +266,7 @@ class ClusterQueues:
     def replay(self, b, sub, since_ms: float) -> None:
         self.tokens += 1
         self.replays[self.tokens] = sub
-        self.out.append(("replay", self.tokens, topic_filters(self.name, sub.destination), since_ms))
+        self.out.append(("replay", self.tokens, sub.destination, since_ms))
 
     def replayed(self, b, token: int, payload: bytes, queues) -> None:
         sub = self.replays.get(token)
@@ -312,15 +303,14 @@ class ClusterQueues:
             self.replay_end(item[1])
 
     # -- pulling -------------------------------------------------------------------------------
-    def bind(self, b, key: str, kind: str = "q", consumer: str = "", filters: list | None = None,
+    def bind(self, b, key: str, kind: str = "q", consumer: str = "", pattern: str = "",
              start_ms: int = 0, replace: bool = False) -> None:
         """A local subscription reads this queue (or durable): pull its shared consumer."""
         self.dirty.add(key)
         if key in self.bound and not replace:
             return
         self.bound[key] = 0
-        command = ("bind", key, kind, consumer or consumer_name("q", key),
-                   filters or [queue_subject(self.name, key)], start_ms, replace)
+        command = ("bind", key, kind, consumer or consumer_name("q", key), pattern or key, start_ms, replace)
         self.binds[key] = command[:-1] + (False,)
         self.out.append(command)
 

@@ -264,8 +264,11 @@ class Site:
             return http_response(200, "OK", body, {"Content-Type": content_type, "Cache-Control": "no-store",
                                                    **SECURITY_HEADERS})
         if path == "/api/overview":
-            return json_response({key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
-                                                                 "writers", "process", "latency")})
+            value = {key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
+                                                     "writers", "process", "latency")}
+            if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
+                value["cluster"] = snapshot["cluster"]
+            return json_response(value)
         page, page_size = paging(parse_qs(parts.query))
         if path == "/api/queues":
             queues = snapshot.get("sorted_queues")

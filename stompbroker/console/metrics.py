@@ -193,9 +193,14 @@ def families(s: dict, max_queues: int | None = None):
             yield CounterMetricFamily(PREFIX + name, text, value=cluster[key])
         depth = GaugeMetricFamily(PREFIX + "cluster_stream_messages", "messages in the cluster's JetStream stream",
                                   labels=["stream"])
+        leaders = GaugeMetricFamily(PREFIX + "cluster_stream_leader", "1 for the NATS server leading the stream now",
+                                    labels=["stream", "server"])
         for stream in cluster["streams"]:
             depth.add_metric([stream["name"]], stream["messages"])
+            if stream.get("leader"):
+                leaders.add_metric([stream["name"], stream["leader"]], 1)
         yield depth
+        yield leaders
 
 
 def deepest(queues: list) -> list:

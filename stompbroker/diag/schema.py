@@ -38,7 +38,8 @@ LINE = {
     "cluster": {"node": STRING, "server": STRING,
                 **_numbers("connected", "rtt_ms", "messages_in", "messages_out", "bytes_in", "bytes_out",
                            "reconnects", "subscriptions", "local_patterns", "remote_patterns", "remote_subscriptions", "held", "failed"),
-                "streams": [{"name": STRING, **_numbers("messages", "bytes")}]},
+                "streams": [{"name": STRING, "leader": STRING, "shard": STRING,
+                             **_numbers("messages", "bytes", "stored", "replicas")}]},
 }
 
 # Fields a line written by this broker may leave out: broker.node when the node_id setting is empty,

@@ -30,7 +30,6 @@ from . import common
 log = logging.getLogger("stompbroker.cluster")
 
 STATUS_EVERY = 1.0      # seconds between STATUS records (and round-trip measurements)
-STREAMS_EVERY = 5.0     # seconds between stream depth reads
 TICK = 0.1
 MAX_BACKLOG = 64 << 20  # bytes for the dispatcher held here while its ring is full; past it messages go
 # Under load, records leave for the dispatcher at most this often: one wake-up of the dispatcher
@@ -80,9 +79,7 @@ class Bridge:
         self.wake = asyncio.Event()
         self.handlers: dict = {}
         self.stats = {"reconnects": 0, "disconnects": 0, "rtt_ms": 0.0, "dropped_in": 0}
-        self.streams: list[dict] = []
         self.parts = []
-        self._next_streams = 0.0
 
     def add_part(self, part) -> None:
         self.parts.append(part)
@@ -195,7 +192,7 @@ class Bridge:
     def send_status(self) -> None:
         status = {"node": self.node, "server": self.server(), "connected": self.connected,
                   "reconnects": self.stats["reconnects"], "disconnects": self.stats["disconnects"],
-                  "rtt_ms": self.stats["rtt_ms"], "dropped_in": self.stats["dropped_in"], "streams": self.streams}
+                  "rtt_ms": self.stats["rtt_ms"], "dropped_in": self.stats["dropped_in"], "streams": []}
         for part in self.parts:
             extra = getattr(part, "status", None)
             if extra is not None:
@@ -210,16 +207,6 @@ class Bridge:
             self.stats["rtt_ms"] = round(await self.nc.rtt(timeout=1) * 1000, 3)
         except Exception:
             return
-        now = time.monotonic()
-        if now >= self._next_streams and self.js is not None:
-            self._next_streams = now + STREAMS_EVERY
-            try:
-                prefixes = (f"{self.cluster}_", f"KV_{self.cluster}_")
-                infos = await self.js.streams_info()
-                self.streams = [{"name": i.config.name, "messages": i.state.messages, "bytes": i.state.bytes}
-                                for i in infos if i.config.name.startswith(prefixes)]
-            except Exception as exc:
-                log.debug("cluster: stream info: %r", exc)
 
     # -- loops -----------------------------------------------------------------------------------
     async def records(self) -> None:

@@ -21,7 +21,8 @@ from collections import defaultdict
 
 import pytest
 
-from tests.natscluster import _get_json, kill_node
+from stompbroker.cluster import shards
+from tests.natscluster import _get_json, kill_node, stream_leaders
 from tests.stompwire import Wire
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,11 +72,14 @@ class Producer(threading.Thread):
     """Persistent SENDs with a receipt each, one at a time; a SEND without a receipt (node died,
     ERROR) is sent again with the same dedup-id on the next node of the list, so it is stored once."""
 
-    def __init__(self, name: str, nodes: list, first: int, stats: Stats, stop: threading.Event):
+    def __init__(self, name: str, nodes: list, first: int, stats: Stats, stop: threading.Event, queue: str = QUEUE):
         super().__init__(name=name, daemon=True)
         self.tag, self.nodes, self.at, self.stats, self.stop_event = name, nodes, first, stats, stop
+        self.queue = queue
         self.failure: BaseException | None = None
         self.receipted_on: dict[int, int] = defaultdict(int)  # node index -> receipts from it
+        self.receipt_times: list[float] = []                  # when each receipt came (monotonic)
+        self.retried: set[str] = set()                        # ids sent again (no receipt the first time)
 
     def run(self):
         try:
@@ -91,21 +95,24 @@ class Producer(threading.Thread):
             with self.stats.lock:
                 self.stats.sent.add(mid)
             try:
-                w.frame("SEND", {"destination": QUEUE, "persistent": "true", "receipt": mid, "dedup-id": mid},
+                w.frame("SEND", {"destination": self.queue, "persistent": "true", "receipt": mid, "dedup-id": mid},
                         mid.encode())
                 cmd, headers, body = w.read(timeout=TIMEOUT_MS / 1000 + 10)
             except (OSError, ConnectionError, TimeoutError):
                 w = self._reconnect(w)
+                self.retried.add(mid)
                 continue  # the same id again
             if cmd == "RECEIPT" and headers.get("receipt-id") == mid:
                 with self.stats.lock:
                     self.stats.receipted.add(mid)
                 self.receipted_on[self.at] += 1
+                self.receipt_times.append(time.monotonic())
                 seq += 1
             elif cmd == "ERROR":
                 with self.stats.lock:
                     self.stats.errors.append(headers.get("message", ""))
                 w = self._reconnect(w)  # an ERROR closes the connection; the same id again
+                self.retried.add(mid)
             else:
                 raise AssertionError(f"{self.tag}: unexpected {cmd} {headers}")
         w.close()
@@ -130,9 +137,10 @@ class Consumer(threading.Thread):
     delivered and unacknowledged); on a lost connection it goes to the next node and subscribes again."""
 
     def __init__(self, name: str, nodes: list, first: int, stats: Stats, stop: threading.Event,
-                 draining: threading.Event, hold: int = 5):
+                 draining: threading.Event, hold: int = 5, queue: str = QUEUE):
         super().__init__(name=name, daemon=True)
         self.tag, self.nodes, self.at, self.stats = name, nodes, first, stats
+        self.queue = queue
         self.stop_event, self.draining, self.hold = stop, draining, hold
         self.held: list[tuple[str, str]] = []   # (ack id, message id) delivered, not acknowledged yet
         self.held_at_kill: dict[int, list[str]] = {}
@@ -148,7 +156,7 @@ class Consumer(threading.Thread):
 
     def _subscribe(self) -> Wire:
         w = connect(self.nodes[self.at], self.tag)
-        w.frame("SUBSCRIBE", {"destination": QUEUE, "id": "s", "ack": "client-individual",
+        w.frame("SUBSCRIBE", {"destination": self.queue, "id": "s", "ack": "client-individual",
                               "prefetch-count": "20", "receipt": "sub"})
         assert w.read()[0] == "RECEIPT"
         self.subscribed.set()
@@ -293,51 +301,17 @@ def nats_connections(nats_cluster) -> dict[str, int]:
     return out
 
 
-def make_stream_leader(nats_cluster, stream: str, server: str, tries: int = 12) -> str:
-    """Step the stream's leader down until ``server`` leads it (or tries run out); the leader's name."""
-    import asyncio
-
-    import nats
-
-    async def main():
-        nc = await nats.connect(servers=nats_cluster.urls)
-        try:
-            js = nc.jetstream(timeout=5)
-            leader = previous = None
-            for _ in range(tries):
-                deadline = time.monotonic() + 10
-                while True:  # a stepdown leaves the stream without a leader for a moment, then another
-                    try:
-                        leader = (await js.stream_info(stream)).cluster.leader
-                    except Exception:
-                        leader = None
-                    if (leader and leader != previous) or time.monotonic() > deadline:
-                        break
-                    await asyncio.sleep(0.1)
-                previous = leader
-                if leader == server:
-                    return leader
-                try:
-                    await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
-                except nats.errors.TimeoutError:
-                    pass  # a busy leader may answer late; its info tells
-            return leader
-        finally:
-            await nc.close()
-    return asyncio.run(main())
-
-
 def test_kill_9_one_nats_server_of_three_under_load(start_nodes, nats_cluster, cluster_name):
     nodes = start_nodes(3, *NODE_SETTINGS)
     deadline = time.monotonic() + 10
     while len(where := nats_connections(nats_cluster)) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert {"n0", "n1", "n2"} <= set(where), where
-    # the server most nodes are connected to (the most reconnecting to do), made the leader of the
-    # queue stream (a leader election under load too)
-    victim = max(range(3), key=lambda i: sum(1 for v in where.values() if v == i))
+    # the server leading the queue's shard (a leader election under load)
+    stream = shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of(QUEUE, 6))
+    leader = stream_leaders(nats_cluster, [stream])[stream]
+    victim = next(s.index for s in nats_cluster.servers if s.name == leader)
     moved = [n for n, i in where.items() if i == victim and n in ("n0", "n1", "n2")]
-    leader = make_stream_leader(nats_cluster, f"{cluster_name}_QUEUES", nats_cluster.servers[victim].name)
     try:
         stats, _, _ = run_load(nodes, lambda: nats_cluster.kill(victim))
         after = nats_connections(nats_cluster)
@@ -348,9 +322,8 @@ def test_kill_9_one_nats_server_of_three_under_load(start_nodes, nats_cluster, c
         assert c["duplicated_unflagged"] == 0, line
         # the nodes of the dead server reconnected by themselves, to the others
         assert all(after.get(n) not in (None, victim) for n in ("n0", "n1", "n2")), (where, after)
-        print(f"cluster fault kill -9 NATS server: it led the queue stream: {leader == nats_cluster.servers[victim].name}; "
+        print(f"cluster fault kill -9 NATS server: it led the queue's stream {stream}; "
               f"nodes {moved} reconnected to servers {[after[n] for n in moved]}")
-        assert leader == nats_cluster.servers[victim].name, leader
         assert all(node.proc.poll() is None for node in nodes)
     finally:
         nats_cluster.restart(victim)

@@ -12,6 +12,7 @@ import nats
 import pytest
 
 from stompbroker.cluster import jetstream as J
+from stompbroker.cluster import shards
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ async def connect(urls, i=0):
 
 
 async def setup_queue(js, name, ack_wait=30.0):
-    stream = J.queue_stream(name)
+    stream = shards.stream_name(name, shards.QUEUES, 1, 0)
     replicas = await J.declare_stream(js, stream, [f"{name}.q.>"], 0, work_queue=True)
     await J.declare_consumer(js, stream, "c1", f"{name}.q.a", ack_wait)
     return stream, replicas
@@ -170,7 +171,7 @@ def test_replay_from_a_start_time_and_a_durable_topic_consumer(nats_url):
     async def main():
         name = "t" + uuid.uuid4().hex[:8]
         nc, js = await connect(nats_url)
-        stream = J.topic_stream(name)
+        stream = shards.stream_name(name, shards.TOPICS, 1, 0)
         await J.declare_stream(js, stream, [f"{name}.d.>"], 0, work_queue=False, max_age=60)
         for i in range(3):
             await store(js, f"{name}.d.news", b"old%d" % i, f"o{i}")
@@ -199,7 +200,7 @@ def test_a_durable_consumer_declared_for_other_subjects_starts_afresh(nats_url):
     async def main():
         name = "t" + uuid.uuid4().hex[:8]
         nc, js = await connect(nats_url)
-        stream = J.topic_stream(name)
+        stream = shards.stream_name(name, shards.TOPICS, 1, 0)
         await J.declare_stream(js, stream, [f"{name}.d.>"], 0, work_queue=False, max_age=60)
         await J.declare_consumer(js, stream, "dur", [f"{name}.d.a"], 30.0, start_time=time.time() - 1)
         await store(js, f"{name}.d.a", b"for a", "a1")
@@ -286,7 +287,7 @@ def test_a_full_destination_is_refused_as_full(nats_url):
     async def main():
         name = "t" + uuid.uuid4().hex[:8]
         nc, js = await connect(nats_url)
-        await J.declare_stream(js, J.queue_stream(name), [f"{name}.q.>"], 0, work_queue=True, per_subject=2)
+        await J.declare_stream(js, shards.stream_name(name, shards.QUEUES, 1, 0), [f"{name}.q.>"], 0, work_queue=True, per_subject=2)
         p, stored, failed = await publisher(nc)
         for i in range(3):
             p.publish(i + 1, f"{name}.q.a", f"f{i}", b"x", time.monotonic() + 5)

@@ -4,8 +4,10 @@ stomp.py clients. Every count is exact: each matching subscription gets each mes
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+import urllib.request
 
 import pytest
 import stomp
@@ -381,9 +383,26 @@ def test_the_console_shows_the_cluster(start_nodes):
             while "KV_" not in page.inner_text("#streams tbody") and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert "KV_" in page.inner_text("#streams tbody")
+            # the shards and who leads them: spread over the three NATS servers (balanced by the nodes)
+            deadline = time.monotonic() + 20
+
+            def spread():
+                return all(f"nats{i} 4" in page.inner_text("#leaders") for i in range(3))  # 6 queue + 6 topic shards
+            while not spread() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert spread(), page.inner_text("#leaders")
+            rows = [r.split("\t") for r in page.inner_text("#streams tbody").splitlines()]
+            shard_rows = [r for r in rows if r[1] != "–"]
+            assert len(shard_rows) == 12 and {r[1] for r in shard_rows} == {f"{i}/6" for i in range(6)}, rows
+            if os.environ.get("CONSOLE_SCREENSHOT"):
+                page.screenshot(path=os.environ["CONSOLE_SCREENSHOT"], full_page=True)
         finally:
             browser.close()
     assert not errors, errors
+    with urllib.request.urlopen(f"http://{n0.host}:{n0.port}/api/overview", timeout=5) as r:
+        overview = json.loads(r.read())
+    shard_streams = [s for s in overview["cluster"]["streams"] if s["shard"]]
+    assert len(shard_streams) == 12 and all(s["leader"].startswith("nats") for s in shard_streams), shard_streams
     for c in (c0, c1):
         c.disconnect()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 
 from stompbroker.cluster import records as C
+from stompbroker.cluster import shards
 from stompbroker.cluster.backplane import Backplane
 
 from broker_harness import Rig
@@ -294,7 +295,7 @@ def test_durable_patterns_are_announced_and_plain_topic_messages_matching_any_ar
     r.send(1, "/topic/other", b"not kept")
     r.send(1, "/topic/d", b"kept too")
     kept = [(c[2], c[4]) for c in bp.queues.out if c[0] == "publish"]
-    assert [subject for subject, _ in kept] == ["c.d.t.topic.rx", "c.d.t.topic.d"]
+    assert [subject for subject, _ in kept] == [shards.topic_subject("c", 6, d) for d in ("/topic/rx", "/topic/d")]
     r.frame(1, "UNSUBSCRIBE", id="d1")
     assert ("INTEREST", 0, 0, b"\x00/topic/d") in to_bridge(r)
     feed(r, remote("\x00/topic/r*", 0))

@@ -9,7 +9,8 @@ from collections import deque
 
 from stompbroker.broker import queues as Q
 from stompbroker.cluster.backplane import Backplane
-from stompbroker.cluster.queuing import decode, pack, topic_filters, topic_subject, unpack
+from stompbroker.cluster import shards
+from stompbroker.cluster.queuing import decode, pack, unpack
 
 from broker_harness import Rig
 
@@ -70,7 +71,9 @@ class FakeJetStream:
                 self.stream.setdefault(subject, deque()).append([payload, 0])
             answer("stored", token)
         elif kind == "bind":
-            rig.binds[command[1]] = command[4]
+            _, key, stream_kind, _, pattern, _, _ = command
+            rig.binds[key] = [f for _, filters in shards.reads(b.config.cluster_name, stream_kind, pattern,
+                                                                [b.config.cluster_streams]) for f in filters]
             rig.want.setdefault(command[1], 0)
         elif kind == "credit":
             rig.want[command[1]] = rig.want.get(command[1], 0) + command[2]
@@ -265,7 +268,7 @@ def test_persistent_topic_message_is_stored_for_durables_and_still_delivered_liv
     assert [o.command for o in a.frames(1)] == ["MESSAGE"]   # live delivery does not wait
     js.run()
     assert [o.command for o in a.frames(1)] == ["RECEIPT"]
-    assert list(js.stream) == [topic_subject("stompbroker", "/topic/t")]
+    assert list(js.stream) == [shards.topic_subject("stompbroker", 6, "/topic/t")]
     a.send(1, "/topic/t", b"not kept")
     js.run()
     assert js.depth() == 1
@@ -278,7 +281,8 @@ def test_durable_subscription_reads_its_consumer_and_filters_its_pattern_exactly
     a.subscribe(1, "/topic/a*", sub_id="d1", durable="true", ack="client-individual")
     js.run()
     key = next(iter(a.binds))
-    assert key.startswith("durable:") and a.binds[key] == topic_filters("stompbroker", "/topic/a*") == ["stompbroker.d.t.topic.>"]
+    assert key.startswith("durable:")
+    assert a.binds[key] == [f"stompbroker.d6_{i}.t.topic.>" for i in range(6)]  # every shard of the layout
     for dest in ("/topic/ab", "/topic/b"):
         a.send(1, dest, dest.encode(), persistent="true")
     js.run()

@@ -105,6 +105,7 @@
   const times = [];                 // epoch seconds of each sample (the browser's clock)
   const series = {};                // name -> values aligned with times
   let previous = null;              // the last sample's raw figures, for rates
+  const streamSeen = {};            // stream -> {stored, time, rate}: a node reads its streams every 5 s
   let last = null;
 
   function push(name, value) {
@@ -175,6 +176,14 @@
     }
     const c = raw.cluster || {}, pc = previous && previous.cluster;
     const clusterRates = { in: rate(c.messages_in, pc && pc.messages_in), out: rate(c.messages_out, pc && pc.messages_out) };
+    for (const s of (c.streams || [])) {   // messages stored per second, between two reads that differ
+      const seen = streamSeen[s.name];
+      if (!seen) streamSeen[s.name] = { stored: s.stored, time: now, rate: null };
+      else if (s.stored !== seen.stored) {
+        seen.rate = s.stored > seen.stored ? (s.stored - seen.stored) / (now - seen.time) : null;
+        Object.assign(seen, { stored: s.stored, time: now });
+      }
+    }
     trim();
     previous = { time: now, totals: t, queues: raw.queues, writers: raw.writers, process: raw.process, cluster: c };
     last = { raw, inRate, outRate, queueRates, writerRates, procCpu, clusterRates };
@@ -244,7 +253,14 @@
       const { clusterRates } = last;
       fillTable("cluster", [[c.node, c.connected ? c.server : "unreachable", ms(c.rtt_ms), si(clusterRates.in),
                              si(clusterRates.out), si(c.remote_patterns), si(c.reconnects)]]);
-      fillTable("streams", (c.streams || []).map((s) => [s.name, si(s.messages), bytes(s.bytes)]));
+      const streams = c.streams || [];
+      fillTable("streams", streams.map((s) => [s.name, s.shard || "–", s.leader || "–", si(s.messages),
+                                               si((streamSeen[s.name] || {}).rate), bytes(s.bytes)]));
+      // how many shards each NATS server leads: one server leading most means one server doing most
+      const led = {};
+      for (const s of streams) if (s.shard && s.leader) led[s.leader] = (led[s.leader] || 0) + 1;
+      $("leaders").textContent = Object.keys(led).length
+        ? "Shards led per NATS server: " + Object.keys(led).sort().map((k) => `${k} ${led[k]}`).join(" · ") : "";
     }
   }
 
