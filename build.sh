@@ -67,6 +67,16 @@ need_haproxy() {
     fi
 }
 
+# The HTTP guards' off-loopback test runs the broker in a network namespace it makes (ip netns, veth).
+need_iproute2() {
+    command -v ip >/dev/null 2>&1 && return
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+    else
+        echo "build.sh: the off-loopback HTTP test needs iproute2 and root (e.g. apt-get install iproute2)" >&2
+    fi
+}
+
 setup_test() {
     install "test,analysis,bench"
     need_java
@@ -85,6 +95,7 @@ case "${1:-setup}" in
         setup_test
         need_chromium
         need_haproxy
+        need_iproute2
         .venv/bin/python -m pytest "$@"
         command -v npm >/dev/null || { echo "build.sh: js-examples/ needs Node.js 20+ and npm" >&2; exit 1; }
         (cd js-examples && npm ci --omit=optional --no-audit --no-fund --loglevel=error && npm test) ;;

@@ -8,6 +8,7 @@ of the README (``python -m stompbroker.settings`` prints it as Markdown).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -83,7 +84,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_stale_queue_size", _int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
     Setting("TTL", _int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
     Setting("ws_paths", _list, "", "comma list of the only paths a WebSocket upgrade may use (empty = any path)"),
-    Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any)"),
+    Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any with auth=off; with auth on, the broker's own pages and clients that send no Origin)"),
+    Setting("http_hosts", _list, "", "comma list of the host names HTTP requests and WebSocket upgrades may name in Host (.example.com: it and every name under it; * = any), against DNS rebinding; others get 421. IP addresses always pass (empty = localhost and host)"),
+    Setting("hsts_max_age", _int, 31_536_000, "seconds browsers keep to https for the broker's host name: Strict-Transport-Security on every HTTP answer on ssl_port (0 = no header); it holds for every port of that name"),
+    Setting("proxy_protocol", _bool, False, "connections from proxy_trusted addresses must start with a PROXY protocol header (v1 or v2: haproxy's send-proxy, send-proxy-v2), whose client address the broker then uses (login throttling, logs, /api/connections); a PROXY header from any other peer closes its connection"),
+    Setting("proxy_trusted", _list, "", "comma list of the proxies' addresses or networks (10.0.0.5, 10.1.0.0/16, ::1) whose PROXY headers are believed; needed with proxy_protocol=true"),
     Setting("ssl_port", _int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
     Setting("ssl_cert", str, "", "PEM certificate chain for ssl_port"),
     Setting("ssl_key", str, "", "PEM private key for ssl_port"),
@@ -104,6 +109,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_frame_size", _int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
     Setting("max_first_frame", _int, 64 * KB, "largest frame before a connection's first complete frame (its CONNECT), in bytes: what a client that has not logged in may make the broker hold"),
     Setting("max_partial_bytes", _int, 128 * MB, "bytes of unfinished frames the reader holds for all connections together; the connection that would go past it gets a 'broker busy' ERROR and is closed"),
+    Setting("ws_max_fragments", _int, 1024, "most WebSocket frames one message may come in (its first included); a message in more gets close 1008"),
     Setting("max_headers", _int, 256, "most header lines in one frame"),
     Setting("max_header_line", _int, 64 * KB, "longest header line, in bytes"),
     Setting("max_destination_length", _int, 1 * KB, "longest destination name (SEND and SUBSCRIBE `destination`, SEND `reply-to`), in bytes as sent; checked at the reader (stored messages of longer names are quarantined at start)"),
@@ -255,7 +261,7 @@ def convert(setting: Setting, text: str) -> Any:
 
 
 def validate(values: dict) -> None:
-    for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "max_headers", "max_header_line",
+    for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "ws_max_fragments", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_destination_length", "max_id_length", "max_answer_bytes",
@@ -265,9 +271,18 @@ def validate(values: dict) -> None:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms", "metrics_max_queues",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
-                 "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas"):
+                 "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas",
+                 "hsts_max_age"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
+    for network in values["proxy_trusted"]:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise ValueError(f"proxy_trusted: not an IP address or network: {network!r}") from None
+    if values["proxy_protocol"] and not values["proxy_trusted"]:
+        raise ValueError("proxy_protocol=true needs proxy_trusted: the addresses of the proxies in front of the "
+                         "broker (a header from anyone else would let a client choose its own address)")
     if values["ssl_port"] and not (values["ssl_cert"] and values["ssl_key"]):
         raise ValueError("ssl_port needs ssl_cert and ssl_key")
     if values["ssl_verify_client"] not in ("none", "optional", "required"):

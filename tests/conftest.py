@@ -19,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def pytest_addoption(parser):
     parser.addoption("--seconds", type=float, default=0.0,
                      help="run the time-bounded fuzzers for this many seconds (default: their short CI budget)")
+    parser.addoption("--fuzz-inputs", type=int, default=0,
+                     help="stop the edge fuzzer (tests/integration/test_fuzz_edges.py) after this many inputs")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,9 +37,10 @@ def fuzz_seconds(request) -> float:
 
 
 class BrokerProcess:
-    """A running ``python -m stompbroker``; ``host``/``port`` to connect, ``log()`` for its output."""
+    """A running ``python -m stompbroker``; ``host``/``port`` to connect, ``log()`` for its output.
+    ``prefix`` runs it through another command (``ip netns exec NAME``)."""
 
-    def __init__(self, *settings: str, env: dict | None = None):
+    def __init__(self, *settings: str, env: dict | None = None, prefix: tuple = ()):
         self.settings = settings
         base = f"/tmp/stompbroker-test-{os.getpid()}-{time.monotonic_ns()}"
         self.log_path = base + ".log"
@@ -46,7 +49,7 @@ class BrokerProcess:
                                base + ".ready")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stompbroker", "port=0", "log_level=INFO", f"ready_file={base}.ready",
+            [*prefix, sys.executable, "-m", "stompbroker", "port=0", "log_level=INFO", f"ready_file={base}.ready",
              *settings],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
             env={**os.environ, **(env or {})},
@@ -100,8 +103,8 @@ def start_broker():
     """Factory: start_broker("processors=4", "TTL=5000") -> BrokerProcess, stopped after the test."""
     started = []
 
-    def start(*settings: str, env: dict | None = None) -> BrokerProcess:
-        broker = BrokerProcess(*settings, env=env)
+    def start(*settings: str, env: dict | None = None, prefix: tuple = ()) -> BrokerProcess:
+        broker = BrokerProcess(*settings, env=env, prefix=prefix)
         started.append(broker)
         return broker
 

@@ -88,10 +88,17 @@ class Broker:
                       "connections_opened": 0, "connections_closed": 0, "errors": 0}
 
     # -- events --------------------------------------------------------------------------------
-    def on_open(self, conn: int, writer: int, peer: str, now: float) -> None:
+    def on_open(self, conn: int, writer: int, peer: str, now: float, tls: bool = False) -> None:
         session = self.sessions[conn] = Session(conn, self.outboxes[writer], peer, now)
+        session.tls = tls
         self.timed.add(session)  # until CONNECT: the connect timeout applies
         self.stats["connections_opened"] += 1
+
+    def on_peer(self, conn: int, peer: str) -> None:
+        """The client's own address, from its proxy's PROXY header: throttling, logs and the API use it."""
+        session = self.sessions.get(conn)
+        if session is not None:
+            session.peer = peer
 
     def on_closed(self, conn: int, tell_writer: bool = True) -> None:
         sessions.closed(self, conn, tell_writer)

@@ -30,7 +30,8 @@ NO_ENTRIES = _NoEntries()
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
                  "subs", "acks", "transactions", "hb_in", "closing", "websocket", "token", "login", "client_id",
-                 "held", "pending", "backlog", "temps", "inflight", "written", "written_final", "console_until")
+                 "held", "pending", "backlog", "temps", "inflight", "written", "written_final", "console_until",
+                 "tls")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -64,6 +65,7 @@ class Session:
         self.written = 0
         self.written_final = False   # the writer said it will send nothing more
         self.console_until = 0.0     # a web console's read-only session (console passcode): it ends then
+        self.tls = False             # it came in on ssl_port
 
 
     @property

@@ -23,12 +23,13 @@ class Kind(enum.IntEnum):
     """What a record is. The one list of kinds, with what each carries."""
 
     # reader -> dispatcher
-    OPEN = 1        # aux: writer index, payload: peer address text
+    OPEN = 1        # aux: writer index (| OPEN_TLS on the TLS port), payload: peer address text
     FRAME = 2       # aux: length of the head (command and header lines), payload: head + body
     CLOSED = 3      # the socket is gone
     ALIVE = 4       # bytes arrived (heart-beats or part of a frame), at most every alive_every() per connection
     BAD_FRAME = 5   # payload: message NUL detail NUL receipt (a framing error; ERROR and close)
-    HTTP = 6        # payload: an HTTP response to write raw, then close (health check, refused handshake)
+    HTTP = 6        # payload: an HTTP response to write raw, then close (health check, refused handshake;
+                    # empty: just close, as for a refused PROXY header)
     WS_OPEN = 7     # payload: the 101 response; the connection speaks WebSocket from now on
     WS_REPLY = 8    # payload: an encoded WebSocket control frame (pong) to write raw
     WS_CLOSE = 9    # payload: an encoded close frame to write raw, then close
@@ -39,6 +40,7 @@ class Kind(enum.IntEnum):
                     # pairs (FRAME_SIZES, u32 each), then each head and body in turn. One record per
                     # read instead of one per frame (a lone frame still goes as FRAME); the ring
                     # still counts frames, so max_input_queue_size keeps its meaning
+    PEER = 14       # payload: the client's address text from a PROXY header (replaces OPEN's, the proxy's)
 
     # dispatcher -> writer
     DATA = 20       # payload: one STOMP frame (WebSocket-encoded by the writer where needed);
@@ -69,6 +71,7 @@ SHUTDOWN = Kind.SHUTDOWN.value
 HTTP_REQUEST = Kind.HTTP_REQUEST.value
 READER_START = Kind.READER_START.value
 FRAMES = Kind.FRAMES.value
+PEER = Kind.PEER.value
 DATA = Kind.DATA.value
 RAW = Kind.RAW.value
 WS_ON = Kind.WS_ON.value
@@ -78,6 +81,7 @@ STOP = Kind.STOP.value
 RESET = Kind.RESET.value
 
 WRITTEN_MARK = 1
+OPEN_TLS = 1 << 16  # in an OPEN record's aux: the connection came in on ssl_port
 # writer -> dispatcher, on its own channel: how many marked DATA records of each connection are sent
 # (cumulative), so a queue message leaves the store only once its delivery is written. One datagram
 # per writer loop with progress: WRITTEN_HEAD (writer index, flags) + WRITTEN_PAIR* (connection,

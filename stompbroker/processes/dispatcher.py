@@ -28,6 +28,7 @@ from ..store.sqlite import Store
 from ..ipc import records as R
 from ..cluster import records as C
 from ..ipc.outbox import Outbox
+from ..protocol.handshake import with_header
 from ..protocol.stomp import render_frame
 from . import common
 from . import poison
@@ -271,7 +272,9 @@ class Dispatcher:
                 elif kind == R.FRAMES:
                     self.frames(blob, start, conn, aux, now)
                 elif kind == R.OPEN:
-                    broker.on_open(conn, aux, blob[start:stop].decode(), now)
+                    broker.on_open(conn, aux & ~R.OPEN_TLS, blob[start:stop].decode(), now, bool(aux & R.OPEN_TLS))
+                elif kind == R.PEER:
+                    broker.on_peer(conn, blob[start:stop].decode())
                 elif kind == R.CLOSED:
                     broker.now = now  # unwritten deliveries are timed from here
                     if conn in self.http_pending:  # its login check goes with it
@@ -428,6 +431,8 @@ class Dispatcher:
     def http_answer(self, conn: int, response: bytes) -> None:
         session = self.broker.sessions.get(conn)
         if session is not None and not session.closing:
+            if session.tls and self.config.hsts_max_age:  # browsers keep to https for this host
+                response = with_header(response, "Strict-Transport-Security", f"max-age={self.config.hsts_max_age}")
             session.outbox.add(R.RAW, conn, response)
             self.broker.hang_up(session)
 

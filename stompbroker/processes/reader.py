@@ -1,8 +1,9 @@
 """Reader process: accepts every connection and reads every socket (one epoll loop).
 
-It tells the protocols apart by the first bytes (``GET `` is HTTP: a WebSocket upgrade, the health
-check, or a request for the console, API or metrics, which the dispatcher answers; anything else is
-raw STOMP), splits the byte stream into STOMP frames with the sans-IO
+It tells the protocols apart by the first bytes (protocol/sniff.py: an HTTP method is HTTP, a
+WebSocket upgrade, the health check, or a request for the console, API or metrics, which the
+dispatcher answers; anything else is raw STOMP; a trusted proxy's connection starts with a PROXY
+header, protocol/proxy.py), splits the byte stream into STOMP frames with the sans-IO
 parsers, and appends them as records to the shared-memory input queue, one batch and one wake-up
 per loop. When the queue is full it stops reading, so TCP pushes back on the clients: no frame is
 ever dropped. Every socket is passed to its writer right after accept; the reader writes to a
@@ -25,7 +26,9 @@ import time
 from ..console.http import encode_request
 from ..ipc import control, records as R
 from ..ipc.control import Control
-from ..protocol import websocket as ws
+from ..protocol import proxy, websocket as ws
+from ..protocol.hosts import HostPolicy
+from ..protocol.sniff import sniff
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
 from . import common
@@ -35,8 +38,6 @@ log = logging.getLogger("stompbroker.reader")
 
 READ_SIZE = 65536
 FLUSH_AT = 256 * 1024       # bytes of records gathered before they are pushed mid-loop
-_GET = b"GET "
-_OTHER_METHODS = frozenset((b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"))
 
 
 
@@ -47,9 +48,10 @@ class Mode(enum.IntEnum):
     HTTP = 2       # an HTTP request head is being read (upgrade, health check, console)
     WEBSOCKET = 3  # STOMP inside WebSocket messages
     DEAD = 4       # an ERROR or close is on its way: read and ignore until the writer hangs up
+    PROXY = 5      # a trusted proxy's connection: its PROXY header (protocol/proxy.py) is being read
 
 
-NEW, STOMP, HTTP, WEBSOCKET, DEAD = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode.WEBSOCKET, Mode.DEAD
+NEW, STOMP, HTTP, WEBSOCKET, DEAD, PROXY = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode.WEBSOCKET, Mode.DEAD, Mode.PROXY
 WS_MESSAGE = WsEvent.MESSAGE  # tested per WebSocket message: a global, not an enum attribute lookup
 
 
@@ -62,7 +64,7 @@ class Conn:
         self.writer = writer
         self.mode = NEW
         self.parser = parser    # only while it holds an unfinished frame (see Reader.feed)
-        self.buf = b""          # bytes of an HTTP request head not complete yet
+        self.buf = b""          # bytes of an HTTP request head, a PROXY header or an undecided first word
         self.ws = None          # WsDecoder once upgraded
         self.last_alive = 0.0
         self.tls = None         # TlsLink for connections on ssl_port
@@ -113,9 +115,14 @@ class Reader:
         self.running = True
         self.allowed_paths = getattr(config, "ws_paths", None) or None
         self.allowed_origins = getattr(config, "ws_origins", None) or None
+        # without ws_origins, a broker that checks logins opens WebSockets to its own pages only
+        self.same_origin_only = config.auth != "off"
+        self.hosts = HostPolicy.from_config(config)
+        self.hsts = f"max-age={config.hsts_max_age}" if config.hsts_max_age else ""
         self.tls_listener = resources.tls_listener
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
+        self.proxies = proxy.TrustedProxies(config.proxy_trusted) if config.proxy_protocol else None
         # connections whose HTTP request head is incomplete -> deadline; answered 408 before the
         # dispatcher's connect timeout would send them a STOMP ERROR
         self.http_waiting: dict[Conn, float] = {}
@@ -255,6 +262,8 @@ class Reader:
                 sock.close()
                 continue
             conn = Conn(conn_id, sock, writer)
+            if self.proxies is not None and link is None and addr[0] in self.proxies:
+                conn.mode = PROXY
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
             if link is not None:
@@ -262,7 +271,7 @@ class Reader:
                 conn.tls, link.conn = link, conn
                 self.sel.register(link.inner, selectors.EVENT_READ, link)
             self.stats["accepted"] += 1
-            self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer)
+            self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer | (R.OPEN_TLS if link else 0))
 
     def refuse(self, sock: socket.socket, message: str, detail: str) -> None:
         self.stats["refused"] += 1
@@ -420,8 +429,23 @@ class Reader:
     def received(self, conn: Conn, data: bytes, now: float) -> None:
         self.stats["bytes_in"] += len(data)
         mode = conn.mode
+        if mode == PROXY:
+            data = self.proxy_header(conn, data)
+            if not data:
+                return
+            mode = conn.mode
         if mode == NEW:
-            mode = conn.mode = self.sniff(conn, data)
+            head = conn.buf + data if conn.buf else data
+            verdict = sniff(head, self.proxies is not None)
+            if verdict is None:  # a few bytes that could begin more than one protocol
+                conn.buf = head
+                return
+            conn.buf, data = b"", head
+            if verdict == "proxy":
+                self.proxy_refused(conn, "a PROXY header where none is believed (the peer is not in "
+                                         "proxy_trusted, or its proxy sent one already)")
+                return
+            mode = conn.mode = HTTP if verdict == "http" else STOMP
         if mode == STOMP:
             self.stomp(conn, data, now)
         elif mode == WEBSOCKET:
@@ -458,18 +482,35 @@ class Reader:
         conn.held = 0
         conn.parser = None
 
-    @staticmethod
-    def sniff(conn: Conn, data: bytes) -> int:
-        head = conn.buf + data
-        if head.startswith(_GET) or _GET.startswith(head):
-            return HTTP
-        # Another HTTP method gets an HTTP answer (400, method must be GET) rather than hanging as
-        # an unfinished STOMP frame: no STOMP command is followed by a space. CONNECT is left out
-        # (it is also a STOMP command), and a method cut before its space is taken for STOMP.
-        method, space, _ = head[:8].partition(b" ")
-        if space and method in _OTHER_METHODS:
-            return HTTP
-        return STOMP
+    def proxy_header(self, conn: Conn, data: bytes) -> bytes:
+        """A trusted proxy's connection starts with a PROXY header naming the client: the dispatcher
+        learns the client's address (a PEER record), and the bytes after the header are the client's."""
+        conn.buf += data
+        try:
+            parsed = proxy.parse_header(conn.buf)
+        except proxy.ProxyError as exc:
+            self.proxy_refused(conn, str(exc))
+            return b""
+        if parsed is None:
+            return b""
+        source, used = parsed
+        rest, conn.buf = conn.buf[used:], b""
+        conn.mode = NEW
+        if source is not None:
+            self.emit(R.PEER, conn.id, proxy.peer_text(*source).encode())
+        return rest
+
+    def proxy_refused(self, conn: Conn, reason: str) -> None:
+        """No PROXY header from a trusted proxy, a bad one, or one from anyone else: close without a word
+        (who is behind a broken proxy, or what an untrusted peer speaks, is not known)."""
+        try:
+            peer = "%s:%s" % conn.sock.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        log.warning("connection %d from %s: %s; closing it", conn.id, peer, reason)
+        conn.mode = DEAD
+        conn.buf = b""
+        self.emit(R.HTTP, conn.id)  # nothing to write, then close
 
     def new_parser(self) -> FrameParser:
         config = self.config
@@ -549,23 +590,29 @@ class Reader:
             request, used = parsed
             rest, conn.buf = conn.buf[used:], b""
             headers = request["headers"]
-            if not ws.wants_upgrade(headers):
-                conn.mode = DEAD
-                if request["path"].split("?")[0] == "/health_check" and request["method"] == "GET":
-                    self.emit(R.HTTP, conn.id, ws.http_response(200, "OK", b"OK\n"))
-                else:  # the console, the API, /metrics or a 404: the dispatcher has the figures
-                    self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
+            upgrade = ws.wants_upgrade(headers)
+            if not upgrade and request["path"].split("?")[0] == "/health_check" and request["method"] == "GET":
+                conn.mode = DEAD  # for load balancers and probes, whatever Host they name
+                self.http_reply(conn, ws.http_response(200, "OK", b"OK\n"))
                 return
-            response, _subprotocol = ws.handshake_response(request, self.allowed_paths, self.allowed_origins)
+            if not (self.hosts.allows(headers.get("host")) and self.hosts.allows(request["authority"])):
+                # DNS rebinding (protocol/hosts.py)
+                raise ws.HandshakeError(421, "this broker does not answer for that Host (http_hosts)")
+            if not upgrade:  # the console, the API, /metrics or a 404: the dispatcher has the figures
+                conn.mode = DEAD
+                self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
+                return
+            response, _subprotocol = ws.handshake_response(request, self.allowed_paths, self.allowed_origins,
+                                                           self.same_origin_only)
         except ws.HandshakeError as exc:
             self.http_waiting.pop(conn, None)
             conn.mode = DEAD
             conn.buf = b""
             # response() carries the headers the status needs (426: Sec-WebSocket-Version: 13).
-            self.emit(R.HTTP, conn.id, exc.response())
+            self.http_reply(conn, exc.response())
             return
         conn.mode = WEBSOCKET
-        conn.ws = ws.WsDecoder(self.config.max_frame_size)
+        conn.ws = ws.WsDecoder(self.config.max_frame_size, self.config.ws_max_fragments)
         self.stats["websockets"] += 1
         self.emit(R.WS_OPEN, conn.id, response)
         if rest:
@@ -577,7 +624,13 @@ class Reader:
             del self.http_waiting[conn]
             conn.mode = DEAD
             conn.buf = b""
-            self.emit(R.HTTP, conn.id, ws.HandshakeError(408, "request head not complete in time").response())
+            self.http_reply(conn, ws.HandshakeError(408, "request head not complete in time").response())
+
+    def http_reply(self, conn: Conn, response: bytes) -> None:
+        """An HTTP answer of the reader's own, then close; on the TLS port it carries HSTS."""
+        if conn.tls is not None and self.hsts:
+            response = ws.with_header(response, "Strict-Transport-Security", self.hsts)
+        self.emit(R.HTTP, conn.id, response)
 
     def websocket(self, conn: Conn, data: bytes, now: float) -> None:
         decoder = conn.ws
@@ -593,13 +646,14 @@ class Reader:
         stats["ws_hits"] += decoder.hits - hits
         stats["ws_misses"] += decoder.misses - misses
         frames = []
+        ping = None
         for event in events:
             kind = event[0]
             try:
                 if kind is WS_MESSAGE:
                     frames += self.feed(conn, event[1])
                 elif kind is WsEvent.PING:
-                    self.emit(R.WS_REPLY, conn.id, ws.encode_frame(event[1], ws.OP_PONG))
+                    ping = event[1]
                 elif kind is WsEvent.CLOSE:
                     self.frames(conn, frames, now)
                     frames = []
@@ -610,6 +664,10 @@ class Reader:
                 self.frames(conn, frames + getattr(exc, "frames", []), now)
                 self.bad_frame(conn, exc.message, exc.detail, exc.receipt)
                 return
+        if ping is not None:
+            # One pong per read, for its last ping (RFC 6455 5.5.3 allows it): a ping flood costs
+            # the dispatcher and the writer one record per read, not one per ping.
+            self.emit(R.WS_REPLY, conn.id, ws.encode_frame(ping, ws.OP_PONG))
         self.frames(conn, frames, now)
         if error is not None:
             conn.mode = DEAD

@@ -34,7 +34,7 @@ from ..diag.dump import DumpWriter
 from ..ipc import control
 from ..ipc.control import Control
 from ..readiness import write_ready
-from ..security import passwd
+from ..security import exposure, passwd
 from ..store import sqlite as store
 from .common import Resources, tune_malloc
 from .titles import title
@@ -290,6 +290,8 @@ class Supervisor:
                  self.port, self.config.writers)
         log.info("settings: %s", self.config.describe())
         log.debug("all settings: %s", self.config.describe(every=True))
+        for warning in exposure.warnings(self.config, self.port):
+            log.warning(warning)
         try:
             if self.start_all():
                 self.announce()

@@ -8,6 +8,9 @@ import base64
 import binascii
 import hashlib
 import re
+from urllib.parse import urlsplit
+
+from .hosts import same_origin
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -16,7 +19,8 @@ STOMP_SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp", "stomp")
 
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 426: "Upgrade Required",
+    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 421: "Misdirected Request",
+    426: "Upgrade Required",
     431: "Request Header Fields Too Large", 500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -51,7 +55,8 @@ _BAD_IN_LINE_RE = re.compile(rb"[\x00\r\n]")
 
 
 def parse_http_request(buf: bytes, max_size: int = 8192) -> tuple[dict, int] | None:
-    """Parse an HTTP/1.x request head from the start of ``buf``.
+    """Parse an HTTP/1.x request head from the start of ``buf``: method, path (the request target as
+    sent), version, headers and, for an absolute-form target, its authority (else None).
 
     Returns None while the head (through CRLFCRLF) is incomplete, else
     ``(request, consumed)``; bytes after ``consumed`` belong to the caller.
@@ -73,6 +78,13 @@ def parse_http_request(buf: bytes, max_size: int = 8192) -> tuple[dict, int] | N
             or not _VERSION_RE.match(parts[2]) or _BAD_IN_LINE_RE.search(parts[1]):
         raise HandshakeError(400, "malformed request line")
     method, target, version = (p.decode("latin-1") for p in parts)
+    try:  # what the console's routing will split: refuse here what it could not
+        split = urlsplit(target)
+        split.port
+    except ValueError:
+        raise HandshakeError(400, "malformed request target") from None
+    # absolute-form (http://host/path): its authority names the host, as Host does
+    authority = split.netloc if split.scheme else None
 
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -83,7 +95,7 @@ def parse_http_request(buf: bytes, max_size: int = 8192) -> tuple[dict, int] | N
         key = name.decode("latin-1").lower()
         if key not in headers:  # first wins
             headers[key] = value.strip(b" \t").decode("latin-1")
-    return {"method": method, "path": target, "version": version, "headers": headers}, consumed
+    return {"method": method, "path": target, "version": version, "headers": headers, "authority": authority}, consumed
 
 
 def _tokens(value: str | None) -> list[str]:
@@ -99,10 +111,13 @@ def accept_key(key: str) -> str:
 
 
 def handshake_response(request: dict, allowed_paths: list[str] | None = None,
-                       allowed_origins: list[str] | None = None) -> tuple[bytes, str | None]:
+                       allowed_origins: list[str] | None = None,
+                       same_origin_only: bool = False) -> tuple[bytes, str | None]:
     """Validate an upgrade request; return (101 response bytes, subprotocol or None).
 
-    Raises HandshakeError with the HTTP status to answer with.
+    ``allowed_origins`` lists the pages that may open a WebSocket; without it, ``same_origin_only``
+    lets only the broker's own pages (an Origin naming the host and port of the request's Host) and
+    clients that send no Origin (not browsers). Raises HandshakeError with the HTTP status to answer.
     """
     headers = request["headers"]
     if request["method"] != "GET":
@@ -133,6 +148,8 @@ def handshake_response(request: dict, allowed_paths: list[str] | None = None,
         # Scheme and host are case-insensitive; browsers send them lower-case.
         if origin is None or origin.lower() not in {o.lower() for o in allowed_origins}:
             raise HandshakeError(403, "origin not allowed")
+    elif same_origin_only and not same_origin(headers.get("origin"), headers.get("host")):
+        raise HandshakeError(403, "origin not allowed (only the broker's own pages: ws_origins lists others)")
 
     offered = _tokens(headers.get("sec-websocket-protocol"))
     subprotocol = next((p for p in STOMP_SUBPROTOCOLS if p in offered), None)
@@ -153,6 +170,15 @@ def wants_upgrade(headers: dict) -> bool:
     a request with none is plain HTTP."""
     return ("upgrade" in headers or "sec-websocket-key" in headers
             or "upgrade" in (t.lower() for t in _tokens(headers.get("connection"))))
+
+
+def with_header(response: bytes, name: str, value: str) -> bytes:
+    """``response`` with one more header line, right after its status line."""
+    line = f"{name}: {value}\r\n".encode("latin-1")
+    if _BAD_IN_LINE_RE.search(line[:-2]):
+        raise ValueError("CR, LF or NUL in HTTP response head")
+    end = response.index(b"\r\n") + 2
+    return response[:end] + line + response[end:]
 
 
 def http_response(status: int, reason: str, body: bytes = b"", extra_headers: dict | None = None) -> bytes:

@@ -28,7 +28,7 @@ import os
 import struct
 
 __all__ = [
-    "HandshakeError", "parse_http_request", "handshake_response", "http_response", "wants_upgrade",
+    "HandshakeError", "parse_http_request", "handshake_response", "http_response", "wants_upgrade", "with_header",
     "WsProtocolError", "WsDecoder", "encode_frame", "encode_message", "encode_close",
     "encode_client_frame", "parse_frame",
     "mask_bytes", "Opcode", "CloseCode", "WsEvent", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
@@ -85,7 +85,7 @@ OP_PONG = Opcode.PONG.value
 _MESSAGE = WsEvent.MESSAGE  # one global lookup per message, not an enum attribute lookup
 
 from .handshake import (STOMP_SUBPROTOCOLS, WS_GUID, HandshakeError, accept_key, handshake_response,
-                        http_response, parse_http_request, wants_upgrade)
+                        http_response, parse_http_request, wants_upgrade, with_header)
 
 
 # --------------------------------------------------------------------------
@@ -156,17 +156,21 @@ class WsDecoder:
       (WsEvent.MESSAGE, payload: bytes, is_text: bool)  whole message, reassembled
       (WsEvent.PING, payload) / (WsEvent.PONG, payload)
       (WsEvent.CLOSE, code | None, reason)
-    and raises WsProtocolError (code 1002, 1007 or 1009) on a protocol
-    violation; the decoder then stays failed (every later feed raises the same
+    and raises WsProtocolError on a protocol violation (1002, 1007), a message over
+    ``max_message_size`` bytes (1009) or in more than ``max_fragments`` frames (1008); the decoder
+    then stays failed (every later feed raises the same
     error). After a close frame, further bytes are ignored (RFC 6455 5.5.1).
     """
 
-    def __init__(self, max_message_size: int = 4 * 1024 * 1024):
+    def __init__(self, max_message_size: int = 4 * 1024 * 1024, max_fragments: int = 1024):
         self.max_message_size = max_message_size
+        self.max_fragments = max_fragments  # frames one message may come in (its first one included)
         self._buf = bytearray()       # unparsed bytes (at most one partial frame)
-        self._parts: list[bytes] = []  # fragments of the message in progress
+        # The message in progress, its fragments joined as they come: a list of parts would cost an
+        # object per fragment, which empty or 1-byte fragments would turn into unbounded memory.
+        self._message = bytearray()
         self._frag_op: int | None = None  # OP_TEXT/OP_BIN while a message is fragmented
-        self._frag_size = 0
+        self._fragments = 0
         self._error: WsProtocolError | None = None
         self.closed = False
         self.hits = 0
@@ -174,13 +178,14 @@ class WsDecoder:
 
     @property
     def allocated(self) -> int:
-        return len(self._buf) + self._frag_size
+        """Bytes held between feeds: a partial frame and the fragments of an unfinished message."""
+        return len(self._buf) + len(self._message)
 
     def _fail(self, code: int, reason: str, events: list) -> WsProtocolError:
         self._error = WsProtocolError(code, reason)
         self._buf = bytearray()
-        self._parts = []
-        self._frag_size = 0
+        self._message = bytearray()
+        self._fragments = 0
         return WsProtocolError(code, reason, events)
 
     def feed(self, data: bytes) -> list[tuple]:
@@ -223,6 +228,9 @@ class WsDecoder:
             elif opcode == OP_CONT:
                 if self._frag_op is None:
                     raise self._fail(CloseCode.PROTOCOL_ERROR, "continuation frame without a message", events)
+                if self._fragments >= self.max_fragments:
+                    raise self._fail(CloseCode.POLICY_VIOLATION, f"message in more than {self.max_fragments} "
+                                     "fragments", events)
             elif opcode <= OP_BIN:
                 if self._frag_op is not None:
                     raise self._fail(CloseCode.PROTOCOL_ERROR, "new message inside a fragmented message", events)
@@ -245,7 +253,7 @@ class WsDecoder:
                 hdr = 14
             # Non-minimal length encodings are accepted (as browsers never
             # send them, rejecting them would only add a failure mode).
-            if opcode < OP_CLOSE and self._frag_size + length > max_msg:
+            if opcode < OP_CLOSE and len(self._message) + length > max_msg:
                 raise self._fail(CloseCode.MESSAGE_TOO_BIG, f"message larger than {max_msg} bytes", events)
 
             end = pos + hdr + length
@@ -264,17 +272,17 @@ class WsDecoder:
                     events.append((_MESSAGE, payload, opcode == OP_TEXT))
                 else:
                     self._frag_op = opcode
-                    self._parts.append(payload)
-                    self._frag_size += length
+                    self._message += payload
+                    self._fragments = 1
             elif opcode == OP_CONT:
-                self._parts.append(payload)
-                self._frag_size += length
+                self._message += payload
+                self._fragments += 1
                 if fin:
-                    message = b"".join(self._parts)
+                    message = bytes(self._message)
                     is_text = self._frag_op == OP_TEXT
-                    self._parts = []
+                    self._message = bytearray()  # give a big message's memory back
                     self._frag_op = None
-                    self._frag_size = 0
+                    self._fragments = 0
                     if is_text and not _is_utf8(message):
                         raise self._fail(CloseCode.INVALID_DATA, "invalid UTF-8 in text message", events)
                     events.append((_MESSAGE, message, is_text))

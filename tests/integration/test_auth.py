@@ -168,7 +168,7 @@ def basic(login, password):
 
 def http_request(broker, source, path, authorization, method="GET"):
     sock = socket.create_connection(broker.address, timeout=15, source_address=(source, 0))
-    sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {authorization}\r\n\r\n".encode())
+    sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: {authorization}\r\n\r\n".encode())
     return sock
 
 

@@ -247,8 +247,11 @@ def test_diag_needs_a_session_and_admin_when_auth_is_on(secured):
     anonymous.send(b"DIAG\n\nsubs\0")
     cmd, headers, body = anonymous.read()
     assert (cmd, headers["message"]) == ("ERROR", "not connected") and b"payroll" not in body
-    ws = websocket.create_connection(f"ws://{b.host}:{b.port}/", origin="http://evil.example", timeout=5)
-    ws.send("DIAG\n\nsubs\0")  # the same from a foreign web page
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:  # a foreign web page: no WebSocket at all
+        websocket.create_connection(f"ws://{b.host}:{b.port}/", origin="http://evil.example", timeout=5)
+    assert refused.value.status_code == 403
+    ws = websocket.create_connection(f"ws://{b.host}:{b.port}/", suppress_origin=True, timeout=5)
+    ws.send("DIAG\n\nsubs\0")  # the same over WebSocket
     answer = ws.recv()
     assert answer.startswith("ERROR") and "not connected" in answer and "payroll" not in answer
     user = login(b, "bob", "builder")  # a user, not an admin: diag_admin_only is on with auth

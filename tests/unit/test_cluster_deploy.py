@@ -4,6 +4,7 @@ JetStream cluster, haproxy balances over every node and its config passes `hapro
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shutil
@@ -78,6 +79,19 @@ def test_haproxy_balances_over_every_node_with_health_checks():
     lb = services()["lb"]
     assert "./haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in lb["volumes"]
     assert "61613:61613" in lb["ports"] and re.search(r"^\s*bind :61613$", text, re.M)
+
+
+def test_nodes_believe_the_proxy_header_from_haproxy_alone():
+    text = open(HAPROXY).read()
+    assert re.search(r"^\s*default-server send-proxy-v2 ", text, re.M)
+    with open(COMPOSE) as f:
+        compose = yaml.safe_load(f)
+    lb_address = services()["lb"]["networks"]["default"]["ipv4_address"]
+    subnet = compose["networks"]["default"]["ipam"]["config"][0]["subnet"]
+    assert ipaddress.ip_address(lb_address) in ipaddress.ip_network(subnet)
+    for name, s in brokers().items():
+        config = parse_config(s["command"], environ={})
+        assert config.proxy_protocol and config.proxy_trusted == [lb_address], name
 
 
 @pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy not installed (apt-get install haproxy)")

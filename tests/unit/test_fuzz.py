@@ -238,7 +238,7 @@ def run_ws(max_size: int, chunks: list[bytes]):
         try:
             got = dec.feed(chunk)
         except WsProtocolError as e:
-            assert e.code in (1002, 1007, 1009) and e.reason
+            assert e.code in (1002, 1007, 1008, 1009) and e.reason
             events += e.events
             return events, e, dec
         events += got
@@ -372,6 +372,45 @@ def test_http_request_any_bytes_incrementally(data, cuts, max_size):
                 continue
             assert response.startswith(b"HTTP/1.1 101 ") and response.endswith(b"\r\n\r\n")
             assert subprotocol in (None, "v12.stomp", "v11.stomp", "v10.stomp", "stomp")
+
+
+# --- PROXY headers, Host and Origin --------------------------------------------------------------
+
+from stompbroker.protocol.hosts import HostPolicy, same_origin
+from stompbroker.protocol.proxy import V2_SIGNATURE, ProxyError, parse_header
+from stompbroker.protocol.sniff import sniff
+
+PROXY_PIECES = [b"PROXY ", b"TCP4 ", b"TCP6 ", b"UNKNOWN", b"1.2.3.4 ", b"::1 ", b"65535 ", b"0 ", b"\r\n", b"\n",
+                b" ", V2_SIGNATURE, b"\x21", b"\x20", b"\x11", b"\x21\x11", b"\x00\x0c", b"\xff\xff", b"\x00\x00"]
+proxy_stream = st.one_of(st.binary(max_size=200), st.lists(st.sampled_from(PROXY_PIECES), max_size=20).map(b"".join))
+
+
+@fuzz(500)
+@given(data=proxy_stream, cuts=cuts_st)
+def test_proxy_header_any_bytes_any_reads(data, cuts):
+    """The reader re-parses its growing buffer after each read: the verdict does not depend on the reads."""
+    def verdict(buf):
+        try:
+            return ("ok", parse_header(buf))
+        except ProxyError as e:
+            assert str(e)
+            return ("error", None)
+    buf, outcome = b"", ("ok", None)
+    for chunk in split(data, cuts):
+        buf += chunk
+        outcome = verdict(buf)
+        if outcome != ("ok", None):
+            break
+    assert verdict(data) == outcome
+    assert sniff(data[:12] or b"x", True) in ("http", "stomp", "proxy", None)
+
+
+@fuzz(300)
+@given(host=st.one_of(st.none(), st.text(max_size=40)), origin=st.one_of(st.none(), st.text(max_size=40)),
+       allowed=st.lists(st.text(max_size=12), max_size=3))
+def test_host_and_origin_checks_take_any_text(host, origin, allowed):
+    assert HostPolicy(allowed).allows(host) in (True, False)
+    assert same_origin(origin, host) in (True, False)
 
 
 # --- the broker on the durable store ------------------------------------------------------------

@@ -290,6 +290,51 @@ def test_too_big_detected_from_length_field():
     assert WsDecoder(max_message_size=1000).feed(client_frame(b"a" * 1000, OP_BIN))[0][1] == b"a" * 1000
 
 
+def test_fragments_are_held_as_their_bytes_and_counted_byte_by_byte():
+    # What a fragmented message holds is exactly its payload bytes so far, whatever the fragment
+    # sizes: empty fragments hold nothing (they used to cost a list entry each, unbounded).
+    dec = WsDecoder(max_fragments=10_000)
+    assert feed_bytewise(dec, client_frame(b"SEND\n", OP_TEXT, fin=False)) == []
+    assert dec.allocated == 5
+    for i in range(2000):
+        frame = client_frame(b"" if i % 2 else b"x", OP_CONT, fin=False)
+        assert feed_bytewise(dec, frame) == []
+        assert dec.allocated == 5 + (i + 2) // 2
+    assert feed_bytewise(dec, client_frame(b"\n\x00", OP_CONT)) == [("message", b"SEND\n" + b"x" * 1000 + b"\n\x00", True)]
+    assert dec.allocated == 0
+
+
+@pytest.mark.parametrize("payload", [b"", b"y"])
+def test_a_message_in_more_than_max_fragments_frames_is_closed_1008(payload):
+    first = client_frame(b"CONNECT\n", OP_TEXT, fin=False)
+    more = client_frame(payload, OP_CONT, fin=False)
+    last = client_frame(b"\n\x00", OP_CONT)
+    # max_fragments frames, the first one included, make a message ...
+    dec = WsDecoder(max_fragments=8)
+    assert feed_bytewise(dec, first + more * 6 + last) == [("message", b"CONNECT\n" + payload * 6 + b"\n\x00", True)]
+    # ... one more is refused on its first two bytes, before its payload is read
+    dec = WsDecoder(max_fragments=8)
+    assert feed_bytewise(dec, first + more * 7) == []
+    with pytest.raises(WsProtocolError) as info:
+        feed_bytewise(dec, last[:2])
+    assert (info.value.code, info.value.reason) == (1008, "message in more than 8 fragments")
+    assert dec.allocated == 0  # the failed message's bytes are let go
+    with pytest.raises(WsProtocolError):
+        dec.feed(client_frame(b"x"))  # and the error sticks
+    # the count starts again with each message, and control frames in between do not count
+    dec = WsDecoder(max_fragments=3)
+    message = first + client_frame(b"p", OP_PING) + more + client_frame(b"p", OP_PING) + last
+    assert [e[0] for e in dec.feed(message * 50)] == ["ping", "ping", "message"] * 50
+
+
+def test_a_flood_of_empty_fragments_is_cut_within_the_limit():
+    dec = WsDecoder()  # the default: 1024 frames per message
+    flood = client_frame(b"S", OP_TEXT, fin=False) + client_frame(b"", OP_CONT, fin=False) * 100_000
+    with pytest.raises(WsProtocolError) as info:
+        dec.feed(flood)
+    assert info.value.code == 1008
+
+
 def test_error_keeps_earlier_events_and_sticks():
     dec = WsDecoder()
     with pytest.raises(WsProtocolError) as info:
@@ -309,7 +354,7 @@ def test_arbitrary_bytes_only_raise_protocol_errors(data, cuts):
             dec.feed(data[pos:pos + n])
             pos += n
     except WsProtocolError as e:
-        assert e.code in (1002, 1007, 1009)
+        assert e.code in (1002, 1007, 1008, 1009)
 
 
 @settings(max_examples=200, deadline=None)
