@@ -9,6 +9,11 @@ from ``--spawn``), drives them with the bench's producers and consumers, and sto
 - ``queue``: one producer on node 0 sending persistent SENDs with receipts to a queue,
   ``--queue-consumers`` consumers on the other nodes: every message is stored in JetStream
   (``cluster_replicas`` copies) before its receipt and pulled by one remote node.
+- ``packing``: what JetStream itself spends per message when N messages go in one JetStream message
+  (N = 1, 4, 16, 64; ``cluster/packs.py``): on a bare NATS cluster, no broker, a nats-py pair per N
+  (``natsceiling.py``: publish, pull, ack) on a work-queue stream like the broker's, at R1 and R3
+  (``--replicas`` for one), the same messages in flight for every N: NATS servers' CPU per message
+  and per JetStream message.
 - ``local``: the cost of cluster mode for traffic whose subscribers are all local: the same
   fan-out (producer and ``--fanout`` subscribers on one node) against a single-node broker and
   against node 0 of a cluster whose other nodes subscribe other topics (so node 0 checks each
@@ -30,7 +35,9 @@ from .report import new_result, summary_line
 from .scale import cluster_scale
 from .scale import table as scale_table
 
-SCENARIOS = ("fanout", "queue", "local")
+SCENARIOS = ("fanout", "queue", "local", "packing")
+PACKINGS = (1, 4, 16, 64)
+PACKING_IN_FLIGHT = 256   # messages in flight in every packing run (PubAcks outstanding: this / N)
 LOCAL_COST_TARGET = 0.10
 
 
@@ -351,9 +358,111 @@ def local_summary(results: list[dict], transport: str) -> dict:
     return res
 
 
+def member_size(size: int) -> int:
+    """Bytes of one queue message as a pack holds it: a ``size``-byte body with its id and the
+    headers of the bench's persistent SEND."""
+    from ..cluster import packs
+    return len(packs.member("0123456789ab-n0-000001", {"destination": "/queue/bench-0000-xq", "persistent": "true",
+                                                       "content-length": str(size)}, b"x" * size))
+
+
+def cluster_packing(runner, copts, transport: str):
+    """NATS servers' CPU per message, N messages per JetStream message, publish + pull + ack."""
+    import asyncio
+
+    import psutil
+
+    from ..tools.natscluster import NatsCluster
+    from .natsceiling import measure
+
+    o = runner.opts
+    size = member_size(o.size)
+    rows = []
+    with NatsCluster(copts.nats_servers) as nats:
+        procs = {s.name: psutil.Process(s.proc.pid) for s in nats.servers}
+        for replicas in ([copts.replicas] if copts.replicas else [1, 3]):
+            asyncio.run(_packing_stream(nats.urls[0], f"PACKING_R{replicas}", f"packing{replicas}", replicas))
+            for n in PACKINGS:
+                pending = max(PACKING_IN_FLIGHT // n, 2)
+                name = f"cluster-packing-R{replicas}-N{n}-{transport}"
+                params = {"replicas": replicas, "pack": n, "message_bytes": size, "duration": o.duration,
+                          "nats_servers": copts.nats_servers,
+                          "flow_control": f"publish_async, {PACKING_IN_FLIGHT} messages in flight ({pending} PubAcks "
+                                          f"outstanding); fetch batches of {pending}, each acked",
+                          "layout": "nats-py publisher on nats0, consumer on nats1; no broker"}
+
+                def body(n=n, pending=pending, name=name, params=params, replicas=replicas):
+                    cpu0 = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+                    m = measure(nats.urls[0], nats.urls[1 % len(nats.urls)], f"packing{replicas}.n{n}", size,
+                                o.duration, pending=pending, batch=pending, pack=n)
+                    by = {k: round(sum(p.cpu_times()[:2]) - cpu0[k], 3) for k, p in procs.items()}
+                    res = new_result(name, "cluster-packing", transport, params)
+                    res["duration_s"] = m["seconds"]
+                    res["counts"] = {"sent": m["acked"], "delivered": m["consumed"], "jetstream_messages": m["acked"] // n}
+                    res["rates"] = {"sends_per_s": m["stored_per_s"], "deliveries_per_s": m["consumed_per_s"]}
+                    res["broker"]["label"] = "NATS servers"
+                    res["broker"]["cpu_s"] = round(sum(by.values()), 3)
+                    res["broker"]["cpu_by_process"] = by
+                    per = res["broker"]["cpu_s"] / max(m["consumed"], 1) * 1e6
+                    res["counts"]["nats_us_per_message"] = round(per, 1)
+                    res["counts"]["nats_us_per_jetstream_message"] = round(per * n, 1)
+                    res["counts"]["client_us_per_message"] = {k: round(v / max(m["consumed"], 1) * 1e6, 1)
+                                                              for k, v in m["client_cpu_s"].items()}
+                    res["headline"] = {"metric": "NATS servers' CPU per message", "value": round(per, 1), "unit": "us"}
+                    rows.append(res)
+                    return res
+
+                try:
+                    res = runner.guarded(name, "cluster-packing", transport, params, body)
+                except Exception as exc:  # nats-py errors: reported, not fatal to the run
+                    res = runner.skipped(name, transport, repr(exc))
+                    res["status"] = "error"
+                yield res
+    summary = new_result(f"cluster-packing-summary-{transport}", "cluster-packing-summary", transport,
+                         {"message_bytes": size, "flow_control": f"{PACKING_IN_FLIGHT} messages in flight"})
+    summary["counts"] = {"table": packing_table(rows)}
+    base = {r["parameters"]["replicas"]: r["counts"]["nats_us_per_message"] for r in rows
+            if r["parameters"]["pack"] == 1}
+    best = min(rows, key=lambda r: r["counts"]["nats_us_per_message"]) if rows else None
+    value = (round(base[best["parameters"]["replicas"]] / best["counts"]["nats_us_per_message"], 2)
+             if best and base.get(best["parameters"]["replicas"]) and best["counts"]["nats_us_per_message"] else None)
+    summary["headline"] = {"metric": "NATS CPU per message, one per JetStream message / the best packing",
+                           "value": value, "unit": "x"}
+    summary["duration_s"] = round(sum(r["duration_s"] or 0 for r in rows), 3)
+    if not rows:
+        summary["status"] = "error"
+    yield summary
+
+
+async def _packing_stream(url: str, name: str, root: str, replicas: int) -> None:
+    """A work-queue stream as the broker declares its queue shards (cluster/jetstream.py)."""
+    import nats
+
+    from ..cluster.jetstream import declare_stream
+    nc = await nats.connect(url)
+    try:
+        await declare_stream(nc.jetstream(timeout=10), name, [f"{root}.>"], replicas, work_queue=True,
+                             per_subject=100_000)
+    finally:
+        await nc.close()
+
+
+def packing_table(rows: list[dict]) -> str:
+    lines = ["| replicas | messages per JetStream message | msg/s | NATS µs per message | NATS µs per JetStream "
+             "message | clients µs per message (publisher + consumer) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        c, p = r["counts"], r["parameters"]
+        client = c.get("client_us_per_message", {})
+        lines.append(f"| R{p['replicas']} | {p['pack']} | {r['rates']['deliveries_per_s']:,} | "
+                     f"{c['nats_us_per_message']} | {c['nats_us_per_jetstream_message']} | "
+                     f"{client.get('publisher', '')} + {client.get('consumer', '')} |")
+    return "\n".join(lines)
+
+
 RUNS = {"fanout": lambda runner, copts, t: [cluster_fanout(runner, copts, t)],
         "queue": cluster_queue,
         "local": cluster_local,
+        "packing": cluster_packing,
         "scale": cluster_scale}
 
 
@@ -365,7 +474,8 @@ def parse_cluster_args(argv):
     p.add_argument("--nats-servers", type=int, default=3, help="NATS servers (JetStream, clustered)")
     p.add_argument("--rounds", type=int, default=3, help="runs of each side of the local scenario (medians)")
     p.add_argument("--replicas", type=int, default=0,
-                   help="cluster_replicas of the queue scenario (0: 3 with 3 or more NATS servers, else 1)")
+                   help="cluster_replicas of the queue scenario (0: 3 with 3 or more NATS servers, else 1); "
+                        "packing: only this one (0: R1 and R3)")
     p.add_argument("--no-baselines", dest="baselines", action="store_false",
                    help="queue: skip the NATS ceiling and the standalone sqlite node it is read against")
     p.add_argument("--nats-pending", type=int, default=256,
@@ -420,6 +530,10 @@ def main(argv=None) -> int:
                         with open(os.path.join(o.out, "scale.md"), "w") as f:
                             f.write(scale_table(res) + "\n")
                         print(scale_table(res), flush=True)
+                    if res["scenario"] == "cluster-packing-summary":
+                        with open(os.path.join(o.out, "packing.md"), "w") as f:
+                            f.write(res["counts"]["table"] + "\n")
+                        print(res["counts"]["table"], flush=True)
                 time.sleep(o.pause)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

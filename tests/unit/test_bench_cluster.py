@@ -38,7 +38,7 @@ def test_cluster_options_leave_the_bench_options_to_the_bench():
     _, copts, rest = parse_cluster_args(["--scenario", "queue", "--nodes", "2", "--duration", "3", "--fanout", "9"])
     assert (copts.scenario, copts.nodes, copts.nats_servers) == ("queue", 2, 3)
     assert rest == ["--duration", "3", "--fanout", "9"]
-    assert set(SCENARIOS) == {"fanout", "queue", "local"}
+    assert set(SCENARIOS) == {"fanout", "queue", "local", "packing"}
 
 
 def queue_run(name: str, rate: float, delivered: int, cpu: dict, status: str = "ok") -> dict:
@@ -138,3 +138,14 @@ def test_cpu_group_quota_where_cgroups_can_be_written():
         assert group.throttled()["throttled_periods"] > 0
     finally:
         group.close()
+
+
+def test_the_packing_table_and_the_size_of_a_message_as_packed():
+    from stompbroker.bench.cluster import member_size, packing_table
+
+    assert member_size(117) > 117 + 40          # id, headers and lengths
+    row = new_result("cluster-packing-R3-N16-tcp", "cluster-packing", "tcp", {"replicas": 3, "pack": 16})
+    row["rates"] = {"deliveries_per_s": 32038}
+    row["counts"] = {"nats_us_per_message": 16.9, "nats_us_per_jetstream_message": 270.4,
+                     "client_us_per_message": {"publisher": 2.6, "consumer": 3.6}}
+    assert packing_table([row]).splitlines()[2] == "| R3 | 16 | 32,038 | 16.9 | 270.4 | 2.6 + 3.6 |"
