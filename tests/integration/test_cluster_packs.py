@@ -7,6 +7,8 @@ JetStream messages the queue's stream stored (fewer than the messages: packs).
 - kill -9 of the node holding a pack half acknowledged: the whole pack comes back on another node,
   every copy marked redelivered, nothing receipted lost;
 - max_queue_messages with packs: never more stored than the limit, ERROR queue full (receipt-id);
+- kill -9 of the NATS server leading the queue's shard under packed load: packs retried by their
+  Nats-Msg-Id, nothing receipted lost, no duplicate that is not marked redelivered;
 - a node writing the unpacked format (cluster_pack_max=1) and one packing share a queue.
 """
 
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from collections import Counter
 
 import pytest
 
 from stompbroker.cluster import shards
-from tests.natscluster import kill_node
+from tests.natscluster import kill_node, stream_leaders
 from tests.stompwire import Wire
 
 pytestmark = pytest.mark.timeout(120)
@@ -228,3 +231,66 @@ def test_a_node_writing_one_message_each_and_a_packing_node_share_a_queue(start_
         assert mine == sorted(mine)
     assert stream_state(nats_cluster, queue_stream(cluster_name, queue, 1))[1] == 20   # one message each
     assert stream_state(nats_cluster, queue_stream(cluster_name, queue, 16))[1] < 20   # packed
+
+
+def test_kill_9_of_the_nats_server_leading_a_packed_queue_under_load(start_nodes, nats_cluster, cluster_name):
+    """Bursts of 50 pipelined SENDs (packed) from n0, consumers on n1 and n2; the NATS server
+    leading the queue's shard is killed mid-run: its packs wait for the election and are sent again
+    with the same Nats-Msg-Id (stored once)."""
+    queue = "/queue/pack-leader"
+    nodes = start_nodes(3, f"cluster_ack_wait_ms={ACK_WAIT_MS}")
+    stream = queue_stream(cluster_name, queue)
+    deliveries, lock, stop = [], threading.Lock(), threading.Event()
+
+    def consume(node):
+        c = consumer(node, queue)
+        while not stop.is_set():
+            try:
+                command, headers, body = c.read(timeout=0.5)
+            except TimeoutError:
+                continue
+            if command == "MESSAGE":
+                with lock:
+                    deliveries.append((headers, body))
+                c.frame("ACK", {"id": headers["ack"]})
+        c.close()
+
+    threads = [threading.Thread(target=consume, args=(n,), daemon=True) for n in nodes[1:]]
+    for t in threads:
+        t.start()
+    receipted, errors, sent, killed = set(), [], 0, None
+    w = wire(nodes[0])
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 12 and sent < 20_000:
+            if killed is None and time.monotonic() - t0 > 2:
+                leader = stream_leaders(nats_cluster, [stream])[stream]
+                killed = next(s.index for s in nats_cluster.servers if s.name == leader)
+                nats_cluster.kill(killed)
+            bodies = [f"b{sent + i:05d}" for i in range(50)]
+            sent += len(bodies)
+            got, errs = burst(w, queue, bodies)
+            receipted |= got
+            if errs:
+                errors += errs
+                w = wire(nodes[0])
+        deadline = time.monotonic() + ACK_WAIT_MS / 1000 + 20
+        while time.monotonic() < deadline:
+            with lock:
+                seen = {body.decode() for _, body in deliveries}
+            if receipted <= seen:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)   # (a duplicate would come now)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        if killed is not None:
+            nats_cluster.restart(killed)
+    with lock:
+        result = counts(receipted, list(deliveries))
+    print(f"cluster packs, kill -9 of the shard's leader (nats{killed}): {result}, sent {sent}, "
+          f"errors {[e.get('message') for e in errors]}")
+    assert killed is not None and result["receipted"] > 500, result
+    assert result["lost"] == 0 and result["duplicated_unflagged"] == 0, result
