@@ -115,10 +115,6 @@ def pack_header(destination: bytes, n: int) -> bytes:
 
 
 # -- decoding ---------------------------------------------------------------------------------
-def is_pack(data) -> bool:
-    return data[:4] == MAGIC
-
-
 def count(data) -> int:
     """How many messages a JetStream message holds: a pack's count, else 1 (a single message, or
     anything unreadable: one thing to settle)."""

@@ -234,9 +234,11 @@ class ClusterQueues:
         if pending.then:
             self._settle(pending.then, packs.NAK)
         if refused == "full":
-            self.backplane._failed(b, token, "queue full", "the queue holds max_queue_messages "
-                                   f"({self.config.max_queue_messages}) messages across the cluster, the most "
-                                   "allowed; the message was not stored")
+            packed = (f", counted in JetStream messages of up to {self.pack} messages: at most "
+                      f"{packs.queue_limit(self.config)} of them" if self.pack > 1 else "")
+            self.backplane._failed(b, token, "queue full", "the queue holds as many messages as it may across the "
+                                   f"cluster (max_queue_messages {self.config.max_queue_messages}{packed}); the "
+                                   "message was not stored")
         elif refused:
             self.backplane._failed(b, token, "message not stored", f"the cluster refused this message: {reason}")
         else:
