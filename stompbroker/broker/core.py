@@ -91,8 +91,15 @@ class Broker:
     def on_open(self, conn: int, writer: int, peer: str, now: float, tls: bool = False) -> None:
         session = self.sessions[conn] = Session(conn, self.outboxes[writer], peer, now)
         session.tls = tls
-        self.timed.add(session)  # until CONNECT: the connect timeout applies
         self.stats["connections_opened"] += 1
+
+    def on_stomp(self, conn: int) -> None:
+        """The reader saw the connection speak STOMP: the connect timeout is ours to answer from now
+        (until then the reader answers it, in the protocol the connection's bytes show: an HTTP
+        client must never get a STOMP ERROR, however late the reader reads its request)."""
+        session = self.sessions.get(conn)
+        if session is not None and not session.connected and not session.closing:
+            self.timed.add(session)
 
     def on_peer(self, conn: int, peer: str) -> None:
         """The client's own address, from its proxy's PROXY header: throttling, logs and the API use it."""
@@ -131,6 +138,7 @@ class Broker:
         session = self.sessions.get(conn)
         if session is not None:
             session.websocket = True
+            self.on_stomp(conn)  # STOMP inside WebSocket messages
 
     def on_frame(self, conn: int, head: bytes, body: bytes, now: float) -> None:
         session = self.sessions.get(conn)
@@ -210,13 +218,6 @@ class Broker:
         """A login check finished: CONNECTED and the frames that waited, or a refusal after
         ``delay`` seconds (the login's back-off)."""
         sessions.auth_done(self, conn, user, now, delay)
-
-    def on_http(self, conn: int) -> None:
-        """The connection's HTTP request waits for its login check: the dispatcher answers it (in
-        HTTP), so the STOMP connect timeout is not for it."""
-        session = self.sessions.get(conn)
-        if session is not None:
-            self.timed.discard(session)
 
     def release(self, generation: int) -> None:
         """The store has committed up to ``generation``: send the replies that waited for it."""

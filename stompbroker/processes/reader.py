@@ -31,7 +31,7 @@ from ..protocol.hosts import HostPolicy
 from ..protocol.sniff import sniff
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
-from . import common
+from . import common, undecided
 from .poller import Poller
 
 log = logging.getLogger("stompbroker.reader")
@@ -123,10 +123,13 @@ class Reader:
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
         self.proxies = proxy.TrustedProxies(config.proxy_trusted) if config.proxy_protocol else None
-        # connections whose HTTP request head is incomplete -> deadline; answered 408 before the
-        # dispatcher's connect timeout would send them a STOMP ERROR
+        # connections whose HTTP request head is incomplete -> deadline: answered 408 at half of
+        # connect_timeout_ms
         self.http_waiting: dict[Conn, float] = {}
         self.http_head_timeout = config.connect_timeout_ms / 2000
+        # connections whose protocol is not known yet: the reader ends them at connect_timeout_ms
+        # (the dispatcher's connect timeout is for those the reader said speak STOMP; undecided.py)
+        self.undecided = undecided.Deadlines(config.connect_timeout_ms / 1000)
         self.partial = 0         # bytes of unfinished frames held for all connections
         self.trim_due = False    # big buffers were freed: give the memory back to the system
         self.next_trim = 0.0
@@ -149,6 +152,8 @@ class Reader:
         os.write(self.ready_fd, b"R")  # the supervisor announces the broker after this
         while self.running:
             timeout = 0.25 if closing_tls or self.http_waiting else None
+            if self.undecided:
+                timeout = max(min(timeout or 1.0, self.undecided.next_due - time.monotonic()), 0)
             if self.trim_due:
                 timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
             events = self.sel.select(timeout)
@@ -166,6 +171,8 @@ class Reader:
                     self.push()
             if self.http_waiting:
                 self.expire_http(now)
+            if self.undecided:
+                self.expire_undecided(now)
             if closing_tls:
                 for conn in [c for c in closing_tls if now > c.tls.deadline or c.sock.fileno() < 0]:
                     closing_tls.discard(conn)
@@ -271,6 +278,7 @@ class Reader:
                 conn.tls, link.conn = link, conn
                 self.sel.register(link.inner, selectors.EVENT_READ, link)
             self.stats["accepted"] += 1
+            self.undecided.add(conn, time.monotonic())
             self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer | (R.OPEN_TLS if link else 0))
 
     def refuse(self, sock: socket.socket, message: str, detail: str) -> None:
@@ -285,6 +293,7 @@ class Reader:
 
     def drop(self, conn: Conn) -> None:
         self.http_waiting.pop(conn, None)
+        self.undecided.discard(conn)
         if conn.ws is not None:
             self.stats["websockets"] -= 1
             self.stats["ws_allocated"] -= conn.ws.allocated
@@ -446,6 +455,9 @@ class Reader:
                                          "proxy_trusted, or its proxy sent one already)")
                 return
             mode = conn.mode = HTTP if verdict == "http" else STOMP
+            self.undecided.discard(conn)
+            if mode == STOMP:  # from now the dispatcher may answer it in STOMP (its connect timeout)
+                self.emit(R.STOMP, conn.id)
         if mode == STOMP:
             self.stomp(conn, data, now)
         elif mode == WEBSOCKET:
@@ -625,6 +637,26 @@ class Reader:
             conn.mode = DEAD
             conn.buf = b""
             self.http_reply(conn, ws.HandshakeError(408, "request head not complete in time").response())
+
+    def expire_undecided(self, now: float) -> None:
+        """Connections whose protocol is still unknown at connect_timeout_ms: bytes that came
+        meanwhile decide first, else ``undecided.answer`` (a STOMP connect timeout for a connection
+        that said nothing, a close without a word for one whose bytes could be more than one thing)."""
+        for conn in self.undecided.due(now):
+            if conn.mode not in (NEW, PROXY):
+                continue  # (refused meanwhile: a PROXY header where none is believed)
+            if conn.tls is None:
+                self.read(conn, now)
+                if conn.sock.fileno() < 0 or conn.mode not in (NEW, PROXY):
+                    continue
+            under_way = conn.mode == PROXY or (conn.tls is not None and conn.tls.handshaking)
+            answer = undecided.answer(conn.buf, under_way)
+            conn.mode = DEAD
+            conn.buf = b""
+            if answer == undecided.CONNECT_TIMEOUT:
+                self.emit(R.BAD_FRAME, conn.id, b"connect timeout\0no CONNECT frame in time\0\x01")
+            else:
+                self.emit(R.HTTP, conn.id)  # nothing to write, then close
 
     def http_reply(self, conn: Conn, response: bytes) -> None:
         """An HTTP answer of the reader's own, then close; on the TLS port it carries HSTS."""

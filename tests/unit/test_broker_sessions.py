@@ -154,6 +154,22 @@ def test_a_connection_without_connect_is_cut_after_connect_timeout():
     assert rig.error(1)["message"] == "connect timeout"
 
 
+def test_the_connect_timeout_is_only_for_connections_the_reader_saw_speak_stomp():
+    # An HTTP request the reader has not read yet must never get a STOMP ERROR: the reader answers
+    # connections whose protocol it does not know (processes/undecided.py), the broker the others.
+    rig = Rig(connect_timeout_ms=2000)
+    rig.open(1, stomp=False)
+    rig.open(2, stomp=False)
+    assert not rig.broker.needs_tick()
+    rig.tick(5)
+    assert rig.take(1) == [] and rig.take(2) == []
+    rig.broker.on_stomp(1)          # its first bytes were STOMP, read late: the deadline has passed
+    rig.broker.on_websocket(2)      # STOMP inside WebSocket
+    rig.tick(0.1)
+    assert rig.error(1)["message"] == "connect timeout"
+    assert rig.error(2)["message"] == "connect timeout"
+
+
 def test_an_idle_connected_broker_needs_no_tick():
     rig = Rig()
     rig.connect(1)
