@@ -31,7 +31,7 @@ from ..protocol.hosts import HostPolicy
 from ..protocol.sniff import sniff
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
-from . import common, undecided
+from . import common, proxy_before_tls, undecided
 from .poller import Poller
 
 log = logging.getLogger("stompbroker.reader")
@@ -206,7 +206,10 @@ class Reader:
             if from_writer:
                 self.tls_from_writer(conn, now, closing_tls)
             elif conn.tls is not None:
-                self.tls_event(conn, mask, now)
+                if conn.mode == PROXY:
+                    self.tls_proxy_header(conn, now)
+                else:
+                    self.tls_event(conn, mask, now)
             else:
                 self.read(conn, now)
         except Exception:
@@ -256,8 +259,10 @@ class Reader:
             conn_id = next(self.ids)
             writer = next(self.next_writer)
             link = None
+            proxied = self.proxies is not None and addr[0] in self.proxies
             if listener is self.tls_listener:
-                sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                if not proxied:  # (a proxy's PROXY header comes first: TLS starts after it)
+                    sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 inner, writer_end = socket.socketpair()
                 inner.setblocking(False)
                 link = TlsLink(inner)
@@ -269,7 +274,7 @@ class Reader:
                 sock.close()
                 continue
             conn = Conn(conn_id, sock, writer)
-            if self.proxies is not None and link is None and addr[0] in self.proxies:
+            if proxied:
                 conn.mode = PROXY
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
@@ -373,6 +378,23 @@ class Reader:
             if closed and sock.fileno() >= 0:
                 self.drop(conn)
 
+    def tls_proxy_header(self, conn: Conn, now: float) -> None:
+        """ssl_port behind a proxy that passes TLS through: its PROXY header, then the handshake."""
+        try:
+            conn.buf, parsed, closed = proxy_before_tls.read_header(conn.sock, conn.buf)
+        except proxy.ProxyError as exc:
+            self.proxy_refused(conn, str(exc))
+            return
+        if closed:
+            self.drop(conn)
+        elif parsed is not None:
+            source, _ = parsed
+            conn.sock = self.tls_context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            conn.mode = NEW
+            if source is not None:
+                self.emit(R.PEER, conn.id, proxy.peer_text(*source).encode())
+            self.tls_event(conn, selectors.EVENT_READ, now)  # its ClientHello may be here already
+
     def tls_from_writer(self, conn: Conn, now: float, closing: set) -> None:
         """The writer wrote (plaintext) for a TLS connection: encrypt it onto the client's socket."""
         link = conn.tls
@@ -388,6 +410,9 @@ class Reader:
             return
         # The writer hung up: send what is left, then close_notify and FIN; wait for the client.
         self.pause_inner(link)
+        if link.handshaking:  # (or TLS not even begun: a PROXY header first) nothing can be said
+            self.drop(conn)
+            return
         link.closing = True
         link.deadline = now + 2.0
         closing.add(conn)
@@ -520,6 +545,9 @@ class Reader:
         except OSError:
             peer = "?"
         log.warning("connection %d from %s: %s; closing it", conn.id, peer, reason)
+        if conn.tls is not None and conn.mode == PROXY:  # before TLS: nobody to say anything to
+            self.drop(conn)
+            return
         conn.mode = DEAD
         conn.buf = b""
         self.emit(R.HTTP, conn.id)  # nothing to write, then close
