@@ -62,7 +62,7 @@ def test_fuzz_http_websocket_and_proxy_headers(start_broker, fuzz_seconds, reque
             shown[0] = len(report.hangs) + len(report.bad_answers)
 
     fuzzer = Fuzzer(b.port, seed=int(os.environ.get("FUZZ_SEED", time.time_ns() % 2**32)), concurrency=300,
-                    hang_after=4.0)
+                    hang_after=4.0, connect_timeout=1.0)
     report = fuzzer.run(seconds, max_inputs, tick)
     tick(report)
     end_rss = sum(p.memory_info().rss for p in processes.values())
