@@ -86,7 +86,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any with auth=off; with auth on, the broker's own pages and clients that send no Origin)"),
     Setting("http_hosts", _list, "", "comma list of the host names HTTP requests and WebSocket upgrades may name in Host (.example.com: it and every name under it; * = any), against DNS rebinding; others get 421. IP addresses always pass (empty = localhost and host)"),
     Setting("hsts_max_age", _int, 31_536_000, "seconds browsers keep to https for the broker's host name: Strict-Transport-Security on every HTTP answer on ssl_port (0 = no header); it holds for every port of that name"),
-    Setting("proxy_protocol", _bool, False, "connections from proxy_trusted addresses must start with a PROXY protocol header (v1 or v2: haproxy's send-proxy, send-proxy-v2), whose client address the broker then uses (login throttling, logs, /api/connections); a PROXY header from any other peer closes its connection"),
+    Setting("proxy_protocol", _bool, False, "connections from proxy_trusted addresses must start with a PROXY protocol header (v1 or v2: haproxy's send-proxy, send-proxy-v2), whose client address the broker then uses (login throttling, logs, /api/connections, DIAG connections); a PROXY header from any other peer closes its connection"),
     Setting("proxy_trusted", _list, "", "comma list of the proxies' addresses or networks (10.0.0.5, 10.1.0.0/16, ::1) whose PROXY headers are believed; needed with proxy_protocol=true"),
     Setting("ssl_port", _int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
     Setting("ssl_cert", str, "", "PEM certificate chain for ssl_port"),

@@ -93,13 +93,22 @@ class Broker:
         session.tls = tls
         self.stats["connections_opened"] += 1
 
-    def on_stomp(self, conn: int) -> None:
-        """The reader saw the connection speak STOMP: the connect timeout is ours to answer from now
-        (until then the reader answers it, in the protocol the connection's bytes show: an HTTP
-        client must never get a STOMP ERROR, however late the reader reads its request)."""
+    def on_stomp(self, conn: int, protocol: str = "stomp") -> None:
+        """The reader saw the connection speak STOMP (raw, or inside WebSocket): the connect timeout
+        is ours to answer from now (until then the reader answers it, in the protocol the
+        connection's bytes show: an HTTP client must never get a STOMP ERROR, however late the
+        reader reads its request)."""
         session = self.sessions.get(conn)
-        if session is not None and not session.connected and not session.closing:
-            self.timed.add(session)
+        if session is not None:
+            session.protocol = protocol
+            if not session.connected and not session.closing:
+                self.timed.add(session)
+
+    def on_http(self, conn: int) -> None:
+        """The connection sent an HTTP request (the dispatcher answers it, in HTTP)."""
+        session = self.sessions.get(conn)
+        if session is not None:
+            session.protocol = "http"
 
     def on_peer(self, conn: int, peer: str) -> None:
         """The client's own address, from its proxy's PROXY header: throttling, logs and the API use it."""
@@ -135,10 +144,7 @@ class Broker:
             receipts.error(self, session, "internal error", "the broker could not handle this frame (see its log)")
 
     def on_websocket(self, conn: int) -> None:
-        session = self.sessions.get(conn)
-        if session is not None:
-            session.websocket = True
-            self.on_stomp(conn)  # STOMP inside WebSocket messages
+        self.on_stomp(conn, "websocket")
 
     def on_frame(self, conn: int, head: bytes, body: bytes, now: float) -> None:
         session = self.sessions.get(conn)
@@ -265,6 +271,14 @@ class Broker:
             "stomp_connected": sum(1 for s in all_sessions if s.connected and not s.closing),
             "subscriptions": sum(len(s.subs) for s in all_sessions),
         }
+
+    def connection_stats(self, start: int = 0):
+        """DIAG ``connections`` from the ``start``-th connection on (an iterator: an answer is cut to
+        its budget, so only what it holds is made): id, address (the client's, from a PROXY header
+        behind a proxy), login, protocol, tls, subscriptions."""
+        return ({"id": s.conn, "address": s.peer, "login": s.login, "protocol": s.protocol, "tls": s.tls,
+                 "subscriptions": len(s.subs)}
+                for s in itertools.islice(self.sessions.values(), start, None))
 
     def queue_stats(self) -> list[dict]:
         return [{"destination": q.name, "depth": q.depth(), "enqueued": q.enqueued,

@@ -291,6 +291,7 @@ class Dispatcher:
                 elif kind in (R.HTTP, R.WS_OPEN, R.WS_REPLY, R.WS_CLOSE):
                     self.transport(kind, conn, blob[start:stop])
                 elif kind == R.HTTP_REQUEST:
+                    broker.on_http(conn)
                     self.http_request(conn, blob[start:stop], now)
                 elif kind == R.SHUTDOWN:
                     return False

@@ -391,6 +391,34 @@ def test_a_diag_list_answer_says_where_it_was_cut_and_continues_from_an_offset()
     assert error["message"] == "invalid offset" and error["receipt-id"] == "r"
 
 
+def test_diag_connections_come_in_parts_of_whole_connections():
+    import json
+
+    from stompbroker.diag.stats import Statistics
+
+    rig = Rig(max_answer_bytes=400)
+    stats = rig.broker.diag = Statistics(rig.broker, None, rig.config)
+    for conn in range(1, 11):
+        rig.connect(conn, login=f"user{conn}")
+    rig.broker.on_peer(3, "192.0.2.3:1000")  # (its proxy's PROXY header named it)
+    rig.open(11, stomp=False)                 # has said nothing yet
+    seen, offset, parts = [], 0, 0
+    while True:
+        text, more = stats.text("connections", offset)
+        assert len(text.encode()) <= 400 and more["total"] == "11"
+        seen += json.loads(text)
+        parts += 1
+        if "next-offset" not in more:
+            break
+        offset = int(more["next-offset"])
+        assert offset == len(seen)
+    assert parts > 2 and [c["id"] for c in seen] == list(range(1, 12))
+    assert seen[2] == {"id": 3, "address": "192.0.2.3:1000", "login": "user3", "protocol": "stomp", "tls": False,
+                       "subscriptions": 0}
+    assert (seen[10]["protocol"], seen[10]["login"]) == ("", "")
+    assert stats.text("connections", 99) == ("[]", {"total": "11"})
+
+
 def test_diag_needs_a_session_by_default():
     rig = Rig(diag=FakeDiag())
     rig.open(1)
