@@ -100,6 +100,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_redeliveries", _int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
     Setting("max_transaction_frames", _int, 10_000, "frames one transaction may hold before COMMIT"),
+    Setting("max_transactions", _int, 100, "transactions one connection may have open; a BEGIN over it gets an ERROR"),
+    Setting("max_held_bytes", _int, 64 * MB, "bytes the dispatcher holds for one connection: the frames of its open transactions and the topic messages delivered to it and not yet acknowledged (client acks; each counted as its size plus 256 bytes); a frame or a delivery that would pass it gets the connection an ERROR"),
+    Setting("max_held_bytes_total", _int, 256 * MB, "bytes of frames the dispatcher holds in open transactions and for logins not yet checked, all connections together; the connection whose frame would pass it gets a 'broker busy' ERROR"),
+    Setting("max_durables", _int, 10_000, "durable topic subscriptions the broker keeps (they outlive their connections); a SUBSCRIBE making one more gets an ERROR"),
     Setting("store", str, "memory", "queue store: memory, or sqlite (durable: messages survive restarts and crashes)"),
     Setting("store_path", str, "stompbroker.sqlite", "the sqlite store's file (store=sqlite)"),
     Setting("checkpoint", _float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
@@ -263,7 +267,8 @@ def validate(values: dict) -> None:
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_destination_length", "max_id_length", "max_answer_bytes",
-                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "diag_interval", "monitor_interval",
+                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "max_transactions",
+                 "max_held_bytes", "max_held_bytes_total", "max_durables", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")

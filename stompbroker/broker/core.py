@@ -20,8 +20,8 @@ import time
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head_cached
-from . import (acks, confirmations, diagnostics, durables, queues, receipts, routing, sessions, subscribing,
-               transactions)
+from . import (acks, bounds, confirmations, diagnostics, durables, queues, receipts, routing, sessions,
+               subscribing, transactions)
 from ..ipc.outbox import Outbox
 from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
@@ -65,6 +65,7 @@ class Broker:
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
         self.backplane = backplane       # cluster mode: the other nodes, through the bridge (cluster/backplane.py)
         self.delayed: list[tuple[float, int]] = []  # refused logins, answered after a delay
+        self.kept = 0                    # bytes of frames held in transactions and for logins (bounds.py)
         self.ops_mark = 0                # the store's op count when the current event began
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
@@ -155,7 +156,7 @@ class Broker:
         if session.pending is not None:  # its CONNECT is being checked: keep the frames until then
             if len(session.backlog) >= 1000:
                 receipts.error(self, session, "too many frames before CONNECTED")
-            else:
+            elif bounds.hold_before_login(self, session, head, body):
                 session.backlog.append((head, body))
             return
         if self.store is not None:

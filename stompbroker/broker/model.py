@@ -31,7 +31,7 @@ class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
                  "subs", "acks", "transactions", "hb_in", "closing", "protocol", "token", "login", "client_id",
                  "held", "pending", "backlog", "temps", "inflight", "written", "written_final", "console_until",
-                 "tls")
+                 "tls", "kept")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -66,6 +66,9 @@ class Session:
         self.written_final = False   # the writer said it will send nothing more
         self.console_until = 0.0     # a web console's read-only session (console passcode): it ends then
         self.tls = False             # it came in on ssl_port
+        # Bytes held for it (bounds.py): frames waiting for its login's verdict, then the frames
+        # of its open transactions and its unacknowledged topic deliveries.
+        self.kept = 0
 
 
     @property
