@@ -21,6 +21,14 @@ epoll loop and judges each:
   (its own loop was late, on a loaded machine) may have been told the STOMP connect timeout first,
   as any connection that says nothing for that long is: counted as ``late``.
 
+With ``auth`` (a broker with ``auth=passwd`` and the users of ``PASSWD``), logins join in: HTTP
+Basic credentials right, wrong, of a user who is not an admin, of nobody, or malformed, on every
+path and on ``POST /console/token`` (the console's STOMP passcodes); STOMP CONNECTs (raw and over
+WebSocket) with the same logins, made-up console passcodes, and the passcodes the broker minted
+for earlier inputs, used from the address they were minted for (once, or twice: the second is
+refused) or from another. A refused login is told after its back-off (at most 10 s), so the
+caller's ``hang_after`` must be longer.
+
 The broker's own health (no process restarted, no ``internal error`` or traceback in its log, its
 memory) is judged by the caller, which owns the broker (tests/integration/test_fuzz_edges.py).
 """
@@ -44,6 +52,12 @@ TRUSTED = "127.0.0.1"  # the proxy_trusted address; inputs from 127.0.0.2-254 ar
 BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # pick the port at connect
 HTTP_METHODS = {b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"}
 HTTP_STATUSES = {101, 200, 400, 401, 403, 404, 405, 406, 408, 421, 426, 429, 431, 503}
+PASSWD = {"root": ("toor", "admin"), "bob": ("builder", "")}  # the auth=passwd broker's users
+# right, wrong, not an admin, nobody, malformed; root's are the most (the others cost a scrypt check each,
+# and the broker's two checkers would spend the run on them)
+LOGINS = [("root", "toor")] * 6 + [("root", "guess"), ("root", ""), ("root", "console-" + "A" * 32), ("bob", "builder"),
+                                   ("bob", "toor"), ("nobody", "x"), ("", ""), ("r\xf6\xf6t", "\xff"), ("root:toor", "x"),
+                                   ("a" * 300, "b" * 300)]
 OP_CONT, OP_TEXT, OP_BIN, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 
 
@@ -73,9 +87,11 @@ class Report:
 class Inputs:
     """Inputs for a broker on ``port`` (what a well-formed Host names) from a seeded generator."""
 
-    def __init__(self, port: int, seed: int):
+    def __init__(self, port: int, seed: int, auth: bool = False):
         self.port = port
         self.r = random.Random(seed)
+        self.auth = auth
+        self.minted: list[tuple[str, bytes, str]] = []  # (source, PROXY header, passcode) from earlier answers
         own = f"127.0.0.1:{port}"
         self.hosts = [own, own, own, f"localhost:{port}", "localhost", f"[::1]:{port}", "10.9.8.7", "evil.example",
                       f"evil.example:{port}", "localhost.evil.example", "", " ", "a b", "[::1", "127.0.0.1:99999",
@@ -100,6 +116,8 @@ class Inputs:
         """(kind, source address, length of the PROXY header before the client's own bytes, or None
         when the header is one the broker must refuse, chunks)."""
         r = self.r
+        if self.auth and self.minted and r.random() < 0.05:
+            return self.console_login()
         roll = r.random()
         if roll < 0.40:
             kind, data = "http", self.http_request()
@@ -115,6 +133,34 @@ class Inputs:
         header, valid = self.proxy_header() if source == TRUSTED or r.random() < 0.05 else (b"", True)
         believed = valid and (source == TRUSTED) == bool(header)  # (any header from others is refused)
         return kind, source, len(header) if believed else None, self.chunks(header + data)
+
+    def console_login(self) -> tuple[str, str, int | None, list[bytes]]:
+        """A STOMP login with a passcode the broker minted for an earlier input: from the address it
+        was minted for (the same source and PROXY header), where it works once, or from another."""
+        r = self.r
+        source, header, passcode = self.minted[-1] if r.random() < 0.7 else r.choice(self.minted)
+        if r.random() < 0.7:
+            self.minted.remove((source, header, passcode))  # used up (else it is tried again, and refused)
+        if r.random() < 0.2:
+            source, header = f"127.0.0.{r.randrange(2, 255)}", b""
+        frames = (f"CONNECT\naccept-version:1.2\nlogin:root\npasscode:{passcode}\n\n\0".encode()
+                  + r.choice([b"DIAG\n\nsession\0", b"SUBSCRIBE\nid:m\ndestination:/queue/monitor\n\n\0",
+                              b"SEND\ndestination:/topic/fuzz\n\nno\0", b"SUBSCRIBE\nid:x\ndestination:/topic/x\n\n\0",
+                              b"DISCONNECT\nreceipt:bye\n\n\0"]))
+        kind = "token"
+        if r.random() < 0.3:
+            kind, frames = "token-ws", (self.http_request(upgrade=True, authorization=False)
+                                        + encode_client_frame(frames, OP_TEXT))
+        return kind, source, len(header) if source == TRUSTED else 0, self.chunks(header + frames)
+
+    def learn(self, source: str, header: bytes, received: bytes) -> None:
+        """A passcode in a POST /console/token answer, kept for a later input to log in with."""
+        start = received.find(b'"passcode":"')
+        if start >= 0:
+            end = received.find(b'"', start + 12)
+            if end > 0:
+                self.minted.append((source, header, received[start + 12:end].decode()))
+                del self.minted[:-50]
 
     def chunks(self, data: bytes) -> list[bytes]:
         r = self.r
@@ -159,9 +205,15 @@ class Inputs:
                          V2_SIGNATURE + b"\x31\x11\x00\x0c" + b"\0" * 12, V2_SIGNATURE[:7], b"",
                          V2_SIGNATURE + b"\x22\x11\x00\x00", b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\n"]), False
 
-    def header_lines(self, upgrade: bool) -> list[str]:
+    def basic(self) -> str:
+        login, passcode = self.r.choice(LOGINS)
+        return "Basic " + base64.b64encode(f"{login}:{passcode}".encode("utf-8", "replace")).decode()
+
+    def header_lines(self, upgrade: bool, authorization: bool = True, extras: int = 4) -> list[str]:
         r = self.r
         lines = []
+        if self.auth and authorization and r.random() < 0.6:
+            lines.append(f"Authorization: {self.basic()}")
         host = r.choice(self.hosts)
         if host is not None:
             lines.append(f"Host: {host}")
@@ -174,7 +226,7 @@ class Inputs:
             origin = r.choice(self.origins)
             if origin is not None:
                 lines.append(f"Origin: {origin}")
-        for _ in range(r.randrange(0, 4)):
+        for _ in range(r.randrange(0, extras)):
             lines.append(r.choice([
                 f"Accept: {r.choice(self.accepts)}", f"Authorization: {r.choice(self.authorizations)}",
                 "Content-Length: " + r.choice(["0", "5", "-1", "99999999999"]), "Transfer-Encoding: chunked",
@@ -183,12 +235,17 @@ class Inputs:
                 "X\x80Y: z", "bad header", " folded", "A:" + "\t" * 3]))
         return lines
 
-    def http_request(self, upgrade: bool = False) -> bytes:
+    def http_request(self, upgrade: bool = False, authorization: bool = True) -> bytes:
         r = self.r
         method = "GET" if upgrade or r.random() < 0.75 else r.choice(["HEAD", "POST", "PUT", "OPTIONS", "get", "TRACE"])
         version = "HTTP/1.1" if r.random() < 0.9 else r.choice(["HTTP/1.0", "HTTP/2.0", "HTTX/1.1", ""])
         path = "/" if upgrade and r.random() < 0.7 else r.choice(self.paths)
-        head = [f"{method} {path} {version}"] + self.header_lines(upgrade)
+        extras = 4
+        if self.auth and not upgrade and r.random() < 0.25:  # the console's passcodes: asked for by POST
+            method, path = ("POST" if r.random() < 0.85 else r.choice(["GET", "HEAD", "PUT"])), r.choice(
+                ["/console/token", "/console/token", "/console/token?x=1", "/console/token/"])
+            extras = 1 if r.random() < 0.7 else 4  # (mostly well formed, to reach the login)
+        head = [f"{method} {path} {version}"] + self.header_lines(upgrade, authorization, extras)
         end = "\r\n\r\n" if r.random() < 0.95 else r.choice(["\r\n", "", "\n\n"])
         return ("\r\n".join(head) + end).encode("latin-1", "replace")
 
@@ -196,9 +253,13 @@ class Inputs:
         r = self.r
         out = []
         if r.random() < 0.8:
+            login = b""
+            if self.auth and r.random() < 0.5:
+                user, passcode = r.choice(LOGINS)
+                login = f"login:{user}\npasscode:{passcode}\n".encode("utf-8", "replace")
             out.append(b"CONNECT\naccept-version:1.2\nhost:fuzz\n" + r.choice([b"", b"heart-beat:0,0\n",
                                                                                 b"heart-beat:1,1\n", b"login:x\n"])
-                       + b"\n\0")
+                       + login + b"\n\0")
         for _ in range(r.randrange(0, 5)):
             out.append(r.choice([
                 b"SEND\ndestination:/topic/fuzz\n\nhello\0",
@@ -253,6 +314,7 @@ class Flight:
     kind: str
     chunks: list
     header: int | None = 0   # bytes of PROXY header before the client's own (None: a refused header)
+    source: str = ""
     sent: bytes = b""
     received: bytearray = field(default_factory=bytearray)
     deadline: float = 0.0
@@ -265,10 +327,10 @@ class Flight:
 
 class Fuzzer:
     def __init__(self, port: int, seed: int = 0, concurrency: int = 100, hang_after: float = 5.0,
-                 connect_timeout: float = 1.0):
+                 connect_timeout: float = 1.0, auth: bool = False):
         self.port = port
         self.seed = seed
-        self.inputs = Inputs(port, seed)
+        self.inputs = Inputs(port, seed, auth)
         self.concurrency = concurrency
         self.hang_after = hang_after
         self.connect_timeout = connect_timeout  # the broker's connect_timeout_ms, in seconds
@@ -320,7 +382,7 @@ class Fuzzer:
         if err not in (0, errno.EINPROGRESS):
             sock.close()
             raise OSError(err, f"cannot connect to the broker: {os.strerror(err)}")
-        flights[sock] = Flight(kind, chunks, header, deadline=now + self.hang_after, opened=opened)
+        flights[sock] = Flight(kind, chunks, header, deadline=now + self.hang_after, opened=opened, source=source)
         sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
 
     def serve(self, sel, flights, sock, flight: Flight, mask: int, now: float) -> None:
@@ -370,6 +432,8 @@ class Fuzzer:
             report.answered += 1
         else:
             report.silent += 1
+        if self.inputs.auth and flight.header is not None and b'"passcode":"' in flight.received:
+            self.inputs.learn(flight.source, bytes(flight.sent[:flight.header]), bytes(flight.received))
         why = self.judge(flight)
         if why is not None:
             report.bad_answers.append((flight.kind, why, flight.sent[:300], bytes(flight.received[:300])))
