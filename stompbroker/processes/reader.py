@@ -459,6 +459,11 @@ class Reader:
             self.drop(conn)
             return
         self.received(conn, data, now)
+        if conn.mode == DEAD and conn.tls is None and conn.sock.fileno() >= 0:
+            # An answer and a close are on their way: what the client still sends is not read (its
+            # TCP window closes), only its hang-up or the writer's is watched. Read and dropped, a
+            # flood would cost this loop as much as a live connection's, until the writer closes.
+            self.sel.quiet(conn.sock)
 
     def received(self, conn: Conn, data: bytes, now: float) -> None:
         self.stats["bytes_in"] += len(data)
