@@ -87,7 +87,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any with auth=off; with auth on, the broker's own pages and clients that send no Origin)"),
     Setting("http_hosts", _list, "", "comma list of the host names HTTP requests and WebSocket upgrades may name in Host (.example.com: it and every name under it; * = any), against DNS rebinding; others get 421. IP addresses always pass (empty = localhost and host)"),
     Setting("hsts_max_age", _int, 31_536_000, "seconds browsers keep to https for the broker's host name: Strict-Transport-Security on every HTTP answer on ssl_port (0 = no header); it holds for every port of that name"),
-    Setting("proxy_protocol", _bool, False, "connections from proxy_trusted addresses must start with a PROXY protocol header (v1 or v2: haproxy's send-proxy, send-proxy-v2), whose client address the broker then uses (login throttling, logs, /api/connections); a PROXY header from any other peer closes its connection"),
+    Setting("proxy_protocol", _bool, False, "connections from proxy_trusted addresses must start with a PROXY protocol header (v1 or v2: haproxy's send-proxy, send-proxy-v2), whose client address the broker then uses (login throttling, logs, /api/connections, DIAG connections); a PROXY header from any other peer closes its connection"),
     Setting("proxy_trusted", _list, "", "comma list of the proxies' addresses or networks (10.0.0.5, 10.1.0.0/16, ::1) whose PROXY headers are believed; needed with proxy_protocol=true"),
     Setting("ssl_port", _int, 0, "TCP port for STOMP and WebSocket over TLS (wss); 0 = off"),
     Setting("ssl_cert", str, "", "PEM certificate chain for ssl_port"),
@@ -101,6 +101,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_redeliveries", _int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
     Setting("max_transaction_frames", _int, 10_000, "frames one transaction may hold before COMMIT"),
+    Setting("max_transactions", _int, 100, "transactions one connection may have open; a BEGIN over it gets an ERROR"),
+    Setting("max_held_bytes", _int, 64 * MB, "bytes the dispatcher holds for one connection: the frames of its open transactions and the topic messages delivered to it and not yet acknowledged (client acks; each counted as its size plus 256 bytes); a frame or a delivery that would pass it gets the connection an ERROR"),
+    Setting("max_held_bytes_total", _int, 256 * MB, "bytes of frames the dispatcher holds in open transactions and for logins not yet checked, all connections together; the connection whose frame would pass it gets a 'broker busy' ERROR"),
+    Setting("max_durables", _int, 10_000, "durable topic subscriptions the broker keeps (they outlive their connections); a SUBSCRIBE making one more gets an ERROR"),
     Setting("store", str, "memory", "queue store: memory, or sqlite (durable: messages survive restarts and crashes)"),
     Setting("store_path", str, "stompbroker.sqlite", "the sqlite store's file (store=sqlite)"),
     Setting("checkpoint", _float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
@@ -265,7 +269,8 @@ def validate(values: dict) -> None:
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_destination_length", "max_id_length", "max_answer_bytes",
-                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "diag_interval", "monitor_interval",
+                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "max_transactions",
+                 "max_held_bytes", "max_held_bytes_total", "max_durables", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..protocol.stomp import ProtocolError
-from . import queues, receipts
+from . import bounds, queues, receipts
 from .model import Delivery, Message, Session, Subscription
 
 log = logging.getLogger("stompbroker.broker")
@@ -28,6 +28,7 @@ def ack(b, session: Session, command: str, headers: dict, body: bytes, committed
         settled = [sub.unacked.pop(key) for key in ids]
         for delivery in settled:
             session.acks.pop(delivery.ack_id, None)
+            bounds.settled(session, delivery)
             if delivery.queue is not None:
                 delivery.queue.unacked -= 1
             if command == "ACK":

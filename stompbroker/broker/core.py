@@ -20,8 +20,8 @@ import time
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head_cached
-from . import (acks, confirmations, diagnostics, durables, queues, receipts, routing, sessions, subscribing,
-               transactions)
+from . import (acks, bounds, confirmations, diagnostics, durables, queues, receipts, routing, sessions,
+               subscribing, transactions)
 from ..ipc.outbox import Outbox
 from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
@@ -65,6 +65,7 @@ class Broker:
         self.logins = logins             # runs login checks elsewhere (submit, cancel); verdicts come as on_auth
         self.backplane = backplane       # cluster mode: the other nodes, through the bridge (cluster/backplane.py)
         self.delayed: list[tuple[float, int]] = []  # refused logins, answered after a delay
+        self.kept = 0                    # bytes of frames held in transactions and for logins (bounds.py)
         self.ops_mark = 0                # the store's op count when the current event began
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
         self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
@@ -91,8 +92,24 @@ class Broker:
     def on_open(self, conn: int, writer: int, peer: str, now: float, tls: bool = False) -> None:
         session = self.sessions[conn] = Session(conn, self.outboxes[writer], peer, now)
         session.tls = tls
-        self.timed.add(session)  # until CONNECT: the connect timeout applies
         self.stats["connections_opened"] += 1
+
+    def on_stomp(self, conn: int, protocol: str = "stomp") -> None:
+        """The reader saw the connection speak STOMP (raw, or inside WebSocket): the connect timeout
+        is ours to answer from now (until then the reader answers it, in the protocol the
+        connection's bytes show: an HTTP client must never get a STOMP ERROR, however late the
+        reader reads its request)."""
+        session = self.sessions.get(conn)
+        if session is not None:
+            session.protocol = protocol
+            if not session.connected and not session.closing:
+                self.timed.add(session)
+
+    def on_http(self, conn: int) -> None:
+        """The connection sent an HTTP request (the dispatcher answers it, in HTTP)."""
+        session = self.sessions.get(conn)
+        if session is not None:
+            session.protocol = "http"
 
     def on_peer(self, conn: int, peer: str) -> None:
         """The client's own address, from its proxy's PROXY header: throttling, logs and the API use it."""
@@ -128,9 +145,7 @@ class Broker:
             receipts.error(self, session, "internal error", "the broker could not handle this frame (see its log)")
 
     def on_websocket(self, conn: int) -> None:
-        session = self.sessions.get(conn)
-        if session is not None:
-            session.websocket = True
+        self.on_stomp(conn, "websocket")
 
     def on_frame(self, conn: int, head: bytes, body: bytes, now: float) -> None:
         session = self.sessions.get(conn)
@@ -141,7 +156,7 @@ class Broker:
         if session.pending is not None:  # its CONNECT is being checked: keep the frames until then
             if len(session.backlog) >= 1000:
                 receipts.error(self, session, "too many frames before CONNECTED")
-            else:
+            elif bounds.hold_before_login(self, session, head, body):
                 session.backlog.append((head, body))
             return
         if self.store is not None:
@@ -211,13 +226,6 @@ class Broker:
         ``delay`` seconds (the login's back-off)."""
         sessions.auth_done(self, conn, user, now, delay)
 
-    def on_http(self, conn: int) -> None:
-        """The connection's HTTP request waits for its login check: the dispatcher answers it (in
-        HTTP), so the STOMP connect timeout is not for it."""
-        session = self.sessions.get(conn)
-        if session is not None:
-            self.timed.discard(session)
-
     def release(self, generation: int) -> None:
         """The store has committed up to ``generation``: send the replies that waited for it."""
         receipts.release(self, generation)
@@ -264,6 +272,14 @@ class Broker:
             "stomp_connected": sum(1 for s in all_sessions if s.connected and not s.closing),
             "subscriptions": sum(len(s.subs) for s in all_sessions),
         }
+
+    def connection_stats(self, start: int = 0):
+        """DIAG ``connections`` from the ``start``-th connection on (an iterator: an answer is cut to
+        its budget, so only what it holds is made): id, address (the client's, from a PROXY header
+        behind a proxy), login, protocol, tls, subscriptions."""
+        return ({"id": s.conn, "address": s.peer, "login": s.login, "protocol": s.protocol, "tls": s.tls,
+                 "subscriptions": len(s.subs)}
+                for s in itertools.islice(self.sessions.values(), start, None))
 
     def queue_stats(self) -> list[dict]:
         return [{"destination": q.name, "depth": q.depth(), "enqueued": q.enqueued,

@@ -34,6 +34,9 @@ def durable_key(b, session: Session, headers: dict, sub_id: str, destination: st
     durable = b.durables.get(key)
     if durable is None and name in b.durables:
         key, durable = name, b.durables[name]
+    if durable is None and len(b.durables) >= b.config.max_durables:
+        raise ProtocolError("too many durable subscriptions", f"the broker keeps at most {b.config.max_durables} "
+                            "durable subscriptions (max_durables); an UNSUBSCRIBE ends one", receipt)
     if durable is not None:
         if durable.sub is not None:
             raise ProtocolError("durable subscription in use", f"durable subscription {short(name)!r} is "

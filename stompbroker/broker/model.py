@@ -29,9 +29,9 @@ NO_ENTRIES = _NoEntries()
 
 class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
-                 "subs", "acks", "transactions", "hb_in", "closing", "websocket", "token", "login", "client_id",
+                 "subs", "acks", "transactions", "hb_in", "closing", "protocol", "token", "login", "client_id",
                  "held", "pending", "backlog", "temps", "inflight", "written", "written_final", "console_until",
-                 "tls")
+                 "tls", "kept")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -49,7 +49,7 @@ class Session:
         self.transactions: dict[str, list] = NO_ENTRIES   # transaction id -> frames held until COMMIT
         self.hb_in = 0            # ms: the client promised a frame or heart-beat at least this often
         self.closing = False
-        self.websocket = False
+        self.protocol = ""        # what the reader saw it speak: "stomp", "websocket", "http" ("" = not yet)
         self.token = ""           # the broker's, once CONNECTED: the session id is made of it (see id)
         self.login = ""
         self.client_id = ""
@@ -66,7 +66,14 @@ class Session:
         self.written_final = False   # the writer said it will send nothing more
         self.console_until = 0.0     # a web console's read-only session (console passcode): it ends then
         self.tls = False             # it came in on ssl_port
+        # Bytes held for it (bounds.py): frames waiting for its login's verdict, then the frames
+        # of its open transactions and its unacknowledged topic deliveries.
+        self.kept = 0
 
+
+    @property
+    def websocket(self) -> bool:
+        return self.protocol == "websocket"
 
     @property
     def address(self) -> str:

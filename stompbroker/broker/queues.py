@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..ipc import records as R
+from . import bounds
 from .model import Delivery, Message, Queue, Subscription
 from .names import REDELIVERED
 from .subscriptions import SubscriptionIndex
@@ -35,6 +36,8 @@ def deliver(b, sub: Subscription, message: Message, queue: Queue | None) -> bool
 
 def deliver_tracked(b, sub: Subscription, message: Message, queue: Queue | None) -> bool:
     session = sub.session
+    if queue is None and (session.closing or not bounds.deliver_unacked(b, session, len(message.body))):
+        return False  # (a topic message: nothing holds it back but the connection's bound)
     ack_id = f"{b.token}-a{next(b.ack_ids)}"
     sub.unacked[ack_id] = Delivery(ack_id, message, queue, message.nacks)
     if not session.acks:

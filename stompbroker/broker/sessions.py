@@ -9,7 +9,7 @@ import logging
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, render_frame
 from ..security.console_tokens import PREFIX as CONSOLE_PREFIX
-from . import confirmations, receipts, subscribing, temporary
+from . import bounds, confirmations, receipts, subscribing, temporary, transactions
 from .model import Session
 from .names import CONSOLE_COMMANDS, MAX_HEART_BEAT, MONITOR, SERVER, VERSIONS, short
 
@@ -61,6 +61,7 @@ def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> None:
         return
     version, cx, cy, headers = session.pending
     session.pending = None
+    bounds.release(b, session, session.kept)  # (what waited for the verdict: handled or dropped now)
     b.now = now
     if user is None:
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
@@ -130,7 +131,7 @@ def end_session(b, session: Session) -> None:
     """Subscriptions go (unacked queue messages back to their queues); open transactions are dropped."""
     for sub in list(session.subs.values()):
         subscribing.remove_subscription(b, session, sub)
-    session.transactions.clear()
+    transactions.forget(b, session)
     temporary.forget(b, session)
 
 
@@ -141,8 +142,10 @@ def closed(b, conn: int, tell_writer: bool = True) -> None:
     session.held = ()
     b.holding.discard(session)
     b.timed.discard(session)
-    if session.pending is not None and b.logins is not None:
-        b.logins.cancel(conn)
+    if session.pending is not None:
+        if b.logins is not None:
+            b.logins.cancel(conn)
+        bounds.release(b, session, session.kept)
     end_session(b, session)
     if b.backplane is not None:
         b.backplane.session_ended(session)

@@ -4,7 +4,7 @@ what a new subscription takes (parked queue messages, the stale queue, replay)."
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import durables, queues, receipts, routing, temporary
+from . import bounds, durables, queues, receipts, routing, temporary
 from .model import NO_ENTRIES, Queue, Session, Subscription
 from .names import ACK_MODES, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, short
 from .selector import SelectorError, compile_selector
@@ -167,6 +167,7 @@ def remove_subscription(b, session: Session, sub: Subscription) -> None:
     returned: dict[Queue, list] = {}
     for delivery in sub.unacked.values():
         session.acks.pop(delivery.ack_id, None)
+        bounds.settled(session, delivery)
         if delivery.queue is not None:
             delivery.queue.unacked -= 1
             delivery.message.redelivered = True

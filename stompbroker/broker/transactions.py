@@ -4,7 +4,7 @@ and applied all or nothing."""
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import acks, receipts, routing, temporary
+from . import acks, bounds, receipts, routing, temporary
 from .model import NO_ENTRIES, Session
 from .names import QUEUE_PREFIX, TEMP_PREFIXES
 
@@ -26,7 +26,9 @@ def hold(b, session: Session, transaction: str, command: str, headers: dict, bod
         expires = routing.expiry(b, headers, receipt)
     else:
         acks.find_delivery(b, session, command, headers, receipt)  # an id not held is refused now
-    frames.append((command, headers, body, expires))
+    cost = bounds.frame_cost(headers, body)
+    bounds.hold_in_transaction(b, session, cost, receipt)
+    frames.append((command, headers, body, expires, cost))
     receipts.send_receipt(b, session, receipt)  # accepted now, applied at COMMIT
 
 
@@ -44,6 +46,9 @@ def transaction_id(b, session: Session, command: str, headers: dict, must_exist:
 
 def begin(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     transaction = transaction_id(b, session, command, headers, must_exist=False)
+    if len(session.transactions) >= b.config.max_transactions:
+        raise ProtocolError("too many transactions", f"a connection may have at most {b.config.max_transactions} "
+                            "transactions open (max_transactions)", headers.get("receipt"))
     if not session.transactions:
         session.transactions = {}
     session.transactions[transaction] = []
@@ -56,7 +61,7 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
     # All or nothing: refuse the whole commit if a queue could not take its messages, or if a
     # permission was withdrawn (passwd re-read) since a SEND was accepted.
     adding: dict[str, int] = {}
-    for cmd, h, _, _ in frames:
+    for cmd, h, _, _, _ in frames:
         if cmd == "SEND":
             routing.allowed(b, session, h["destination"], write=True, receipt=receipt)
         if cmd == "SEND" and h["destination"].startswith(QUEUE_PREFIX):
@@ -66,8 +71,8 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
         if queue is not None and queue.depth() + n > b.config.max_queue_messages:
             raise ProtocolError("queue full", f"committing would put more than max_queue_messages in {name}",
                                 receipt)
-    end(session, headers["transaction"])
-    for cmd, h, frame_body, expires in frames:
+    end(b, session, headers["transaction"])
+    for cmd, h, frame_body, expires, _ in frames:
         h.pop("receipt", None)  # already answered when the frame was accepted
         if cmd == "SEND":
             routing.publish(b, h["destination"], h, frame_body, expires, sender=session)
@@ -77,12 +82,18 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
 
 
 def abort(b, session: Session, command: str, headers: dict, body: bytes) -> None:
-    end(session, transaction_id(b, session, command, headers, must_exist=True))
+    end(b, session, transaction_id(b, session, command, headers, must_exist=True))
     receipts.send_receipt(b, session, headers.get("receipt"))
 
 
-def end(session: Session, transaction: str) -> None:
-    del session.transactions[transaction]
+def end(b, session: Session, transaction: str) -> None:
+    bounds.release(b, session, sum(frame[4] for frame in session.transactions.pop(transaction)))
     if not session.transactions:
         session.transactions = NO_ENTRIES  # the shared empty one: an idle session keeps no dict
+
+
+def forget(b, session: Session) -> None:
+    """The session ends: its open transactions are dropped."""
+    for transaction in list(session.transactions):
+        end(b, session, transaction)
 

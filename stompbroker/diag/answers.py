@@ -34,6 +34,20 @@ def json_items(items: list, start: int, budget: int) -> tuple[bytes, int]:
     return b"[" + b",".join(parts) + b"]", end
 
 
+def json_iter(items, budget: int) -> tuple[bytes, int]:
+    """As ``json_items``, from an iterator of the items from where the answer starts (only those
+    that fit are made, plus one): the array and how many items it holds."""
+    parts = []
+    used = 2
+    for item in items:
+        part = orjson.dumps(item, option=orjson.OPT_NON_STR_KEYS)
+        if parts and used + len(part) + 1 > budget:
+            break
+        parts.append(part)
+        used += len(part) + 1
+    return b"[" + b",".join(parts) + b"]", len(parts)
+
+
 def joined(texts: list[str], start: int, budget: int, sep: str = ",") -> tuple[str, int]:
     """``sep``-joined ``texts[start:]`` within ``budget`` bytes (at least one), and where to continue."""
     used = 0

@@ -20,10 +20,10 @@ from . import answers, latency, schema
 # stompica's queries; the first three answer with JSON objects, the rest with one value.
 STOMPICA_QUERIES = ("session", "ws_buffer", "stale", "session-size", "session-encoded-size",
                     "session-connected-size", "pubsub-size", "subs")
-QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals", "cluster")
+QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals", "cluster", "connections")
 # The queries whose answers grow with the broker's state: cut at Config.answer_bytes, continued from
 # an offset (the other answers are a few hundred bytes, bounded by the number of processes).
-LISTS = ("queues", "subs")
+LISTS = ("queues", "subs", "connections")
 
 
 class Statistics:
@@ -69,6 +69,8 @@ class Statistics:
             return self.latency()
         if name == "totals":
             return self.totals()
+        if name == "connections":
+            return list(self.broker.connection_stats())
         if name == "cluster":  # cluster mode only: {} on a single node
             return self.broker.backplane.diag() if self.broker.backplane is not None else {}
         raise KeyError(name)
@@ -102,6 +104,10 @@ class Statistics:
             items = self.broker.queue_stats()
             text, end = answers.json_items(items, offset, budget)
             text = text.decode()
+        elif name == "connections":  # (made from the offset on, as far as the answer goes)
+            items = self.broker.sessions
+            listed, n = answers.json_iter(self.broker.connection_stats(offset), budget)
+            text, end = listed.decode(), min(offset, len(items)) + n
         else:
             items = self.broker.index.patterns()
             text, end = answers.joined(items, offset, budget)

@@ -41,6 +41,9 @@ class Kind(enum.IntEnum):
                     # read instead of one per frame (a lone frame still goes as FRAME); the ring
                     # still counts frames, so max_input_queue_size keeps its meaning
     PEER = 14       # payload: the client's address text from a PROXY header (replaces OPEN's, the proxy's)
+    STOMP = 15      # the connection's first bytes are raw STOMP: from now the dispatcher's connect timeout
+                    # is for it (before, only the reader, which knows what it speaks, may answer it;
+                    # WS_OPEN does the same for STOMP over WebSocket)
 
     # dispatcher -> writer
     DATA = 20       # payload: one STOMP frame (WebSocket-encoded by the writer where needed);
@@ -72,6 +75,7 @@ HTTP_REQUEST = Kind.HTTP_REQUEST.value
 READER_START = Kind.READER_START.value
 FRAMES = Kind.FRAMES.value
 PEER = Kind.PEER.value
+STOMP = Kind.STOMP.value
 DATA = Kind.DATA.value
 RAW = Kind.RAW.value
 WS_ON = Kind.WS_ON.value

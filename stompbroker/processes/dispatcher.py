@@ -275,6 +275,8 @@ class Dispatcher:
                     broker.on_open(conn, aux & ~R.OPEN_TLS, blob[start:stop].decode(), now, bool(aux & R.OPEN_TLS))
                 elif kind == R.PEER:
                     broker.on_peer(conn, blob[start:stop].decode())
+                elif kind == R.STOMP:
+                    broker.on_stomp(conn)
                 elif kind == R.CLOSED:
                     broker.now = now  # unwritten deliveries are timed from here
                     if conn in self.http_pending:  # its login check goes with it
@@ -289,6 +291,7 @@ class Dispatcher:
                 elif kind in (R.HTTP, R.WS_OPEN, R.WS_REPLY, R.WS_CLOSE):
                     self.transport(kind, conn, blob[start:stop])
                 elif kind == R.HTTP_REQUEST:
+                    broker.on_http(conn)
                     self.http_request(conn, blob[start:stop], now)
                 elif kind == R.SHUTDOWN:
                     return False
@@ -386,7 +389,6 @@ class Dispatcher:
             else:
                 # Checked off this thread in the same queue as CONNECTs (its back-offs, one check in
                 # flight per address); the answer comes in http_checked, or http_late says why not.
-                self.broker.on_http(conn)
                 self.http_pending[conn] = (method, target, accept, route)
                 timeout = self.config.connect_timeout_ms / 1000
                 if timeout:

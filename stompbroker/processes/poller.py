@@ -36,6 +36,11 @@ class Poller:
         if self.conns.get(fd) is not data:
             self.others[fd] = data
 
+    def quiet(self, fileobj) -> None:
+        """Stop reading a registered socket: only its peer's hang-up (or the socket shut down here or
+        in another process) is reported, as a readable event."""
+        self.epoll.modify(fileobj if type(fileobj) is int else fileobj.fileno(), select.EPOLLRDHUP)
+
     def unregister(self, fileobj) -> None:
         fd = fileobj if type(fileobj) is int else fileobj.fileno()
         self.epoll.unregister(fd)

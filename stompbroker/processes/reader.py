@@ -31,7 +31,7 @@ from ..protocol.hosts import HostPolicy
 from ..protocol.sniff import sniff
 from ..protocol.websocket import WsEvent
 from ..protocol.stomp import FrameParser, ProtocolError, render_frame
-from . import common
+from . import common, proxy_before_tls, undecided
 from .poller import Poller
 
 log = logging.getLogger("stompbroker.reader")
@@ -123,10 +123,13 @@ class Reader:
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
         self.proxies = proxy.TrustedProxies(config.proxy_trusted) if config.proxy_protocol else None
-        # connections whose HTTP request head is incomplete -> deadline; answered 408 before the
-        # dispatcher's connect timeout would send them a STOMP ERROR
+        # connections whose HTTP request head is incomplete -> deadline: answered 408 at half of
+        # connect_timeout_ms
         self.http_waiting: dict[Conn, float] = {}
         self.http_head_timeout = config.connect_timeout_ms / 2000
+        # connections whose protocol is not known yet: the reader ends them at connect_timeout_ms
+        # (the dispatcher's connect timeout is for those the reader said speak STOMP; undecided.py)
+        self.undecided = undecided.Deadlines(config.connect_timeout_ms / 1000)
         self.partial = 0         # bytes of unfinished frames held for all connections
         self.trim_due = False    # big buffers were freed: give the memory back to the system
         self.next_trim = 0.0
@@ -149,6 +152,8 @@ class Reader:
         os.write(self.ready_fd, b"R")  # the supervisor announces the broker after this
         while self.running:
             timeout = 0.25 if closing_tls or self.http_waiting else None
+            if self.undecided:
+                timeout = max(min(timeout or 1.0, self.undecided.next_due - time.monotonic()), 0)
             if self.trim_due:
                 timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
             events = self.sel.select(timeout)
@@ -166,6 +171,8 @@ class Reader:
                     self.push()
             if self.http_waiting:
                 self.expire_http(now)
+            if self.undecided:
+                self.expire_undecided(now)
             if closing_tls:
                 for conn in [c for c in closing_tls if now > c.tls.deadline or c.sock.fileno() < 0]:
                     closing_tls.discard(conn)
@@ -199,7 +206,10 @@ class Reader:
             if from_writer:
                 self.tls_from_writer(conn, now, closing_tls)
             elif conn.tls is not None:
-                self.tls_event(conn, mask, now)
+                if conn.mode == PROXY:
+                    self.tls_proxy_header(conn, now)
+                else:
+                    self.tls_event(conn, mask, now)
             else:
                 self.read(conn, now)
         except Exception:
@@ -249,8 +259,10 @@ class Reader:
             conn_id = next(self.ids)
             writer = next(self.next_writer)
             link = None
+            proxied = self.proxies is not None and addr[0] in self.proxies
             if listener is self.tls_listener:
-                sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                if not proxied:  # (a proxy's PROXY header comes first: TLS starts after it)
+                    sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 inner, writer_end = socket.socketpair()
                 inner.setblocking(False)
                 link = TlsLink(inner)
@@ -262,7 +274,7 @@ class Reader:
                 sock.close()
                 continue
             conn = Conn(conn_id, sock, writer)
-            if self.proxies is not None and link is None and addr[0] in self.proxies:
+            if proxied:
                 conn.mode = PROXY
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
@@ -271,6 +283,7 @@ class Reader:
                 conn.tls, link.conn = link, conn
                 self.sel.register(link.inner, selectors.EVENT_READ, link)
             self.stats["accepted"] += 1
+            self.undecided.add(conn, time.monotonic())
             self.emit(R.OPEN, conn_id, f"{addr[0]}:{addr[1]}".encode(), writer | (R.OPEN_TLS if link else 0))
 
     def refuse(self, sock: socket.socket, message: str, detail: str) -> None:
@@ -285,6 +298,7 @@ class Reader:
 
     def drop(self, conn: Conn) -> None:
         self.http_waiting.pop(conn, None)
+        self.undecided.discard(conn)
         if conn.ws is not None:
             self.stats["websockets"] -= 1
             self.stats["ws_allocated"] -= conn.ws.allocated
@@ -364,6 +378,23 @@ class Reader:
             if closed and sock.fileno() >= 0:
                 self.drop(conn)
 
+    def tls_proxy_header(self, conn: Conn, now: float) -> None:
+        """ssl_port behind a proxy that passes TLS through: its PROXY header, then the handshake."""
+        try:
+            conn.buf, parsed, closed = proxy_before_tls.read_header(conn.sock, conn.buf)
+        except proxy.ProxyError as exc:
+            self.proxy_refused(conn, str(exc))
+            return
+        if closed:
+            self.drop(conn)
+        elif parsed is not None:
+            source, _ = parsed
+            conn.sock = self.tls_context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            conn.mode = NEW
+            if source is not None:
+                self.emit(R.PEER, conn.id, proxy.peer_text(*source).encode())
+            self.tls_event(conn, selectors.EVENT_READ, now)  # its ClientHello may be here already
+
     def tls_from_writer(self, conn: Conn, now: float, closing: set) -> None:
         """The writer wrote (plaintext) for a TLS connection: encrypt it onto the client's socket."""
         link = conn.tls
@@ -379,6 +410,9 @@ class Reader:
             return
         # The writer hung up: send what is left, then close_notify and FIN; wait for the client.
         self.pause_inner(link)
+        if link.handshaking:  # (or TLS not even begun: a PROXY header first) nothing can be said
+            self.drop(conn)
+            return
         link.closing = True
         link.deadline = now + 2.0
         closing.add(conn)
@@ -425,6 +459,11 @@ class Reader:
             self.drop(conn)
             return
         self.received(conn, data, now)
+        if conn.mode == DEAD and conn.tls is None and conn.sock.fileno() >= 0:
+            # An answer and a close are on their way: what the client still sends is not read (its
+            # TCP window closes), only its hang-up or the writer's is watched. Read and dropped, a
+            # flood would cost this loop as much as a live connection's, until the writer closes.
+            self.sel.quiet(conn.sock)
 
     def received(self, conn: Conn, data: bytes, now: float) -> None:
         self.stats["bytes_in"] += len(data)
@@ -446,6 +485,9 @@ class Reader:
                                          "proxy_trusted, or its proxy sent one already)")
                 return
             mode = conn.mode = HTTP if verdict == "http" else STOMP
+            self.undecided.discard(conn)
+            if mode == STOMP:  # from now the dispatcher may answer it in STOMP (its connect timeout)
+                self.emit(R.STOMP, conn.id)
         if mode == STOMP:
             self.stomp(conn, data, now)
         elif mode == WEBSOCKET:
@@ -508,6 +550,9 @@ class Reader:
         except OSError:
             peer = "?"
         log.warning("connection %d from %s: %s; closing it", conn.id, peer, reason)
+        if conn.tls is not None and conn.mode == PROXY:  # before TLS: nobody to say anything to
+            self.drop(conn)
+            return
         conn.mode = DEAD
         conn.buf = b""
         self.emit(R.HTTP, conn.id)  # nothing to write, then close
@@ -625,6 +670,26 @@ class Reader:
             conn.mode = DEAD
             conn.buf = b""
             self.http_reply(conn, ws.HandshakeError(408, "request head not complete in time").response())
+
+    def expire_undecided(self, now: float) -> None:
+        """Connections whose protocol is still unknown at connect_timeout_ms: bytes that came
+        meanwhile decide first, else ``undecided.answer`` (a STOMP connect timeout for a connection
+        that said nothing, a close without a word for one whose bytes could be more than one thing)."""
+        for conn in self.undecided.due(now):
+            if conn.mode not in (NEW, PROXY):
+                continue  # (refused meanwhile: a PROXY header where none is believed)
+            if conn.tls is None:
+                self.read(conn, now)
+                if conn.sock.fileno() < 0 or conn.mode not in (NEW, PROXY):
+                    continue
+            under_way = conn.mode == PROXY or (conn.tls is not None and conn.tls.handshaking)
+            answer = undecided.answer(conn.buf, under_way)
+            conn.mode = DEAD
+            conn.buf = b""
+            if answer == undecided.CONNECT_TIMEOUT:
+                self.emit(R.BAD_FRAME, conn.id, b"connect timeout\0no CONNECT frame in time\0\x01")
+            else:
+                self.emit(R.HTTP, conn.id)  # nothing to write, then close
 
     def http_reply(self, conn: Conn, response: bytes) -> None:
         """An HTTP answer of the reader's own, then close; on the TLS port it carries HSTS."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 
 import pytest
 import websocket
 
 from stompbroker.diag import schema
+from stompbroker.protocol.stomp import unescape
 from stompbroker.security import hash_secret
 from stompwire import Wire
 
@@ -131,6 +133,68 @@ def test_new_queries_writers_process_queues_latency(start_broker):
                                      "unacked": 50, "consumers": 1}
     assert queues["/queue/idle"]["depth"] == 1
     assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"] < 5000
+
+
+def connections(w: Wire) -> tuple[list[dict], int]:
+    """Every part of DIAG connections (continued from next-offset), and how many parts it took."""
+    items, offset, parts = [], 0, 0
+    while True:
+        w.send(b"DIAG\noffset:%d\n\nconnections\0" % offset)
+        cmd, headers, _ = w.read()
+        assert cmd == "DIAG", headers
+        part = json.loads(headers["connections"])
+        assert part and int(headers["total"]) >= offset + len(part)
+        items += part
+        parts += 1
+        if "next-offset" not in headers:
+            return items, parts
+        assert headers["truncated"] == "true" and int(headers["next-offset"]) == offset + len(part)
+        offset += len(part)
+
+
+def test_diag_connections_lists_every_connection_by_its_clients_address_in_parts(start_broker):
+    # Behind a proxy the broker knows each client by its PROXY header; DIAG now shows it, with the
+    # login, the protocol and the subscription count, in parts of at most max_answer_bytes.
+    b = start_broker("proxy_protocol=true", "proxy_trusted=127.0.0.9", "max_answer_bytes=1500")
+    alice = wire(b, connect=False)
+    alice.connect(login="alice")
+    for i in range(3):
+        alice.frame("SUBSCRIBE", {"id": str(i), "destination": f"/topic/{i}", "receipt": str(i)})
+        assert alice.read()[0] == "RECEIPT"
+    proxied = Wire(socket.create_connection(b.address, timeout=10, source_address=("127.0.0.9", 0)))
+    proxied.send(b"PROXY TCP4 192.0.2.9 127.0.0.1 4321 61613\r\n")
+    proxied.connect(login="bob")
+    ws = websocket.create_connection(f"ws://{b.host}:{b.port}/", timeout=5)
+    ws.send("CONNECT\naccept-version:1.2\nlogin:carol\n\n\0")
+    assert ws.recv().startswith("CONNECTED")
+    crowd = [wire(b) for _ in range(20)]
+    silent = b.connect()  # has said nothing: its protocol is not known yet
+    admin = wire(b)
+    expected = 3 + len(crowd) + 2
+    deadline = time.monotonic() + 10
+    while True:
+        items, parts = connections(admin)
+        if len(items) == expected:
+            break
+        assert time.monotonic() < deadline, items
+        time.sleep(0.05)
+    assert parts > 1 and len({c["id"] for c in items}) == expected
+    by_login = {c["login"]: c for c in items}
+    assert by_login["alice"]["subscriptions"] == 3 and by_login["alice"]["protocol"] == "stomp"
+    assert by_login["bob"]["address"] == "192.0.2.9:4321"
+    assert by_login["carol"]["protocol"] == "websocket" and not by_login["carol"]["tls"]
+    here = "%s:%s" % silent.getsockname()
+    assert [c["protocol"] for c in items if c["address"] == here] == [""]
+    admin.frame("SUBSCRIBE", {"id": "d", "destination": "DIAG/me", "receipt": "s"})  # the topic form
+    assert admin.read()[0] == "RECEIPT"
+    admin.frame("SEND", {"destination": "DIAG/me", "offset": str(expected - 1)}, b"connections")
+    cmd, headers, _ = admin.read()
+    listed = json.loads(unescape(headers["connections"]))  # (a MESSAGE's headers are escaped: ':' is '\\c')
+    assert cmd == "MESSAGE" and len(listed) == 1 and headers["total"] == str(expected)
+    for w in [alice, proxied, *crowd, admin]:
+        w.sock.close()
+    ws.close()
+    silent.close()
 
 
 def test_unknown_diag_query_is_an_error(broker):
@@ -262,8 +326,12 @@ def test_diag_needs_a_session_and_admin_when_auth_is_on(secured):
         w = login(b, "bob", "builder")
         w.frame("SUBSCRIBE", {"id": "m", "destination": destination})
         assert w.read(timeout=15)[1]["message"] == f"permission denied for {destination}"
+    user = login(b, "bob", "builder")  # connections are admins' too: logins and addresses
+    user.send(b"DIAG\n\nconnections\0")
+    assert user.read()[1]["message"] == "permission denied for DIAG"
     root = login(b, "root", "toor")
     assert "/queue/bob-payroll-2026" in value(root, "subs")
+    assert "bob" in {c["login"] for c in value(root, "connections")}
 
 
 def test_a_wildcard_subscription_of_a_user_does_not_read_diag_answers(secured):

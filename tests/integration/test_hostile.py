@@ -460,3 +460,31 @@ def test_invalid_utf8_in_headers(start_broker, version, frame):
     headers = expect_error_then_close(w, "invalid UTF-8")
     assert headers.get("receipt-id") == "r1"
     assert_still_serving(b, before)
+
+
+# --- what a connection may make the dispatcher hold ---------------------------------------------
+
+def test_transactions_are_bounded_per_connection(start_broker):
+    # Before: any number of transactions, each up to max_transaction_frames frames of up to
+    # max_frame_size: one client could make the dispatcher hold all it sent. (Default limits:
+    # max_transactions 100, max_held_bytes 64 MB.)
+    b = start_broker("processors=3")
+    before = pids(b)
+    w = connected_wire(b)
+    for i in range(100):
+        w.frame("BEGIN", {"transaction": f"t{i}"})
+    w.frame("BEGIN", {"transaction": "t100", "receipt": "one-more"})
+    assert expect_error_then_close(w, "too many transactions")["receipt-id"] == "one-more"
+    w = connected_wire(b)
+    w.frame("BEGIN", {"transaction": "big"})
+    body = b"x" * (1 << 20)
+    for i in range(70):  # the 64th MB passes 64 MB with its headers and bookkeeping
+        w.frame("SEND", {"destination": "/queue/held", "transaction": "big", "receipt": str(i),
+                         "content-length": str(len(body))}, body)
+        cmd, headers, _ = w.read(timeout=15)
+        if cmd == "ERROR":
+            break
+        assert cmd == "RECEIPT"
+    assert (headers["message"], headers["receipt-id"]) == ("transaction too large", "63")
+    read_until_gone(w.sock)
+    assert_still_serving(b, before)

@@ -11,13 +11,16 @@ import http.client
 import json
 import shutil
 import socket
+import ssl
 import struct
 import time
 
 import pytest
+import trustme
 
 from stompbroker.protocol.proxy import V2_SIGNATURE
 from stompbroker.security import hash_secret
+from stompbroker.tools.natscluster import free_ports
 from tests.haproxy import Haproxy
 from tests.stompwire import Wire
 
@@ -34,6 +37,35 @@ def proxied(start_broker, tmp_path):
     path.chmod(0o600)
     return start_broker("auth=passwd", f"passwd_file={path}", "auth_fail_delay_ms=300", "proxy_protocol=true",
                         "proxy_trusted=127.0.0.1")
+
+
+@pytest.fixture
+def proxied_tls(start_broker, tmp_path):
+    """The proxied broker with ssl_port too; ``.tls_port``, ``.ca``."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    path = tmp_path / "passwd"
+    path.write_text(f"root:{hash_secret('toor')}:admin\n")
+    path.chmod(0o600)
+    (tls_port,) = free_ports(1)
+    b = start_broker("auth=passwd", f"passwd_file={path}", "proxy_protocol=true", "proxy_trusted=127.0.0.1",
+                     f"ssl_port={tls_port}", f"ssl_cert={tmp_path / 'cert.pem'}", f"ssl_key={tmp_path / 'key.pem'}")
+    b.tls_port, b.ca = tls_port, ca
+    return b
+
+
+def tls_passthrough(front: int, tls_port: int):
+    """docker/haproxy.cfg plus a TCP frontend that passes TLS through to ssl_port with a v2 header."""
+    return lambda text: text + (f"\nfrontend stomp_tls\n    bind 127.0.0.1:{front}\n    default_backend brokers_tls\n\n"
+                                f"backend brokers_tls\n    server t1 127.0.0.1:{tls_port} send-proxy-v2\n")
+
+
+def tls_client(port: int, source: str, ca) -> socket.socket:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context.wrap_socket(client(port, source), server_hostname="localhost")
 
 
 def client(port: int, source: str) -> socket.socket:
@@ -132,3 +164,63 @@ def test_a_header_from_anyone_else_is_closed_and_their_plain_connections_work(pr
     w.close()
     with Haproxy([proxied.port] * 3, tmp_path) as lb:  # a client behind haproxy sending a header of its own
         assert closed_without_a_word(client(lb.port, "127.0.0.3"), header + CONNECT)
+
+
+def test_tls_passed_through_haproxy_is_known_by_its_clients_address(proxied_tls, tmp_path):
+    # haproxy in TCP mode passes TLS through to ssl_port and starts each connection with a v2 header:
+    # the broker reads the header, then does the TLS handshake. Before, TLS started at the first
+    # byte, so the header broke every handshake.
+    b = proxied_tls
+    (front,) = free_ports(1)
+    with Haproxy([b.port] * 3, tmp_path, tls_passthrough(front, b.tls_port)):
+        w = Wire(tls_client(front, "127.0.0.3", b.ca))
+        w.connect(login="root", passcode="toor")
+        local = w.sock.getsockname()
+        peers = {c["peer"] for c in api_connections(b.port, "127.0.0.5")}  # (straight to the broker)
+        assert f"{local[0]}:{local[1]}" in peers, peers
+        assert not any(p.startswith("127.0.0.1:") for p in peers), peers
+        # HTTPS through the same path: an HTTP answer with HSTS (it came in on ssl_port)
+        sock = tls_client(front, "127.0.0.4", b.ca)
+        sock.sendall(b"GET /health_check HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        answer = read_to_end(sock)
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"Strict-Transport-Security" in answer, answer
+        w.close()
+    assert "Traceback" not in b.log()
+
+
+def test_tls_port_refuses_a_trusted_peer_without_a_header_and_a_header_from_anyone_else(proxied_tls):
+    b = proxied_tls
+    # a trusted peer starting TLS with no header: closed without a word, logged
+    raw = client(b.tls_port, "127.0.0.1")
+    context = ssl.create_default_context()
+    b.ca.configure_trust(context)
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        context.wrap_socket(raw, server_hostname="localhost")
+    raw.close()
+    deadline = time.monotonic() + 5
+    while "no PROXY header" not in b.log():
+        assert time.monotonic() < deadline, b.log()[-2000:]
+        time.sleep(0.05)
+    # anyone else speaks TLS from the first byte, as before
+    w = Wire(tls_client(b.tls_port, "127.0.0.2", b.ca))
+    w.connect(login="root", passcode="toor")
+    w.close()
+    # a header straight from the trusted address, then TLS: the client is who the header says
+    raw = client(b.tls_port, "127.0.0.1")
+    raw.sendall(b"PROXY TCP4 192.0.2.45 127.0.0.1 50124 61614\r\n")
+    w = Wire(context.wrap_socket(raw, server_hostname="localhost"))
+    w.connect(login="root", passcode="toor")
+    assert "192.0.2.45:50124" in {c["peer"] for c in api_connections(b.port, "127.0.0.9")}
+    w.close()
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    data = b""
+    while True:
+        try:
+            more = sock.recv(65536)
+        except (ssl.SSLError, ConnectionError):
+            return data
+        if not more:
+            return data
+        data += more

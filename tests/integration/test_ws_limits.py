@@ -179,3 +179,37 @@ def test_a_ping_flood_gets_one_pong_per_read(broker):
     # 120 KB of pings arrive in a few reads; before, each of the 20,001 got its own pong
     assert len(pongs) < 100, len(pongs)
     sock.close()
+
+
+def test_what_a_closed_client_still_sends_is_not_read(broker):
+    # Once the broker has answered a connection with a close (here 1008 for too many fragments), the
+    # reader stops reading it: its TCP window closes. Before, the reader read and dropped whatever
+    # it sent until the writer's linger ended, as fast as loopback goes (~0.5 GB in that second),
+    # slowing every other client's round trips several times (a bystander's p99 went 5 -> 47 ms).
+    sock = connected(broker)
+    sock.setblocking(False)
+    one = encode_client_frame(b"x", OP_CONT, fin=False)
+    batch = encode_client_frame(b"SEND\n", OP_TEXT, fin=False) + one * 9000
+    received, after_close, closed_at = b"", 0, None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (closed_at is None or time.monotonic() < closed_at + 0.8):
+        try:
+            sent = sock.send(batch)
+            if closed_at is not None:
+                after_close += sent
+            batch = batch[sent:] or one * 9000
+        except (BlockingIOError, InterruptedError):
+            time.sleep(0.001)
+        except OSError:
+            break  # the broker cut it
+        try:
+            received += sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            break
+        if closed_at is None and any(op == OP_CLOSE for op, _ in frames_of(received)):
+            closed_at = time.monotonic()
+    sock.close()
+    assert closed_at is not None and close_code(frames_of(received))[0] == 1008
+    assert after_close < 32 * MB, f"{after_close / MB:.0f} MiB taken after the close"

@@ -66,8 +66,11 @@ class Rig:
         self._unread: dict[int, list[Out]] = {}
 
     # -- events --------------------------------------------------------------------------------
-    def open(self, conn: int, writer: int = 0, peer: str = "127.0.0.1:40000") -> None:
+    def open(self, conn: int, writer: int = 0, peer: str = "127.0.0.1:40000", stomp: bool = True) -> None:
+        """A connection opens (``stomp``: and its first bytes say STOMP, as the reader tells)."""
         self.broker.on_open(conn, writer, peer, self.now)
+        if stomp:
+            self.broker.on_stomp(conn)
 
     def frame(self, conn: int, command: str, headers: dict | None = None, body: bytes = b"", **more) -> None:
         """Send one frame; keyword headers use _ for - (heart_beat=...)."""

@@ -154,6 +154,22 @@ def test_a_connection_without_connect_is_cut_after_connect_timeout():
     assert rig.error(1)["message"] == "connect timeout"
 
 
+def test_the_connect_timeout_is_only_for_connections_the_reader_saw_speak_stomp():
+    # An HTTP request the reader has not read yet must never get a STOMP ERROR: the reader answers
+    # connections whose protocol it does not know (processes/undecided.py), the broker the others.
+    rig = Rig(connect_timeout_ms=2000)
+    rig.open(1, stomp=False)
+    rig.open(2, stomp=False)
+    assert not rig.broker.needs_tick()
+    rig.tick(5)
+    assert rig.take(1) == [] and rig.take(2) == []
+    rig.broker.on_stomp(1)          # its first bytes were STOMP, read late: the deadline has passed
+    rig.broker.on_websocket(2)      # STOMP inside WebSocket
+    rig.tick(0.1)
+    assert rig.error(1)["message"] == "connect timeout"
+    assert rig.error(2)["message"] == "connect timeout"
+
+
 def test_an_idle_connected_broker_needs_no_tick():
     rig = Rig()
     rig.connect(1)
@@ -373,6 +389,34 @@ def test_a_diag_list_answer_says_where_it_was_cut_and_continues_from_an_offset()
     rig.frame(1, "DIAG", {"offset": "²", "receipt": "r"}, body=b"queues")  # (a digit to isdigit, not to int)
     error = rig.error(1)
     assert error["message"] == "invalid offset" and error["receipt-id"] == "r"
+
+
+def test_diag_connections_come_in_parts_of_whole_connections():
+    import json
+
+    from stompbroker.diag.stats import Statistics
+
+    rig = Rig(max_answer_bytes=400)
+    stats = rig.broker.diag = Statistics(rig.broker, None, rig.config)
+    for conn in range(1, 11):
+        rig.connect(conn, login=f"user{conn}")
+    rig.broker.on_peer(3, "192.0.2.3:1000")  # (its proxy's PROXY header named it)
+    rig.open(11, stomp=False)                 # has said nothing yet
+    seen, offset, parts = [], 0, 0
+    while True:
+        text, more = stats.text("connections", offset)
+        assert len(text.encode()) <= 400 and more["total"] == "11"
+        seen += json.loads(text)
+        parts += 1
+        if "next-offset" not in more:
+            break
+        offset = int(more["next-offset"])
+        assert offset == len(seen)
+    assert parts > 2 and [c["id"] for c in seen] == list(range(1, 12))
+    assert seen[2] == {"id": 3, "address": "192.0.2.3:1000", "login": "user3", "protocol": "stomp", "tls": False,
+                       "subscriptions": 0}
+    assert (seen[10]["protocol"], seen[10]["login"]) == ("", "")
+    assert stats.text("connections", 99) == ("[]", {"total": "11"})
 
 
 def test_diag_needs_a_session_by_default():

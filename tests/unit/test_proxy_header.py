@@ -165,3 +165,36 @@ def test_trusted_proxies():
         assert address not in trusted, address
     with pytest.raises(ValueError, match="not an IP address or network: 'example.com'"):
         TrustedProxies(["example.com"])
+
+
+@pytest.mark.parametrize("header", [b"PROXY TCP4 192.0.2.7 10.0.0.1 40001 61614\r\n", v2()], ids=["v1", "v2"])
+def test_a_header_before_tls_is_taken_without_a_byte_of_the_handshake(header):
+    # processes/proxy_before_tls.py reads off a real socket: the ClientHello after the header must
+    # stay in the socket for the ssl module, however the header is cut into reads.
+    import socket
+
+    from stompbroker.processes.proxy_before_tls import read_header
+
+    hello = b"\x16\x03\x01\x02\x00" + bytes(range(40))
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    try:
+        buf = b""
+        for i in range(len(header) - 1):  # one byte per read: incomplete, all of it taken
+            theirs.sendall(header[i:i + 1])
+            buf, parsed, closed = read_header(ours, buf)
+            assert (buf, parsed, closed) == (header[:i + 1], None, False)
+        assert read_header(ours, buf) == (buf, None, False)  # nothing new yet
+        theirs.sendall(header[-1:] + hello)  # the rest of the header and the handshake in one read
+        buf, parsed, closed = read_header(ours, buf)
+        assert buf == b"" and parsed == (("192.0.2.7", 40001), len(header)) and not closed
+        assert ours.recv(1000) == hello
+        with pytest.raises(ProxyError):
+            theirs.sendall(hello)
+            read_header(ours, b"")
+        theirs.close()
+        ours.recv(1000)
+        assert read_header(ours, b"")[2]  # closed
+    finally:
+        ours.close()
+        theirs.close()
