@@ -113,6 +113,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_frame_size", _int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
     Setting("max_first_frame", _int, 64 * KB, "largest frame before a connection's first complete frame (its CONNECT), in bytes: what a client that has not logged in may make the broker hold"),
     Setting("max_partial_bytes", _int, 128 * MB, "bytes of unfinished frames the reader holds for all connections together; the connection that would go past it gets a 'broker busy' ERROR and is closed"),
+    Setting("close_read_limit", _int, 16 * MB, "bytes the reader still reads (and drops) from a connection once its ERROR or close is on its way, so that a client in the middle of writing a large frame finishes and reads the answer; past it the connection is no longer read (its TCP window closes) and is reset when it closes"),
     Setting("ws_max_fragments", _int, 1024, "most WebSocket frames one message may come in (its first included); a message in more gets close 1008"),
     Setting("max_headers", _int, 256, "most header lines in one frame"),
     Setting("max_header_line", _int, 64 * KB, "longest header line, in bytes"),
@@ -265,7 +266,7 @@ def convert(setting: Setting, text: str) -> Any:
 
 
 def validate(values: dict) -> None:
-    for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "ws_max_fragments", "max_headers", "max_header_line",
+    for name in ("max_input_queue_size", "max_frame_size", "max_first_frame", "max_partial_bytes", "close_read_limit", "ws_max_fragments", "max_headers", "max_header_line",
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_destination_length", "max_id_length", "max_answer_bytes",

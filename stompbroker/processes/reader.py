@@ -21,6 +21,7 @@ import os
 import selectors
 import socket
 import ssl
+import struct
 import time
 
 from ..console.http import encode_request
@@ -56,7 +57,8 @@ WS_MESSAGE = WsEvent.MESSAGE  # tested per WebSocket message: a global, not an e
 
 
 class Conn:
-    __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held")
+    __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held",
+                 "dropped")
 
     def __init__(self, conn_id: int, sock: socket.socket, writer: int, parser: FrameParser | None = None):
         self.id = conn_id
@@ -70,6 +72,8 @@ class Conn:
         self.tls = None         # TlsLink for connections on ssl_port
         self.greeted = False    # a whole STOMP frame (its CONNECT) came: the full frame size applies
         self.held = 0           # bytes of unfinished frames counted in Reader.partial
+        self.dropped = 0        # bytes read and dropped since its answer and close were on their way;
+                                # -1 once it is no longer read (Poller.quiet)
 
 
 class TlsLink:
@@ -89,6 +93,7 @@ class TlsLink:
 
 
 TRIM_AFTER = 1 << 20     # freeing a buffer this big asks the allocator to give memory back (once a second)
+RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 TLS_OUT_LIMIT = 1 << 20  # past this, stop taking the writer's output: its socket fills, backpressure
 
 
@@ -452,17 +457,34 @@ class Reader:
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, conn: Conn, now: float) -> None:
+        if conn.dropped < 0:
+            # No longer read, so this is a hang-up (the client's, or the writer's after its linger).
+            # Reset, not FIN: a client blocked writing into the closed window is told at once
+            # instead of probing it until the kernel gives up on the orphaned socket.
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
+            self.drop(conn)
+            return
         data = receive(conn.sock)
         if data is None:
             return
         if not data:
             self.drop(conn)
             return
+        if conn.mode == DEAD:
+            self.drop_after_close(conn, len(data))
+            return
         self.received(conn, data, now)
-        if conn.mode == DEAD and conn.tls is None and conn.sock.fileno() >= 0:
-            # An answer and a close are on their way: what the client still sends is not read (its
-            # TCP window closes), only its hang-up or the writer's is watched. Read and dropped, a
-            # flood would cost this loop as much as a live connection's, until the writer closes.
+
+    def drop_after_close(self, conn: Conn, size: int) -> None:
+        """An answer and a close are on their way: what the client still sends is read and dropped up
+        to close_read_limit (so a client in the middle of writing a large frame finishes and reads its
+        ERROR), then no longer read (its TCP window closes; only a hang-up, its own or the writer's,
+        is reported). Read and dropped without end, a flood would cost this loop as much as a live
+        connection's until the writer closes. TLS connections are read to their close_notify."""
+        self.stats["bytes_in"] += size
+        conn.dropped += size
+        if conn.dropped > self.config.close_read_limit and conn.tls is None and conn.sock.fileno() >= 0:
+            conn.dropped = -1
             self.sel.quiet(conn.sock)
 
     def received(self, conn: Conn, data: bytes, now: float) -> None:

@@ -104,3 +104,36 @@ def test_unfinished_frames_stay_within_max_partial_bytes_and_memory_comes_back(s
     while reader_rss(b) - before > 16 * MB and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reader_rss(b) - before <= 16 * MB, f"{(reader_rss(b) - before) / MB:.0f} MiB not given back"
+
+
+def test_a_client_writing_past_its_error_is_read_then_reset(start_broker):
+    # A frame refused by its headers (content-length over max_frame_size) while the client is still
+    # writing its body: the reader reads and drops up to close_read_limit, so a client writing a
+    # frame somewhat larger than the limit finishes and reads its ERROR; one that goes on writing
+    # is no longer read and, once the writer has closed, gets a reset. Before, it was not read at all
+    # and its sendall hung in the closed window until the kernel gave up on the orphaned socket
+    # (about a minute); a 5 MB frame never got to read its ERROR.
+    broker = start_broker("processors=3", "close_read_limit=2097152")
+    head = b"SEND\ndestination:/queue/big\ncontent-length:999999999\n\n"
+    small = socket.create_connection(broker.address, timeout=10)
+    small.sendall(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
+    assert small.recv(4096).startswith(b"CONNECTED")
+    small.sendall(head + b"z" * (5 * MB))  # within what is read and the sockets' buffers
+    answer = b""
+    while b"\0" not in answer:
+        chunk = small.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"ERROR") and b"frame too large" in answer, answer
+    small.close()
+
+    flood = socket.create_connection(broker.address, timeout=10)
+    flood.sendall(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
+    assert flood.recv(4096).startswith(b"CONNECTED")
+    started = time.monotonic()
+    with pytest.raises(OSError) as cut:
+        flood.sendall(head + b"z" * (512 * MB))
+    took = time.monotonic() - started
+    assert took < 8, f"the flood was told after {took:.1f} s"
+    assert isinstance(cut.value, (ConnectionResetError, BrokenPipeError)), cut.value
+    flood.close()
