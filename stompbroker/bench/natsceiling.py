@@ -68,6 +68,7 @@ async def _consumer(url: str, stream: str, durable: str, batch: int, expect, sto
                     pack: int = 1) -> dict:
     import nats
     import nats.errors
+    import nats.js.errors
 
     nc = await nats.connect(url, name="bench-ceiling-sub")
     js = nc.jetstream()
@@ -80,6 +81,9 @@ async def _consumer(url: str, stream: str, durable: str, batch: int, expect, sto
             msgs = await sub.fetch(batch, timeout=0.5)
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
             msgs = []
+        except nats.js.errors.ServiceUnavailableError:  # (the consumer's leader is not elected yet)
+            msgs = []
+            await asyncio.sleep(0.1)
         for msg in msgs:
             await msg.ack()
         got += len(msgs) * pack

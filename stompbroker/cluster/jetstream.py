@@ -288,9 +288,16 @@ async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000)
         # message says none is left, or nothing comes: for a while when it said some are there)
         wait = 5.0 if info.num_pending else 1.0
         left = limit
+        # (a consumer of a replicated stream answers 503 until its own leader is elected: ask again)
+        unready_until = time.monotonic() + wait
         while left > 0:
             try:
                 msgs = await sub.fetch(min(left, 256), timeout=wait)
+            except nats.js.errors.ServiceUnavailableError:
+                if time.monotonic() > unready_until:
+                    raise
+                await asyncio.sleep(0.1)
+                continue
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 break
             for msg in msgs:

@@ -6,6 +6,7 @@ import socket
 import time
 
 import nats
+import nats.js.errors
 import pytest
 
 from tests.natscluster import NatsCluster
@@ -46,6 +47,8 @@ async def _roundtrip(servers: list[str], stream: str, payloads: list[bytes], exp
                 got += [m.data for m in await sub.fetch(expect - len(got), timeout=1)]
             except nats.errors.TimeoutError:
                 pass
+            except nats.js.errors.ServiceUnavailableError:
+                await asyncio.sleep(0.2)  # (the consumer's own leader is not elected yet)
         try:  # nothing beyond what was expected
             got += [m.data for m in await sub.fetch(1, timeout=0.3)]
         except nats.errors.TimeoutError:
