@@ -255,7 +255,7 @@ def test_close_events():
     assert dec.feed(b"\xff\xff") == []  # nothing is read after a close
 
 
-@pytest.mark.parametrize("data,code", [
+PROTOCOL_ERRORS = [
     (client_frame(b"x", masked=False), 1002),
     (client_frame(b"x", rsv=0x40), 1002),                      # RSV1 without an extension
     (client_frame(b"x", opcode=0x3), 1002),                    # reserved data opcode
@@ -272,7 +272,11 @@ def test_close_events():
     (client_frame(struct.pack("!H", 5000), OP_CLOSE), 1002),
     (client_frame(struct.pack("!H", 1000) + b"\xff", OP_CLOSE), 1002),
     (b"\x82\xff" + struct.pack("!Q", 1 << 63), 1002),           # 64-bit length with MSB set
-])
+]
+
+
+# (ids by position: the frames carry random masks, and parallel workers must collect the same names)
+@pytest.mark.parametrize("data,code", PROTOCOL_ERRORS, ids=[f"case{i}" for i in range(len(PROTOCOL_ERRORS))])
 def test_protocol_errors(data, code):
     assert ws_error(data) == code
     with pytest.raises(WsProtocolError) as info:
