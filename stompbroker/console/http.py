@@ -49,7 +49,6 @@ ALLOWED_METHODS = ("GET", "HEAD")
 REALM = "stompbroker"
 SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
 PAGE_SIZE = 100       # items per /api page unless ?page_size= says (RabbitMQ's management API's default)
-MAX_PAGE_SIZE = 500   # and at most (RabbitMQ's limit too)
 SUBSCRIPTIONS_SHARE = 16  # a connection lists its subscriptions in at most 1/16 of the answer budget
 
 SECURITY_HEADERS = {
@@ -134,10 +133,11 @@ class BadRequest(Exception):
     """A request the site cannot serve as asked: 400 with the reason."""
 
 
-def paging(query: dict) -> tuple[int, int]:
-    """(page, page_size) from ``?page=&page_size=`` (1 and PAGE_SIZE when absent)."""
+def paging(query: dict, max_page_size: int) -> tuple[int, int]:
+    """(page, page_size) from ``?page=&page_size=`` (1 and PAGE_SIZE, at most ``max_page_size``,
+    when absent)."""
     values = []
-    for name, default, most in (("page", 1, 10 ** 9), ("page_size", PAGE_SIZE, MAX_PAGE_SIZE)):
+    for name, default, most in (("page", 1, 10 ** 9), ("page_size", min(PAGE_SIZE, max_page_size), max_page_size)):
         text = query.get(name, [str(default)])[0]
         if not (text.isascii() and text.isdigit()) or len(text) > 10 or not 1 <= int(text) <= most:
             raise BadRequest(f"{name} must be a whole number from 1 to {most}, not {text[:40]!r}")
@@ -269,7 +269,7 @@ class Site:
             if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
                 value["cluster"] = snapshot["cluster"]
             return json_response(value)
-        page, page_size = paging(parse_qs(parts.query))
+        page, page_size = paging(parse_qs(parts.query), self.config.api_max_page_size)
         if path == "/api/queues":
             queues = snapshot.get("sorted_queues")
             if queues is None:  # by name, so pages follow one another (sorted once per snapshot)

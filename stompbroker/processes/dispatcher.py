@@ -49,9 +49,9 @@ class Dispatcher:
         limit = min(ring.capacity for ring in self.rings) // 2  # a batch is at most this plus one record
         self.outboxes = [Outbox(i, limit) for i in range(len(self.rings))]
         self.auth = self.logins = None
-        if config.auth != "off" or config.secret or config.acl_file:
+        if config.auth_required or config.acl_file:
             self.auth = Authenticator(config, load_users(config))
-            self.logins = LoginChecker(self.auth, config.auth_fail_delay_ms / 1000)
+            self.logins = LoginChecker(self.auth, config)
         self.backplane = None
         if config.cluster:  # the bridge process speaks to NATS; this side stays pure (cluster/backplane.py)
             from ..cluster.backplane import Backplane

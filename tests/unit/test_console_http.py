@@ -61,7 +61,8 @@ def site(console=True, http_api=True, auth_required=False):
 
 def config(**settings):
     return types.SimpleNamespace(**{"console": True, "http_api": True, "max_connections": 10, "auth_required": False,
-                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, **settings})
+                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, "api_max_page_size": 500,
+                                    **settings})
 
 
 @pytest.mark.parametrize("method, target, route, status", [
