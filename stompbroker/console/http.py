@@ -193,7 +193,8 @@ class Site:
         self._files: dict[str, bytes] = {}
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
-        self.errors = 0  # requests answered 500 (failed)
+        self.errors = 0       # HTTP answers 5xx but 503: failed, quarantined, or too large to send
+        self.unavailable = 0  # HTTP answers 503: a login not checked in time
 
     # -- routing ---------------------------------------------------------------------------------
     def route(self, method: str, target: str) -> tuple[str | None, bytes | None]:
@@ -230,10 +231,17 @@ class Site:
             response = self.failed(method, target, exc)
         return _head_only(response) if method == "HEAD" else response
 
+    def answered(self, status: int) -> None:
+        """Count an HTTP answer's status in /metrics when it is a 5xx (the dispatcher passes every
+        HTTP answer it sends here: stompbroker_http_internal_errors_total, _unavailable_total)."""
+        if status == 503:
+            self.unavailable += 1
+        elif 500 <= status < 600:
+            self.errors += 1
+
     def failed(self, method: str, target: str, exc: Exception) -> bytes:
         """A 500 for a request the broker failed to answer: one log line (where it failed, not a
-        traceback), counted in /metrics (stompbroker_http_internal_errors_total)."""
-        self.errors += 1
+        traceback); counted when it is sent."""
         where = exc.__traceback__
         while where is not None and where.tb_next is not None:
             where = where.tb_next
@@ -313,7 +321,7 @@ class Site:
             "latency": stats.latency(),
             "queues": stats.query("queues"),
             "cluster": stats.query("cluster"),  # {} on a single node
-            "http": {"internal_errors": self.errors},
+            "http": {"internal_errors": self.errors, "unavailable": self.unavailable},
         }
         self._snapshot_at = now
         return self._snapshot

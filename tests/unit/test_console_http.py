@@ -334,7 +334,7 @@ def test_api_pages_are_cut_at_the_answer_budget():
     assert body["truncated"] is True and 5 < body["item_count"] == len(body["items"]) < 13
 
 
-def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
+def test_a_failing_handler_is_one_500_and_one_log_line(caplog):
     s = site()
     s.snapshot = lambda: 1 / 0
     with caplog.at_level("ERROR", logger="stompbroker.http"):
@@ -343,4 +343,16 @@ def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
     (record,) = caplog.records
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert "ZeroDivisionError" in record.getMessage() and "test_console_http.py" in record.getMessage()
-    assert s.errors == 1
+    assert s.errors == 0  # counted once sent (answered, below), like every 5xx
+
+
+def test_every_5xx_answer_is_counted_in_metrics():
+    """The dispatcher tells the site every HTTP status it sends (failed requests, quarantined ones,
+    answers too large for the ring, logins not checked in time)."""
+    s = site()
+    for status in (200, 401, 404, 429, 500, 500, 502, 503):
+        s.answered(status)
+    assert (s.errors, s.unavailable) == (3, 1)
+    body, _ = exposition({**SNAPSHOT, "http": {"internal_errors": s.errors, "unavailable": s.unavailable}})
+    assert b"stompbroker_http_internal_errors_total 3.0" in body
+    assert b"stompbroker_http_unavailable_total 1.0" in body
