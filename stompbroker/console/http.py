@@ -160,6 +160,40 @@ def page_of(items: list, page: int, page_size: int, budget: int, make=None) -> b
     return b'{"items":' + text + b"," + orjson.dumps(envelope)[1:]
 
 
+OVERVIEW = ("broker", "session", "totals", "stale", "ws_buffer", "writers", "process", "latency")
+
+
+def overview(snapshot: dict, budget: int) -> bytes:
+    """/api/overview as JSON of at most ``budget`` bytes. Its lists grow with the settings (writers
+    and processes with ``processors``, a cluster's streams with ``cluster_streams``): when the whole
+    would not fit, each list keeps the whole items that fit in an equal share of what the rest
+    leaves, and ``truncated`` names each list cut with its full length."""
+    value = {key: snapshot[key] for key in OVERVIEW}
+    if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
+        value["cluster"] = dict(snapshot["cluster"])
+    body = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    if len(body) <= budget:
+        return body
+    holders = [(value, "writers"), (value, "process")]
+    if isinstance(value.get("cluster", {}).get("streams"), list):
+        holders.append((value["cluster"], "streams"))
+    lists = {name: holder[name] for holder, name in holders}
+    for holder, name in holders:
+        holder[name] = []
+    value["truncated"] = {name: 10 ** 12 for name in lists}  # (the widest counts, for the share)
+    share = (budget - len(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))) // len(holders) - 2
+    value["truncated"] = {}
+    for holder, name in holders:
+        items = lists[name]
+        text, end = answers.json_items(items, 0, share) if share > 2 else (b"[]", 0)
+        if end and len(text) > share:  # (json_items keeps one item whatever its size)
+            text, end = b"[]", 0
+        holder[name] = orjson.Fragment(text)
+        if end < len(items):
+            value["truncated"][name] = len(items)
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+
+
 def too_many_requests(retry_after: float) -> bytes:
     """The login's back-off (after refusals from its address) outlasts the time a request may wait."""
     return text_response(429, "Too Many Requests", "logins from this address back off after refusals; "
@@ -272,11 +306,7 @@ class Site:
             return http_response(200, "OK", body, {"Content-Type": content_type, "Cache-Control": "no-store",
                                                    **SECURITY_HEADERS})
         if path == "/api/overview":
-            value = {key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
-                                                     "writers", "process", "latency")}
-            if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
-                value["cluster"] = snapshot["cluster"]
-            return json_response(value)
+            return json_response(overview(snapshot, budget))
         page, page_size = paging(parse_qs(parts.query), self.config.api_max_page_size)
         if path == "/api/queues":
             queues = snapshot.get("sorted_queues")

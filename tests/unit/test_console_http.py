@@ -356,3 +356,31 @@ def test_every_5xx_answer_is_counted_in_metrics():
     body, _ = exposition({**SNAPSHOT, "http": {"internal_errors": s.errors, "unavailable": s.unavailable}})
     assert b"stompbroker_http_internal_errors_total 3.0" in body
     assert b"stompbroker_http_unavailable_total 1.0" in body
+
+
+class BigStats(Stats):
+    """A broker with many processes and, in cluster mode, many streams."""
+
+    def processes(self):
+        return [{"role": f"writer-{i}", "pid": 100_000 + i, "rss": 30_000_000, "cpu_seconds": 1.5}
+                for i in range(5000)]
+
+    def query(self, name):
+        if name == "cluster":
+            return {**SNAPSHOT["cluster"], "streams": [
+                {"name": f"c_QUEUES_64_{i}", "messages": i, "bytes": 600, "stored": 9, "leader": "nats2",
+                 "replicas": 3, "shard": f"{i}/64"} for i in range(3000)]}
+        return super().query(name)
+
+
+def test_api_overview_is_cut_at_the_answer_budget():
+    budget = 64 * 1024
+    s = http.Site(config(answer_bytes=budget), BigStats())
+    raw = s.respond("GET", "/api/overview").partition(b"\r\n\r\n")[2]
+    assert len(raw) <= budget  # (failed before: 686 KB)
+    status, body = page(s, "/api/overview")
+    assert body["truncated"] == {"process": 5000, "streams": 3000}
+    assert 100 < len(body["process"]) < 5000 and 100 < len(body["cluster"]["streams"]) < 3000
+    assert body["process"][0]["role"] == "writer-0" and body["totals"] == SNAPSHOT["totals"]
+    status, body = page(http.Site(config(), Stats()), "/api/overview")  # a broker that fits: nothing cut
+    assert status == 200 and "truncated" not in body and body["process"] == []
