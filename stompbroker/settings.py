@@ -131,6 +131,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat_max_ms", _int, 120_000, "a client that can heart-beat only less often than this is refused"),
     Setting("heartbeat_grace_ms", _int, 1_000, "silence allowed past a client's heart-beat interval before it is disconnected"),
     Setting("connect_timeout_ms", _int, 10_000, "time a new connection has to send CONNECT before it is closed"),
+    Setting("restart_budget", _int, 10, "deaths in a row of one process (each within 10 s of its restart) restarted at once (1 to 1,000); each further one waits, from 0.1 s doubling up to restart_delay_max_ms. The supervisor never gives up (see docs/reliability.md)"),
+    Setting("restart_delay_max_ms", _int, 5_000, "longest wait before restarting a process that keeps dying (100 ms to 60 s); the other processes serve meanwhile"),
     Setting("shutdown_timeout_ms", _int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
     Setting("auth", str, "off", "off: any login is accepted; passwd: logins are checked against passwd_file"),
     Setting("passwd_file", str, "stompbroker.passwd", "users, as login:secret[:permissions] lines (stompbroker-passwd writes them); re-read on SIGHUP"),
@@ -290,7 +292,8 @@ def validate(values: dict) -> None:
     for name, low, high in (("max_http_head", KB, MB), ("api_max_page_size", 1, 100_000),
                             ("auth_fail_delay_ms", 0, 3_600_000), ("auth_fail_delay_max_ms", 0, 3_600_000),
                             ("auth_fail_window_ms", 0, 86_400_000), ("auth_fail_records", 1, 10_000_000),
-                            ("console_tokens_per_user", 1, 1_000)):
+                            ("console_tokens_per_user", 1, 1_000), ("restart_budget", 1, 1_000),
+                            ("restart_delay_max_ms", 100, 60_000)):
         if not low <= values[name] <= high:
             raise ValueError(f"{name} must be {low} to {high}, got {values[name]}")
     for network in values["proxy_trusted"]:
