@@ -49,7 +49,6 @@ ALLOWED_METHODS = ("GET", "HEAD")
 REALM = "stompbroker"
 SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
 PAGE_SIZE = 100       # items per /api page unless ?page_size= says (RabbitMQ's management API's default)
-MAX_PAGE_SIZE = 500   # and at most (RabbitMQ's limit too)
 SUBSCRIPTIONS_SHARE = 16  # a connection lists its subscriptions in at most 1/16 of the answer budget
 
 SECURITY_HEADERS = {
@@ -134,10 +133,11 @@ class BadRequest(Exception):
     """A request the site cannot serve as asked: 400 with the reason."""
 
 
-def paging(query: dict) -> tuple[int, int]:
-    """(page, page_size) from ``?page=&page_size=`` (1 and PAGE_SIZE when absent)."""
+def paging(query: dict, max_page_size: int) -> tuple[int, int]:
+    """(page, page_size) from ``?page=&page_size=`` (1 and PAGE_SIZE, at most ``max_page_size``,
+    when absent)."""
     values = []
-    for name, default, most in (("page", 1, 10 ** 9), ("page_size", PAGE_SIZE, MAX_PAGE_SIZE)):
+    for name, default, most in (("page", 1, 10 ** 9), ("page_size", min(PAGE_SIZE, max_page_size), max_page_size)):
         text = query.get(name, [str(default)])[0]
         if not (text.isascii() and text.isdigit()) or len(text) > 10 or not 1 <= int(text) <= most:
             raise BadRequest(f"{name} must be a whole number from 1 to {most}, not {text[:40]!r}")
@@ -158,6 +158,40 @@ def page_of(items: list, page: int, page_size: int, budget: int, make=None) -> b
     envelope = {"page": page, "page_size": page_size, "page_count": -(-total // page_size), "item_count": end,
                 "total_count": total, "filtered_count": total, "truncated": end < len(chunk)}
     return b'{"items":' + text + b"," + orjson.dumps(envelope)[1:]
+
+
+OVERVIEW = ("broker", "session", "totals", "stale", "ws_buffer", "writers", "process", "latency")
+
+
+def overview(snapshot: dict, budget: int) -> bytes:
+    """/api/overview as JSON of at most ``budget`` bytes. Its lists grow with the settings (writers
+    and processes with ``processors``, a cluster's streams with ``cluster_streams``): when the whole
+    would not fit, each list keeps the whole items that fit in an equal share of what the rest
+    leaves, and ``truncated`` names each list cut with its full length."""
+    value = {key: snapshot[key] for key in OVERVIEW}
+    if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
+        value["cluster"] = dict(snapshot["cluster"])
+    body = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    if len(body) <= budget:
+        return body
+    holders = [(value, "writers"), (value, "process")]
+    if isinstance(value.get("cluster", {}).get("streams"), list):
+        holders.append((value["cluster"], "streams"))
+    lists = {name: holder[name] for holder, name in holders}
+    for holder, name in holders:
+        holder[name] = []
+    value["truncated"] = {name: 10 ** 12 for name in lists}  # (the widest counts, for the share)
+    share = (budget - len(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))) // len(holders) - 2
+    value["truncated"] = {}
+    for holder, name in holders:
+        items = lists[name]
+        text, end = answers.json_items(items, 0, share) if share > 2 else (b"[]", 0)
+        if end and len(text) > share:  # (json_items keeps one item whatever its size)
+            text, end = b"[]", 0
+        holder[name] = orjson.Fragment(text)
+        if end < len(items):
+            value["truncated"][name] = len(items)
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
 
 
 def too_many_requests(retry_after: float) -> bytes:
@@ -193,7 +227,8 @@ class Site:
         self._files: dict[str, bytes] = {}
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
-        self.errors = 0  # requests answered 500 (failed)
+        self.errors = 0       # HTTP answers 5xx but 503: failed, quarantined, or too large to send
+        self.unavailable = 0  # HTTP answers 503: a login not checked in time
 
     # -- routing ---------------------------------------------------------------------------------
     def route(self, method: str, target: str) -> tuple[str | None, bytes | None]:
@@ -230,10 +265,17 @@ class Site:
             response = self.failed(method, target, exc)
         return _head_only(response) if method == "HEAD" else response
 
+    def answered(self, status: int) -> None:
+        """Count an HTTP answer's status in /metrics when it is a 5xx (the dispatcher passes every
+        HTTP answer it sends here: stompbroker_http_internal_errors_total, _unavailable_total)."""
+        if status == 503:
+            self.unavailable += 1
+        elif 500 <= status < 600:
+            self.errors += 1
+
     def failed(self, method: str, target: str, exc: Exception) -> bytes:
         """A 500 for a request the broker failed to answer: one log line (where it failed, not a
-        traceback), counted in /metrics (stompbroker_http_internal_errors_total)."""
-        self.errors += 1
+        traceback); counted when it is sent."""
         where = exc.__traceback__
         while where is not None and where.tb_next is not None:
             where = where.tb_next
@@ -264,12 +306,8 @@ class Site:
             return http_response(200, "OK", body, {"Content-Type": content_type, "Cache-Control": "no-store",
                                                    **SECURITY_HEADERS})
         if path == "/api/overview":
-            value = {key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
-                                                     "writers", "process", "latency")}
-            if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
-                value["cluster"] = snapshot["cluster"]
-            return json_response(value)
-        page, page_size = paging(parse_qs(parts.query))
+            return json_response(overview(snapshot, budget))
+        page, page_size = paging(parse_qs(parts.query), self.config.api_max_page_size)
         if path == "/api/queues":
             queues = snapshot.get("sorted_queues")
             if queues is None:  # by name, so pages follow one another (sorted once per snapshot)
@@ -313,7 +351,7 @@ class Site:
             "latency": stats.latency(),
             "queues": stats.query("queues"),
             "cluster": stats.query("cluster"),  # {} on a single node
-            "http": {"internal_errors": self.errors},
+            "http": {"internal_errors": self.errors, "unavailable": self.unavailable},
         }
         self._snapshot_at = now
         return self._snapshot

@@ -49,9 +49,9 @@ class Dispatcher:
         limit = min(ring.capacity for ring in self.rings) // 2  # a batch is at most this plus one record
         self.outboxes = [Outbox(i, limit) for i in range(len(self.rings))]
         self.auth = self.logins = None
-        if config.auth != "off" or config.secret or config.acl_file:
+        if config.auth_required or config.acl_file:
             self.auth = Authenticator(config, load_users(config))
-            self.logins = LoginChecker(self.auth, config.auth_fail_delay_ms / 1000)
+            self.logins = LoginChecker(self.auth, config)
         self.backplane = None
         if config.cluster:  # the bridge process speaks to NATS; this side stays pure (cluster/backplane.py)
             from ..cluster.backplane import Backplane
@@ -91,6 +91,7 @@ class Dispatcher:
         marker = poison.fault_marker()
         if marker is not None:
             self.broker.on_frame = poison.die_on(marker, self.broker.on_frame)
+            self.http_request = poison.die_on_request(marker, self.http_request)
         self.store = None
         if config.store == "sqlite" and config.cluster:
             log.warning("store=sqlite is not used in cluster mode: JetStream keeps queues and durable subscriptions")
@@ -431,8 +432,10 @@ class Dispatcher:
                 self.http_answer(conn, http.unavailable())
 
     def http_answer(self, conn: int, response: bytes) -> None:
+        """Every HTTP answer the dispatcher sends (the last guard's 500s aside: flush_one)."""
         session = self.broker.sessions.get(conn)
         if session is not None and not session.closing:
+            self.site.answered(int(response[9:12]))
             if session.tls and self.config.hsts_max_age:  # browsers keep to https for this host
                 response = with_header(response, "Strict-Transport-Security", f"max-age={self.config.hsts_max_age}")
             session.outbox.add(R.RAW, conn, response)
@@ -538,8 +541,12 @@ class Dispatcher:
         # half of it) fits the ring; more (many replies at once, e.g. receipts released by the
         # store, or one record too big for the ring) is cut first.
         if len(buf) > box.limit + (box.limit >> 1):
-            for piece, n in batches(buf, box.limit, self.rings[box.index].capacity):
+            replaced: list[int] = []
+            for piece, n in batches(buf, box.limit, self.rings[box.index].capacity, replaced):
                 self.write(box.index, piece, n)
+            for kind in replaced:
+                if kind == R.RAW:  # an HTTP answer became a 500
+                    self.site.answered(500)
         else:
             self.write(box.index, buf, count)
 
@@ -551,12 +558,13 @@ class Dispatcher:
         ring.notify()
 
 
-def batches(buf: bytearray, limit: int, capacity: int):
+def batches(buf: bytearray, limit: int, capacity: int, replaced: list | None = None):
     """Cut a batch of records into batches of at most ``limit`` bytes plus one record, so each fits
     the ring (whose capacity is at least twice the limit). A record that could never fit the ring
     (every answer is bounded to a quarter of it: this is the last guard, not the rule) is replaced
     by an error to its connection and a close: it costs that requester its answer, never the
-    dispatcher (an exception here would restart every process)."""
+    dispatcher (an exception here would restart every process). The kind of each record replaced
+    is appended to ``replaced``."""
     view = memoryview(buf)
     start = pos = count = 0
     end = len(buf)
@@ -567,6 +575,8 @@ def batches(buf: bytearray, limit: int, capacity: int):
             yield bytes(view[start:pos]), count
             start, count = pos, 0
         if length > most:
+            if replaced is not None:
+                replaced.append(kind)
             yield too_large(kind, conn, length, stamp, most), 2
             pos += length
             start = pos

@@ -121,7 +121,7 @@ class Reader:
         self.allowed_paths = getattr(config, "ws_paths", None) or None
         self.allowed_origins = getattr(config, "ws_origins", None) or None
         # without ws_origins, a broker that checks logins opens WebSockets to its own pages only
-        self.same_origin_only = config.auth != "off"
+        self.same_origin_only = config.auth_required
         self.hosts = HostPolicy.from_config(config)
         self.hsts = f"max-age={config.hsts_max_age}" if config.hsts_max_age else ""
         self.tls_listener = resources.tls_listener
@@ -649,7 +649,7 @@ class Reader:
     def http(self, conn: Conn, data: bytes, now: float) -> None:
         conn.buf += data
         try:
-            parsed = ws.parse_http_request(conn.buf)
+            parsed = ws.parse_http_request(conn.buf, self.config.max_http_head)
             if parsed is None:
                 self.http_waiting.setdefault(conn, now + self.http_head_timeout)
                 return

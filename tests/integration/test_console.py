@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stompbroker.security import hash_secret
-from stompwire import Wire
+from stompwire import Wire, connected
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -211,6 +211,23 @@ def test_http_errors_are_http_responses(broker):
         assert get(broker, src.decode())[0] == 200, src
 
 
+def test_the_head_limit_and_the_page_size_are_settings(start_broker):
+    """max_http_head and api_max_page_size, not their defaults (8 KB, 500), take effect."""
+    b = start_broker("max_http_head=16384", "api_max_page_size=2")
+    assert get(b, "/api/overview", headers={"X-Filler": "a" * 9000})[0] == 200  # over 8 KB, under 16 KB
+    with b.connect() as sock:
+        sock.sendall(b"GET /api/overview HTTP/1.1\r\nX-Filler: " + b"a" * 17000 + b"\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 431 ")
+    sessions = [connected(b) for _ in range(2)]  # with the request's own: three connections
+    status, _, body = get(b, "/api/connections")
+    page = json.loads(body)
+    assert status == 200 and page["page_size"] == 2 and len(page["items"]) == 2 and page["total_count"] == 3
+    status, _, body = get(b, "/api/connections?page_size=3")
+    assert status == 400 and b"page_size must be a whole number from 1 to 2" in body
+    for w in sessions:
+        w.close()
+
+
 def test_websocket_still_opens_on_the_console_path(broker):
     import websocket
     ws = websocket.create_connection(f"ws://{broker.host}:{broker.port}/", subprotocols=["v12.stomp"], timeout=5)
@@ -355,11 +372,11 @@ def test_a_console_token_is_a_read_only_single_use_session_of_its_user(secured):
 
 
 def test_console_tokens_are_a_bounded_pool_per_user_that_head_does_not_fill(start_broker, tmp_path):
-    from stompbroker.security.console_tokens import PER_USER
+    PER_USER = 3  # console_tokens_per_user, not its default (8)
     path = tmp_path / "passwd"
     path.write_text(f"root:{hash_secret('toor')}:admin\nops:{hash_secret('ops')}:admin\n")
     path.chmod(0o600)
-    b = start_broker("auth=passwd", f"passwd_file={path}")
+    b = start_broker("auth=passwd", f"passwd_file={path}", f"console_tokens_per_user={PER_USER}")
     _, kept = mint(b)
     for _ in range(1000):  # an open console's token outlives a flood of page loads
         assert get(b, "/", method="HEAD", headers=basic("root", "toor"))[0] == 200

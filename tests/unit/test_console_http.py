@@ -61,7 +61,8 @@ def site(console=True, http_api=True, auth_required=False):
 
 def config(**settings):
     return types.SimpleNamespace(**{"console": True, "http_api": True, "max_connections": 10, "auth_required": False,
-                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, **settings})
+                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, "api_max_page_size": 500,
+                                    **settings})
 
 
 @pytest.mark.parametrize("method, target, route, status", [
@@ -333,7 +334,7 @@ def test_api_pages_are_cut_at_the_answer_budget():
     assert body["truncated"] is True and 5 < body["item_count"] == len(body["items"]) < 13
 
 
-def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
+def test_a_failing_handler_is_one_500_and_one_log_line(caplog):
     s = site()
     s.snapshot = lambda: 1 / 0
     with caplog.at_level("ERROR", logger="stompbroker.http"):
@@ -342,4 +343,44 @@ def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
     (record,) = caplog.records
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert "ZeroDivisionError" in record.getMessage() and "test_console_http.py" in record.getMessage()
-    assert s.errors == 1
+    assert s.errors == 0  # counted once sent (answered, below), like every 5xx
+
+
+def test_every_5xx_answer_is_counted_in_metrics():
+    """The dispatcher tells the site every HTTP status it sends (failed requests, quarantined ones,
+    answers too large for the ring, logins not checked in time)."""
+    s = site()
+    for status in (200, 401, 404, 429, 500, 500, 502, 503):
+        s.answered(status)
+    assert (s.errors, s.unavailable) == (3, 1)
+    body, _ = exposition({**SNAPSHOT, "http": {"internal_errors": s.errors, "unavailable": s.unavailable}})
+    assert b"stompbroker_http_internal_errors_total 3.0" in body
+    assert b"stompbroker_http_unavailable_total 1.0" in body
+
+
+class BigStats(Stats):
+    """A broker with many processes and, in cluster mode, many streams."""
+
+    def processes(self):
+        return [{"role": f"writer-{i}", "pid": 100_000 + i, "rss": 30_000_000, "cpu_seconds": 1.5}
+                for i in range(5000)]
+
+    def query(self, name):
+        if name == "cluster":
+            return {**SNAPSHOT["cluster"], "streams": [
+                {"name": f"c_QUEUES_64_{i}", "messages": i, "bytes": 600, "stored": 9, "leader": "nats2",
+                 "replicas": 3, "shard": f"{i}/64"} for i in range(3000)]}
+        return super().query(name)
+
+
+def test_api_overview_is_cut_at_the_answer_budget():
+    budget = 64 * 1024
+    s = http.Site(config(answer_bytes=budget), BigStats())
+    raw = s.respond("GET", "/api/overview").partition(b"\r\n\r\n")[2]
+    assert len(raw) <= budget  # (failed before: 686 KB)
+    status, body = page(s, "/api/overview")
+    assert body["truncated"] == {"process": 5000, "streams": 3000}
+    assert 100 < len(body["process"]) < 5000 and 100 < len(body["cluster"]["streams"]) < 3000
+    assert body["process"][0]["role"] == "writer-0" and body["totals"] == SNAPSHOT["totals"]
+    status, body = page(http.Site(config(), Stats()), "/api/overview")  # a broker that fits: nothing cut
+    assert status == 200 and "truncated" not in body and body["process"] == []
