@@ -14,6 +14,9 @@ import pytest
 from stompbroker.readiness import NotReady, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every Spark a test starts (driver, block manager, executors) binds to loopback: left alone, Spark
+# picks the machine's first non-loopback address when its hostname resolves to 127.0.0.1.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def pytest_addoption(parser):
