@@ -14,6 +14,7 @@ import pytest
 import stomp
 
 from stompbroker.cluster import shards
+from tests.natscluster import DEFAULT_PACK
 from tests.stompwire import Wire, drain
 
 pytestmark = pytest.mark.timeout(120)
@@ -120,7 +121,7 @@ def test_receipt_means_stored_and_an_unstorable_message_gets_an_error(start_node
 
     async def depth():
         nc = await nats.connect(nats_cluster.urls[1])
-        stream = shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of("/queue/kept", 6), 16)
+        stream = shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of("/queue/kept", 6), DEFAULT_PACK)
         info = await nc.jetstream(timeout=10).stream_info(stream)  # (the default 6 shards packed by 16: its shard's stream)
         await nc.close()
         return info.state.messages, info.config.num_replicas

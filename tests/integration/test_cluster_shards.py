@@ -18,7 +18,7 @@ import pytest
 
 from stompbroker.cluster import shards
 from tests.integration.test_cluster_faults import Consumer, Producer, Stats, connect, report
-from tests.natscluster import NatsCluster, kill_node, stream_leaders
+from tests.natscluster import DEFAULT_PACK, NatsCluster, kill_node, stream_leaders
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -113,7 +113,7 @@ def test_changing_the_shard_count_on_a_live_cluster_drains_the_old_streams(start
     unflagged = {mid for mid, d in load.stats.deliveries.items() if any(not r for _, r in d[1:])}
     assert unflagged <= retried, (unflagged - retried, line)
     # the old layout's queue streams drained, none stranded; the durable finds what waited for it
-    old = [shards.stream_name(cluster_name, shards.QUEUES, 2, i, 16) for i in range(2)]
+    old = [shards.stream_name(cluster_name, shards.QUEUES, 2, i, DEFAULT_PACK) for i in range(2)]
     left = stream_messages(nats_cluster, old)
     assert left == {name: 0 for name in old}, left
     print(f"cluster shards 2 -> 3: old streams {left}; {len(unflagged)} retried across layouts stored twice")
@@ -179,7 +179,7 @@ def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_pr
                 seen.add(shards.shard_of(q, 5))
                 queues.append(q)
             i += 1
-        streams = [shards.stream_name(cluster_name, shards.QUEUES, 5, shards.shard_of(q, 5), 16) for q in queues]
+        streams = [shards.stream_name(cluster_name, shards.QUEUES, 5, shards.shard_of(q, 5), DEFAULT_PACK) for q in queues]
         deadline = time.monotonic() + 30   # the nodes spread the leaders: one shard per server
         while len(set((leaders := stream_leaders(nats5, streams)).values())) < 5:
             assert time.monotonic() < deadline, leaders
