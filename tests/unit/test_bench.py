@@ -1,4 +1,5 @@
-"""The load generator (stompbroker.bench): its pure parts (a run against a real broker: tests/integration/test_bench_smoke.py)."""
+"""The load generator (stompbroker.bench): its pure parts (a run against a real broker:
+tests/integration/test_bench_smoke.py)."""
 
 from __future__ import annotations
 
@@ -248,6 +249,16 @@ def test_profile_classifies_samples_innermost_first(tmp_path):
     assert profile.classify(_stack(w.format(2)), lines) == "send"    # by its source line
     assert profile.classify(_stack(w.format(3)), lines) == "send"    # by the function
     assert profile.classify(_stack("<module> (x.py:1)")) == "other"
+    loop = "Reader.run (stompbroker/processes/reader.py:130)"  # the reader's steps live in reader_*.py
+    read = "Framing.read (stompbroker/processes/reader_framing.py:40)"
+    received = "Framing.received (stompbroker/processes/reader_framing.py:61)"
+    assert profile.classify(_stack(loop, read)) == "recv"
+    assert profile.classify(_stack(loop, read, "receive (stompbroker/processes/reader_conns.py:50)")) == "recv"
+    stomp = "Framing.stomp (stompbroker/processes/reader_framing.py:125)"
+    assert profile.classify(_stack(loop, read, received, stomp)) == "parse"
+    frames = "Framing.frames (stompbroker/processes/reader_framing.py:140)"
+    assert profile.classify(_stack(loop, read, received, stomp, frames)) == "ring write"
+    assert profile.classify(_stack(loop, "Reader.push (stompbroker/processes/reader.py:170)")) == "ring write"
 
 
 def test_profile_per_frame_costs(tmp_path):
