@@ -129,6 +129,18 @@ def internal_error() -> bytes:
     return text_response(500, "Internal Server Error", "internal error (see the broker's log)")
 
 
+def failed(logger: logging.Logger, method: str, target: str, exc: Exception) -> bytes:
+    """A 500 for a request the broker failed to answer (the caller counts it), and one log line:
+    where it failed, not a traceback."""
+    where = exc.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    place = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+    logger.error("internal error answering %s %s: %s: %s%s", method[:16], target[:200], type(exc).__name__,
+                 str(exc)[:200], place)
+    return internal_error()
+
+
 class BadRequest(Exception):
     """A request the site cannot serve as asked: 400 with the reason."""
 
@@ -275,14 +287,8 @@ class Site:
 
     def failed(self, method: str, target: str, exc: Exception) -> bytes:
         """A 500 for a request the broker failed to answer: one log line (where it failed, not a
-        traceback); counted when it is sent."""
-        where = exc.__traceback__
-        while where is not None and where.tb_next is not None:
-            where = where.tb_next
-        place = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
-        log.error("internal error answering %s %s: %s: %s%s", method[:16], target[:200], type(exc).__name__,
-                  str(exc)[:200], place)
-        return internal_error()
+        traceback); counted when it is sent (answered)."""
+        return failed(log, method, target, exc)
 
     def _respond(self, target: str, accept: str) -> bytes:
         parts = urlsplit(target)
@@ -351,7 +357,9 @@ class Site:
             "latency": stats.latency(),
             "queues": stats.query("queues"),
             "cluster": stats.query("cluster"),  # {} on a single node
-            "http": {"internal_errors": self.errors, "unavailable": self.unavailable},
+            # failed here, or in the reader (before the request reached the dispatcher)
+            "http": {"internal_errors": self.errors + int(stats.resources.reader_stats.read()["http_errors"]),
+                     "unavailable": self.unavailable},
         }
         self._snapshot_at = now
         return self._snapshot

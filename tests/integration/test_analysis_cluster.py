@@ -23,10 +23,8 @@ import pytest
 
 from pyspark.find_spark_home import _find_spark_home  # the analysis extra: ./build.sh installs it
 
+import diag_dump_fixture as fx  # (tests/ is on sys.path)
 from conftest import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "tests", "unit"))
-import diag_dump_fixture as fx  # noqa: E402
 
 SPARK_HOME = _find_spark_home()
 FAST_JVM = "-XX:TieredStopAtLevel=1"  # short-lived JVMs: less CPU spent compiling

@@ -285,7 +285,8 @@ class Stats:
 
     def __init__(self, sessions=(), queues=()):
         self.broker = types.SimpleNamespace(sessions={s.conn: s for s in sessions})
-        self.resources = types.SimpleNamespace(writer_stats=[])
+        self.resources = types.SimpleNamespace(writer_stats=[], reader_stats=types.SimpleNamespace(
+            read=lambda: {"http_errors": 0.0}))
         self.started = 0.0
         self.queues = list(queues)
 
