@@ -7,6 +7,7 @@ Read from the source with ``ast`` (nothing is imported). A failure names the off
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
@@ -71,6 +73,7 @@ def imports_of(name: str, path: Path, modules: dict) -> list[tuple[str, int]]:
     return [(target, line) for target, line in found if target in modules and target != name]
 
 
+@functools.cache  # (parsed once for the tests of this file)
 def import_graph() -> tuple[dict, dict]:
     """module -> set of modules it imports, and (module, imported) -> line of the first such import."""
     modules = all_modules()
