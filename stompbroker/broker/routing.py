@@ -80,7 +80,6 @@ def store_refuses(b, destination: str, headers: dict) -> bool:
     return destination.startswith(QUEUE_PREFIX) or bool(b.durables and b.durable_index.match(destination))
 
 
-
 def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
             sender=None) -> int:
     """Route one message; returns the number of deliveries made now. ``origin``: the id of a message

@@ -53,12 +53,12 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
 
 
-def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list:
+def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list[tuple[bytes, bytes]]:
     """A login check finished: CONNECTED, or a refusal told after ``delay`` seconds (the back-off
     the login queue gave it). Returns the frames that waited for the verdict, to be handled now."""
     session = b.sessions.get(conn)
     if session is None or session.pending is None:
-        return ()
+        return []
     version, cx, cy, headers = session.pending
     session.pending = None
     bounds.release(b, session, session.kept)  # (what waited for the verdict: handled or dropped now)
@@ -67,7 +67,7 @@ def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list:
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
         session.backlog = ()
         b.delayed.append((now + delay, conn))
-        return ()
+        return []
     connected(b, session, version, cx, cy, headers, user)
     backlog, session.backlog = session.backlog, ()
     return backlog
