@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import os
@@ -12,86 +11,13 @@ import shlex
 import sys
 import time
 
-from . import __doc__ as PACKAGE_DOC
 from .compare import extract_ref, parse_target, table
+from .options import parse_args
 from .procs import ROOT
 from .profile import compare_profiles, reanalyse
 from .report import compare, load_results, make_chart
 from .runner import Runner
-from .scenarios import SCENARIOS, run_scenarios, scenario_names
-
-
-# -- command line ------------------------------------------------------------------------------
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="stompbroker-bench", description=PACKAGE_DOC.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = p.add_argument_group("broker")
-    g.add_argument("--spawn", nargs="?", const="", default=None, metavar="ARGS",
-                   help="start this project's broker (python -m stompbroker port=0 ARGS), a fresh one per run")
-    g.add_argument("--spawn-env", default=None, metavar="K=V ...",
-                   help="environment variables for the spawned broker, e.g. \"MALLOC_MMAP_THRESHOLD_=268435456\"")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=None, help="TCP port of a running broker")
-    g.add_argument("--ws", default=None, metavar="URL", help="WebSocket URL of a running broker (ws://host:port/path)")
-    g.add_argument("--login", default=None)
-    g.add_argument("--passcode", default=None)
-    g.add_argument("--vhost", default=None, help="CONNECT host header (default '/')")
-    g.add_argument("--pid", type=int, default=None, help="PID of a running broker: measure its process tree")
-    g.add_argument("--label", default=None, help="name of the broker in results and comparisons")
-    g = p.add_argument_group("runs")
-    g.add_argument("--scenario", default="all", help=f"comma list of {', '.join(SCENARIOS)}, or all")
-    g.add_argument("--transports", default=None,
-                   help="comma list of tcp,ws for every scenario (default: fanout on both, others on the first available)")
-    g.add_argument("--duration", type=float, default=10.0, help="seconds of load per run")
-    g.add_argument("--size", type=int, default=117, help="message body bytes")
-    g.add_argument("--rate", type=float, default=5000.0, help="offered load of the latency scenario, msg/s")
-    g.add_argument("--fanout", type=int, default=75)
-    g.add_argument("--queue-consumers", type=int, default=4)
-    g.add_argument("--consumer-procs", type=int, default=2, help="consumer processes for multi-connection runs")
-    g.add_argument("--batch-bytes", type=int, default=65536, help="bytes of pre-rendered frames per send call")
-    g.add_argument("--flow", choices=("bursts", "window"), default="bursts",
-                   help="producer flow control: 'bursts' keeps at most --bursts bursts of at most --burst-bytes "
-                        "unreceipted, the last frame of each asking for a receipt (how real producers wait); "
-                        "'window' keeps up to --window SENDs in flight (a ceiling, labelled so in the output)")
-    g.add_argument("--bursts", type=int, default=4, help="bursts in flight (unreceipted) with --flow bursts")
-    g.add_argument("--burst-bytes", type=int, default=16384, help="wire bytes per burst with --flow bursts")
-    g.add_argument("--window", type=int, default=20000,
-                   help="with --flow window: SEND frames in flight between receipts (0: no receipts until the final one)")
-    g.add_argument("--max-inflight", type=int, default=200000,
-                   help="deliveries sent but not yet counted by the consumers before the producer waits")
-    g.add_argument("--conn-inflight-bytes", type=int, default=8 << 20,
-                   help="in-flight limit per consumer connection, in bytes of deliveries")
-    g.add_argument("--drain-timeout", type=float, default=20.0, help="seconds allowed for deliveries after the producers stop")
-    g.add_argument("--drain-quiet", type=float, default=2.0, help="seconds without deliveries that end a run early")
-    g.add_argument("--setup-timeout", type=float, default=60.0)
-    g.add_argument("--pause", type=float, default=2.0, help="seconds between runs (the machine is shared)")
-    g.add_argument("--repeat", type=int, default=1, help="runs of each scenario (per target); tables show the median")
-    g.add_argument("--idle-connections", type=int, default=2000)
-    g.add_argument("--idle-procs", type=int, default=4)
-    g.add_argument("--idle-in-flight", type=int, default=200, help="connection attempts at once per process")
-    g.add_argument("--idle-seconds", type=float, default=20.0)
-    g.add_argument("--idle-base-seconds", type=float, default=5.0, help="idle CPU measured before connecting")
-    g.add_argument("--durable", choices=("auto", "yes", "no"), default="auto")
-    g.add_argument("--durable-args", default="store=sqlite", help="extra broker args for the durable run (--spawn)")
-    g.add_argument("--durable-window", type=int, default=1000, help="SENDs awaiting their receipt at once")
-    g.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
-                   help="measure the generator against a trivial sink/source first")
-    g.add_argument("--ceiling-duration", type=float, default=3.0)
-    g.add_argument("--profile", action="store_true",
-                   help="record each broker process (reader, dispatcher, writers) with py-spy during each run and "
-                        "report CPU per frame by cost (parse, ring write/read, routing, render, batch, send...); "
-                        "spawned brokers only (--spawn or --compare git:REF / .)")
-    g.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
-    g = p.add_argument_group("output")
-    g.add_argument("--out", default=None, help="directory for results.json and bench.png (default out/bench-TIME)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument("--compare", nargs="+", metavar="TARGET", default=None,
-                   help="run the same scenarios against each target in turn and print a table of medians "
-                        "and ratios to the first: NAME=HOST:PORT[,ws=URL][,pid=PID] (any STOMP broker), "
-                        "NAME=git:REF (this broker at a git ref, spawned with --spawn ARGS), NAME=. (this "
-                        "checkout), or a results.json / its directory from an earlier run")
-    opts = p.parse_args(argv)
-    return opts
+from .scenarios import run_scenarios, scenario_names
 
 
 def raise_fd_limit(want: int) -> int:

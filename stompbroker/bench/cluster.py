@@ -493,7 +493,7 @@ def parse_cluster_args(argv):
 
 
 def main(argv=None) -> int:
-    from .cli import parse_args
+    from .options import parse_args
     from .runner import Runner
 
     parser, copts, rest = parse_cluster_args(sys.argv[1:] if argv is None else argv)

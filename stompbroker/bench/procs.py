@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from ..processes.titles import process_role
+from ..titles import process_role
 from ..readiness import NotReady, wait_ready
 from .wire import BenchError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..protocol.stomp import ProtocolError
-from . import bounds, queues, receipts
+from . import bounds, queues, replies
 from .model import Delivery, Message, Session, Subscription
 
 log = logging.getLogger("stompbroker.broker")
@@ -39,7 +39,7 @@ def ack(b, session: Session, command: str, headers: dict, body: bytes, committed
                 nacked(b, sub, delivery)
         for queue in queues.sub_queues(b, sub):
             queues.pump(b, queue, room=True)
-    receipts.send_receipt(b, session, receipt)
+    replies.send_receipt(b, session, receipt)
 
 
 def find_delivery(b, session: Session, command: str, headers: dict, receipt, strict: bool = True):

@@ -16,7 +16,7 @@ too. Past a bound the connection gets an ERROR (with the frame's receipt-id) and
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import receipts
+from . import replies
 from .model import Delivery, Session
 
 OVERHEAD = 256
@@ -43,11 +43,11 @@ def hold_before_login(b, session: Session, head: bytes, body: bytes) -> bool:
     """A frame waits for its connection's login verdict; False (after an ERROR) past a bound."""
     cost = len(head) + len(body) + OVERHEAD
     if session.kept + cost > b.config.max_first_frame:
-        receipts.error(b, session, "too many frames before CONNECTED", f"frames sent before the login is checked "
+        replies.error(b, session, "too many frames before CONNECTED", f"frames sent before the login is checked "
                        f"may hold at most {b.config.max_first_frame} bytes (max_first_frame)")
         return False
     if b.kept + cost > b.config.max_held_bytes_total:
-        receipts.error(b, session, "broker busy", f"frames held for all connections reach "
+        replies.error(b, session, "broker busy", f"frames held for all connections reach "
                        f"{b.config.max_held_bytes_total} bytes (max_held_bytes_total); try again later")
         return False
     session.kept += cost
@@ -66,7 +66,7 @@ def deliver_unacked(b, session: Session, size: int) -> bool:
     False (after an ERROR) when the connection would hold too much unacknowledged."""
     cost = size + OVERHEAD
     if session.kept + cost > b.config.max_held_bytes:
-        receipts.error(b, session, "too many unacknowledged messages", f"a connection may hold at most "
+        replies.error(b, session, "too many unacknowledged messages", f"a connection may hold at most "
                        f"{b.config.max_held_bytes} bytes of unacknowledged topic messages (max_held_bytes): "
                        "acknowledge them as they come")
         return False

@@ -5,10 +5,15 @@ time passed) and it appends outgoing records to the :class:`Outbox` of the write
 connection. Tests drive it directly with plain outboxes.
 
 Each behaviour has one home, a module of functions taking the broker (see docs/architecture.md,
-"Where does X live"): ``sessions`` (CONNECT, heart-beats, logins), ``routing`` (SEND, publish),
-``queues`` (delivery, pumping), ``acks`` (ACK, NACK, dead letters), ``subscribing``,
-``transactions``, ``durables``, ``temporary``, ``confirmations`` (writers' sent counts),
-``receipts`` (replies held for the store) and ``diagnostics``. Destination kinds are in ``names``.
+"Where does X live"), and each module imports only the ones below it ("Layers"): ``sessions``
+(CONNECT, heart-beats, logins, the end of a session), ``transactions``, ``subscribing``,
+``routing`` (SEND, publish), ``acks`` (ACK, NACK, dead letters), ``durables``, ``temporary``,
+``confirmations`` (writers' sent counts), ``diagnostics``, ``queues`` (delivery, pumping),
+``bounds``, ``permissions`` and, at the bottom, ``replies`` (RECEIPT, ERROR and close, held for
+the store). Destination kinds are in ``names``.
+
+A close made anywhere below ends the connection's output at once and leaves the session in
+``ending``; each event ends those sessions (``sessions.end_closed``) before it returns.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ import time
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head_cached
-from . import (acks, bounds, confirmations, diagnostics, durables, queues, receipts, routing, sessions,
-               subscribing, transactions)
+from . import (acks, bounds, confirmations, diagnostics, durables, permissions, queues, replies, routing,
+               sessions, subscribing, transactions)
 from ..ipc.outbox import Outbox
 from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
@@ -77,6 +82,7 @@ class Broker:
         # (function, args) steps of the current event stopped because an outbox went over its limit,
         # in order: the dispatcher drains the outboxes and calls resume() until it is empty
         self.unfinished: collections.deque = collections.deque()
+        self.ending: list[Session] = []      # closed during the current event, their state still to drop
         self.examined = 0                    # messages looked at by queues.scan (a cost measure for tests)
         self.durable_index = SubscriptionIndex()
         self.temps = {}                      # temporary destinations by reply name (temporary.py)
@@ -137,12 +143,14 @@ class Broker:
     def on_bad_frame(self, conn: int, message: str, detail: str, receipt: str | None) -> None:
         session = self.sessions.get(conn)
         if session is not None and not session.closing:
-            receipts.error(self, session, message, detail, receipt)
+            replies.error(self, session, message, detail, receipt)
+            sessions.end_closed(self)
 
     def on_internal_error(self, conn: int) -> None:
         session = self.sessions.get(conn)
         if session is not None and not session.closing:
-            receipts.error(self, session, "internal error", "the broker could not handle this frame (see its log)")
+            replies.error(self, session, "internal error", "the broker could not handle this frame (see its log)")
+            sessions.end_closed(self)
 
     def on_websocket(self, conn: int) -> None:
         self.on_stomp(conn, "websocket")
@@ -155,9 +163,11 @@ class Broker:
         self.stats["frames_in"] += 1
         if session.pending is not None:  # its CONNECT is being checked: keep the frames until then
             if len(session.backlog) >= 1000:
-                receipts.error(self, session, "too many frames before CONNECTED")
+                replies.error(self, session, "too many frames before CONNECTED")
             elif bounds.hold_before_login(self, session, head, body):
                 session.backlog.append((head, body))
+            if self.ending:
+                sessions.end_closed(self)
             return
         if self.store is not None:
             self.ops_mark = self.store.ops
@@ -173,14 +183,16 @@ class Broker:
                     command == "DIAG" and self.config.diag_before_connect):
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
             if session.console_until:
-                sessions.console_scope(command, headers)
+                permissions.console_scope(command, headers)
             transaction = headers.get("transaction")
             if transaction is not None and command in TRANSACTIONAL:
                 transactions.hold(self, session, transaction, command, headers, body)
             else:
                 handler(self, session, command, headers, body)
         except ProtocolError as exc:
-            receipts.error(self, session, exc.message, exc.detail, exc.receipt)
+            replies.error(self, session, exc.message, exc.detail, exc.receipt)
+        if self.ending:
+            sessions.end_closed(self)
 
     def on_tick(self, now: float) -> None:
         """Close connections that never sent CONNECT or went silent; expire stale messages."""
@@ -191,7 +203,9 @@ class Broker:
         if self.stale is not None:
             self.stale.sweep(now)
         if self.holding and self.store is not None and self.store.failing_since:
-            receipts.store_outage(self, now)
+            replies.store_outage(self, now)
+        if self.ending:  # (before the pumps below: nothing goes to a closed session's subscriptions)
+            sessions.end_closed(self)
         if self.unconfirmed:
             confirmations.expire_unconfirmed(self, now)
         if self.rescan:
@@ -204,6 +218,8 @@ class Broker:
             self.backplane.tick(self, now)
         if self.diag is not None and now >= self.next_monitor and self.index.exact.get(MONITOR):
             diagnostics.monitor(self, now)
+        if self.ending:
+            sessions.end_closed(self)
 
     def resume(self) -> None:
         """Continue the first unfinished step (after the outboxes were drained). What it leaves
@@ -215,25 +231,37 @@ class Broker:
             step(self, *args)
         finally:
             self.unfinished.extend(rest)
+        if self.ending:
+            sessions.end_closed(self)
 
     def needs_tick(self) -> bool:
-        return bool(self.timed or self.stale or self.delayed or self.rescan or self.index.exact.get(MONITOR)
+        return bool(self.timed or self.stale or self.delayed or self.rescan or self.ending
+                    or self.index.exact.get(MONITOR)
                     or (self.holding and self.store is not None and self.store.failing_since)
                     or self.unconfirmed or (self.backplane is not None and self.backplane.needs_tick()))
 
     def on_auth(self, conn: int, user: str | None, now: float, delay: float = 0.0) -> None:
         """A login check finished: CONNECTED and the frames that waited, or a refusal after
         ``delay`` seconds (the login's back-off)."""
-        sessions.auth_done(self, conn, user, now, delay)
+        for head, body in sessions.auth_done(self, conn, user, now, delay):
+            if self.unfinished:  # a frame's deliveries stopped over an outbox's limit: the next ones wait their turn
+                self.unfinished.append((Broker.on_frame, (conn, head, body, now)))
+            else:
+                self.on_frame(conn, head, body, now)
 
     def release(self, generation: int) -> None:
         """The store has committed up to ``generation``: send the replies that waited for it."""
-        receipts.release(self, generation)
+        replies.release(self, generation)
 
     def hang_up(self, session: Session) -> None:
         """Close after a transport-level reply (HTTP response, WebSocket close) already written."""
         if not session.closing:
-            receipts.close(self, session, websocket_close=False)
+            replies.close(self, session, websocket_close=False)
+            sessions.end_closed(self)
+
+    def end_closed(self) -> None:
+        """End the sessions closed by work done outside an event of this class (the cluster's records)."""
+        sessions.end_closed(self)
 
     # -- recovery --------------------------------------------------------------------------------
     def recover(self, store, now: float, loading=None) -> tuple[int, list[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..diag.stats import QUERIES
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError
-from . import queues, receipts
+from . import queues, replies
 from .model import Message, Session
 from .names import MONITOR
 
@@ -23,7 +23,7 @@ def diag(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     lines = "".join(f"{name}:{text}\n" for name, text in more.items())
     reply = b"DIAG\ncontent-type:text/plain\n" + f"{query}:{value}\n{lines}".encode() + b"\n\0"
     session.outbox.add(R.DATA, session.conn, reply)
-    receipts.send_receipt(b, session, receipt)
+    replies.send_receipt(b, session, receipt)
 
 
 def offset(headers: dict, receipt) -> int:

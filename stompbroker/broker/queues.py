@@ -61,6 +61,19 @@ def get_queue(b, name: str) -> Queue:
     return queue
 
 
+def enqueue(b, name: str, message: Message) -> int:
+    """A message sent to the queue ``name``: kept (in the store too), then handed on by the pump;
+    returns the deliveries made now."""
+    queue = b.queues.get(name)
+    if queue is None:
+        queue = b.queues[name] = Queue(name)
+    if b.store is not None:
+        persist(b, queue, message)
+    queue.messages.append(message)
+    queue.enqueued += 1
+    return pump(b, queue)
+
+
 def persist(b, queue: Queue, message: Message) -> None:
     """Write a queued message to the durable store, unless sent with persistent:false."""
     if b.store is None or message.headers.get("persistent") == "false":

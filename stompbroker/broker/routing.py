@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from ..diag.stats import QUERIES
 from ..protocol.stomp import ProtocolError
-from . import diagnostics, receipts, temporary
+from . import diagnostics, permissions, replies, temporary
 from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
-from .queues import deliver, deliver_tracked, discard, get_queue, persist, pump
+from .queues import deliver, deliver_tracked, discard, enqueue, persist, pump
 
 
 def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -20,14 +20,14 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     destination = check_send(headers, receipt)
     temp = destination.startswith(TEMP_PREFIXES)
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
-        allowed(b, session, destination, write=True, receipt=receipt)
+        permissions.allowed(b, session, destination, write=True, receipt=receipt)
     if temp or "reply-to" in headers:
         destination = temporary.temporaries(b, session, headers, destination, receipt)
     if destination.startswith(DIAG_PREFIX) and b.diag is not None:
         query = body.decode(errors="replace").strip()
         if query in QUERIES:
             headers = {**headers, **b.diag.headers(query, diagnostics.offset(headers, receipt))}
-    if b.store is not None and receipts.store_refuses(b, destination, headers):
+    if b.store is not None and store_refuses(b, destination, headers):
         raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
                             "the message was not accepted", receipt)
     queue = b.queues.get(destination)
@@ -39,7 +39,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
     publish(b, destination, headers, body, expires, sender=session)
     if receipt is not None:
-        receipts.send_receipt(b, session, receipt)
+        replies.send_receipt(b, session, receipt)
 
 
 def check_send(headers: dict, receipt) -> str:
@@ -70,6 +70,16 @@ def expiry(b, headers: dict, receipt) -> float:
     return 0.0
 
 
+def store_refuses(b, destination: str, headers: dict) -> bool:
+    """A persistent SEND while the store has been failing past store_error_timeout_ms."""
+    store = b.store
+    if store is None or not store.failing_since or headers.get("persistent") == "false":
+        return False
+    if b.now - store.failing_since < b.config.store_error_timeout_ms / 1000:
+        return False
+    return destination.startswith(QUEUE_PREFIX) or bool(b.durables and b.durable_index.match(destination))
+
+
 def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
             sender=None) -> int:
     """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
@@ -95,12 +105,7 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
     if b.backplane is not None and origin is None and b.backplane.queues.takes(b, message, sender):
         return 0  # a queue message: JetStream has it now, and the node with room will deliver it
     if destination.startswith(QUEUE_PREFIX):
-        queue = get_queue(b, destination)
-        if b.store is not None:
-            persist(b, queue, message)
-        queue.messages.append(message)
-        queue.enqueued += 1
-        return pump(b, queue)
+        return enqueue(b, destination, message)
     kept = 0
     if b.durables and b.backplane is None:  # (in cluster mode durables read JetStream)
         for durable in b.durable_index.match(destination):
@@ -211,17 +216,3 @@ def deliver_round_robin(b, destination: str, subs: tuple, message: Message) -> i
             deliver(b, sub, message, None)
             return 1
     return 0
-
-
-def allowed(b, session: Session, destination: str, write: bool, receipt) -> None:
-    """Refuse, with an ERROR naming the destination, what the user's permissions do not allow."""
-    if b.config.diag_admin_only and (destination.startswith(DIAG_PREFIX) or destination == MONITOR) \
-            and not (b.auth is not None and b.auth.is_admin(session.login)):
-        raise ProtocolError(f"permission denied for {destination}", "diagnostics are for admin users", receipt)
-    if b.auth is None or not b.auth.required:
-        return
-    may = b.auth.can_write if write else b.auth.can_read
-    if not may(session.login, destination):
-        verb = "write to" if write else "read from"
-        raise ProtocolError(f"permission denied for {destination}", f"{session.login!r} may not {verb} "
-                            f"{destination}", receipt)

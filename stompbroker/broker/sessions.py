@@ -9,9 +9,9 @@ import logging
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, render_frame
 from ..security.console_tokens import PREFIX as CONSOLE_PREFIX
-from . import bounds, confirmations, receipts, subscribing, temporary, transactions
+from . import bounds, confirmations, replies, subscribing, temporary, transactions
 from .model import Session
-from .names import CONSOLE_COMMANDS, MAX_HEART_BEAT, MONITOR, SERVER, VERSIONS, short
+from .names import MAX_HEART_BEAT, SERVER, VERSIONS, short
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -27,7 +27,7 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
         offered = {v.strip() for v in accepted.split(",")}
         common = [v for v in VERSIONS if v in offered]
         if not common:
-            receipts.error(b, session, "unsupported protocol version",
+            replies.error(b, session, "unsupported protocol version",
                            f"Supported protocol versions are {' '.join(VERSIONS)}", receipt,
                            extra={"version": ",".join(VERSIONS)})
             return
@@ -53,12 +53,12 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
 
 
-def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> None:
-    """A login check finished: CONNECTED and the frames that waited, or a refusal told after
-    ``delay`` seconds (the back-off the login queue gave it)."""
+def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list[tuple[bytes, bytes]]:
+    """A login check finished: CONNECTED, or a refusal told after ``delay`` seconds (the back-off
+    the login queue gave it). Returns the frames that waited for the verdict, to be handled now."""
     session = b.sessions.get(conn)
     if session is None or session.pending is None:
-        return
+        return []
     version, cx, cy, headers = session.pending
     session.pending = None
     bounds.release(b, session, session.kept)  # (what waited for the verdict: handled or dropped now)
@@ -67,14 +67,10 @@ def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> None:
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
         session.backlog = ()
         b.delayed.append((now + delay, conn))
-        return
+        return []
     connected(b, session, version, cx, cy, headers, user)
     backlog, session.backlog = session.backlog, ()
-    for head, body in backlog:
-        if b.unfinished:  # a frame's deliveries stopped over an outbox's limit: the next ones wait their turn
-            b.unfinished.append((type(b).on_frame, (conn, head, body, now)))
-        else:
-            b.on_frame(conn, head, body, now)
+    return backlog
 
 
 def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict, login: str) -> None:
@@ -96,19 +92,7 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     session.outbox.add(R.DATA, session.conn, render_frame("CONNECTED", reply, escape_headers=False))
     if out_interval:
         session.outbox.add(R.HEARTBEAT, session.conn, aux=out_interval)
-    receipts.send_receipt(b, session, receipt)
-
-
-def console_scope(command: str, headers: dict) -> None:
-    """A session opened with a console passcode reads statistics (DIAG frames, /queue/monitor) and
-    nothing else: it publishes nothing and reads no user destination."""
-    if command not in CONSOLE_COMMANDS:
-        raise ProtocolError(f"permission denied for {command}", "a web console session may only ask DIAG "
-                            f"queries and read {MONITOR}", headers.get("receipt"))
-    destination = headers.get("destination")
-    if command == "SUBSCRIBE" and destination != MONITOR:
-        raise ProtocolError(f"permission denied for {short(destination or '')}", "a web console session may "
-                            f"only ask DIAG queries and read {MONITOR}", headers.get("receipt"))
+    replies.send_receipt(b, session, receipt)
 
 
 def heart_beat(value: str, receipt) -> tuple[int, int]:
@@ -123,8 +107,15 @@ def heart_beat(value: str, receipt) -> tuple[int, int]:
 
 
 def disconnect(b, session: Session, command: str, headers: dict, body: bytes) -> None:
-    receipts.send_receipt(b, session, headers.get("receipt"))
-    receipts.close(b, session)
+    replies.send_receipt(b, session, headers.get("receipt"))
+    replies.close(b, session)
+
+
+def end_closed(b) -> None:
+    """The sessions the broker closed during this event (``Broker.ending``, filled by
+    ``replies.close``) are ended."""
+    while b.ending:
+        end_session(b, b.ending.pop(0))
 
 
 def end_session(b, session: Session) -> None:
@@ -187,15 +178,15 @@ def check_deadlines(b, now: float) -> None:
         if not session.connected:
             if connect_timeout and now - session.opened > connect_timeout:
                 if session.pending is not None:  # (closing the connection drops its check)
-                    receipts.error(b, session, "login not checked in time", "logins from this address wait "
+                    replies.error(b, session, "login not checked in time", "logins from this address wait "
                                    "for their turn or back off after refusals; try again later")
                 else:
-                    receipts.error(b, session, "connect timeout", "no CONNECT frame in time")
+                    replies.error(b, session, "connect timeout", "no CONNECT frame in time")
         elif session.console_until and now >= session.console_until:
-            receipts.error(b, session, "session expired", "a web console session lasts console_token_ttl_ms; "
+            replies.error(b, session, "session expired", "a web console session lasts console_token_ttl_ms; "
                            "the page opens a new one before then")
         elif session.hb_in and now - session.last_seen > session.hb_in / 1000 + grace + b.alive_lag:
-            receipts.error(b, session, "heart-beat timeout",
+            replies.error(b, session, "heart-beat timeout",
                            f"nothing received for {now - session.last_seen:.1f} s "
                            f"(heart-beat every {session.hb_in} ms)")
 
@@ -207,4 +198,4 @@ def refuse_delayed(b, now: float) -> None:
     for conn in due:
         session = b.sessions.get(conn)
         if session is not None:
-            receipts.error(b, session, "access refused", "the login or passcode is not valid")
+            replies.error(b, session, "access refused", "the login or passcode is not valid")

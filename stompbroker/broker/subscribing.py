@@ -4,8 +4,8 @@ what a new subscription takes (parked queue messages, the stale queue, replay)."
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import bounds, durables, queues, receipts, routing, temporary
-from .model import NO_ENTRIES, Queue, Session, Subscription
+from . import bounds, durables, permissions, queues, replies, temporary
+from .model import NO_ENTRIES, Queue, Session, Subscription, Temp
 from .names import ACK_MODES, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, short
 from .selector import SelectorError, compile_selector
 from .subscriptions import SubscriptionIndex
@@ -29,12 +29,12 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
                             receipt)
     temp = None
     if destination.startswith(TEMP_PREFIXES):
-        temp = temporary.for_subscribe(b, session, destination, receipt)
+        temp = temp_for_subscribe(b, session, destination, receipt)
     elif destination.startswith(REPLY_PREFIXES):
         raise ProtocolError(f"permission denied for {destination}", "a reply destination is read only by the "
                             "connection that made it, by its /temp-queue/ or /temp-topic/ name", receipt)
     else:
-        routing.allowed(b, session, destination, write=False, receipt=receipt)
+        permissions.allowed(b, session, destination, write=False, receipt=receipt)
     if len(session.subs) >= b.config.max_subscriptions:
         raise ProtocolError("too many subscriptions",
                             f"at most {b.config.max_subscriptions} subscriptions per connection", receipt)
@@ -57,13 +57,26 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
         b.index.add(destination, sub)
         if b.backplane is not None:
             b.backplane.subscribed(destination)
-    receipts.send_receipt(b, session, receipt)
+    replies.send_receipt(b, session, receipt)
     if replay_from is not None:
         if b.backplane is not None:
             b.backplane.queues.replay(b, sub, replay_from)
         else:
             durables.replay(b, sub, replay_from)
     take_waiting(b, sub)
+
+
+def temp_for_subscribe(b, session: Session, destination: str, receipt) -> Temp:
+    """The owner subscribes to its temporary destination: the broker's own subscription gives way;
+    a second explicit one is refused (one subscription per temporary destination)."""
+    temp = temporary.get_temp(b, session, destination, receipt)
+    if temp.sub is not None:
+        if not temp.auto:
+            raise ProtocolError("already subscribed", f"{destination} already has subscription "
+                                f"{temp.sub.id!r}", receipt)
+        remove_subscription(b, session, temp.sub)
+    temp.auto = False
+    return temp
 
 
 def take_waiting(b, sub: Subscription) -> None:
@@ -89,6 +102,7 @@ def take_waiting(b, sub: Subscription) -> None:
         for message in late:
             queues.deliver(b, sub, message, None)
         b.stats["messages_delivered"] += len(late)
+
 
 def parse_prefetch(b, headers: dict, ack: str, receipt) -> int:
     value = headers.get("prefetch-count", headers.get("activemq.prefetchSize"))
@@ -147,7 +161,7 @@ def unsubscribe(b, session: Session, command: str, headers: dict, body: bytes) -
             durables.drop(b, durable)
             if b.backplane is not None:
                 b.backplane.queues.drop_durable(b, durable)
-    receipts.send_receipt(b, session, receipt)
+    replies.send_receipt(b, session, receipt)
 
 
 def remove_subscription(b, session: Session, sub: Subscription) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 
 from ..protocol.stomp import ProtocolError
-from . import queues, subscribing
+from . import queues
 from .model import Message, Session, Subscription, Temp
 from .names import REPLY_PREFIXES, TEMP_PREFIXES, TEMP_QUEUE
 
@@ -56,19 +56,6 @@ def temporaries(b, session: Session, headers: dict, destination: str, receipt) -
     if destination.startswith(TEMP_PREFIXES):
         destination = headers["destination"] = get_temp(b, session, destination, receipt).public
     return destination
-
-
-def for_subscribe(b, session: Session, destination: str, receipt) -> Temp:
-    """The owner subscribes to its temporary destination: the broker's own subscription gives way;
-    a second explicit one is refused (one subscription per temporary destination)."""
-    temp = get_temp(b, session, destination, receipt)
-    if temp.sub is not None:
-        if not temp.auto:
-            raise ProtocolError("already subscribed", f"{destination} already has subscription "
-                                f"{temp.sub.id!r}", receipt)
-        subscribing.remove_subscription(b, session, temp.sub)
-    temp.auto = False
-    return temp
 
 
 def publish(b, destination: str, message: Message) -> int:

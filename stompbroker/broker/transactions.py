@@ -4,7 +4,7 @@ and applied all or nothing."""
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import acks, bounds, receipts, routing, temporary
+from . import acks, bounds, permissions, replies, routing, temporary
 from .model import NO_ENTRIES, Session
 from .names import QUEUE_PREFIX, TEMP_PREFIXES
 
@@ -21,7 +21,7 @@ def hold(b, session: Session, transaction: str, command: str, headers: dict, bod
     if command == "SEND":
         destination = routing.check_send(headers, receipt)
         if not destination.startswith(TEMP_PREFIXES):  # a connection's own temporary ones are always its own
-            routing.allowed(b, session, destination, write=True, receipt=receipt)
+            permissions.allowed(b, session, destination, write=True, receipt=receipt)
         temporary.temporaries(b, session, headers, destination, receipt)
         expires = routing.expiry(b, headers, receipt)
     else:
@@ -29,7 +29,7 @@ def hold(b, session: Session, transaction: str, command: str, headers: dict, bod
     cost = bounds.frame_cost(headers, body)
     bounds.hold_in_transaction(b, session, cost, receipt)
     frames.append((command, headers, body, expires, cost))
-    receipts.send_receipt(b, session, receipt)  # accepted now, applied at COMMIT
+    replies.send_receipt(b, session, receipt)  # accepted now, applied at COMMIT
 
 
 def transaction_id(b, session: Session, command: str, headers: dict, must_exist: bool) -> str:
@@ -52,7 +52,7 @@ def begin(b, session: Session, command: str, headers: dict, body: bytes) -> None
     if not session.transactions:
         session.transactions = {}
     session.transactions[transaction] = []
-    receipts.send_receipt(b, session, headers.get("receipt"))
+    replies.send_receipt(b, session, headers.get("receipt"))
 
 
 def commit(b, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -63,7 +63,7 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
     adding: dict[str, int] = {}
     for cmd, h, _, _, _ in frames:
         if cmd == "SEND":
-            routing.allowed(b, session, h["destination"], write=True, receipt=receipt)
+            permissions.allowed(b, session, h["destination"], write=True, receipt=receipt)
         if cmd == "SEND" and h["destination"].startswith(QUEUE_PREFIX):
             adding[h["destination"]] = adding.get(h["destination"], 0) + 1
     for name, n in adding.items():
@@ -78,12 +78,12 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
             routing.publish(b, h["destination"], h, frame_body, expires, sender=session)
         else:
             acks.ack(b, session, cmd, h, frame_body, committed=True)
-    receipts.send_receipt(b, session, receipt)
+    replies.send_receipt(b, session, receipt)
 
 
 def abort(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     end(b, session, transaction_id(b, session, command, headers, must_exist=True))
-    receipts.send_receipt(b, session, headers.get("receipt"))
+    replies.send_receipt(b, session, headers.get("receipt"))
 
 
 def end(b, session: Session, transaction: str) -> None:

@@ -5,7 +5,7 @@ a topic subscription comes or goes (``subscribed``/``unsubscribed``: the bridge 
 NATS subscriptions and its entry in the interest bucket), a topic message was published here
 (``publish``: it goes to NATS only when another node has matching interest), a ``#`` worker
 message picks local or remote (``worker``); a message that waits for NATS holds its sender's
-replies behind it (``hold_reply``, asked by receipts.emit). Records from the bridge come in through ``on_record``. Local deliveries never wait
+replies behind it (``hold_reply``, asked by replies.emit). Records from the bridge come in through ``on_record``. Local deliveries never wait
 for the network: the bridge gets records, sent after the writers' batches.
 
 While the bridge reports NATS unreachable, a message that needs it (remote interest known from
@@ -147,7 +147,7 @@ class Backplane:
 
     def hold_reply(self, session, kind: int, payload: bytes) -> bool:
         """Any reply to a session with a message waiting for NATS (receipts of later frames, an
-        ERROR) waits behind it: True if held. (receipts.emit asks.)"""
+        ERROR) waits behind it: True if held. (replies.emit asks.)"""
         queue = self.waiting.get(session)
         if not queue:
             return False
@@ -175,7 +175,7 @@ class Backplane:
         self._release(b, session)
 
     def _failed(self, b, token: int, message: str = UNAVAILABLE, detail: str = "") -> None:
-        from ..broker import receipts
+        from ..broker import replies
         owner = self.owners.pop(token, None)
         self.stats["failed"] += 1
         if owner is None or owner[0] is None:
@@ -190,7 +190,7 @@ class Backplane:
                 if entry[1] is not None and not entry[1][1].startswith(b"RECEIPT"):
                     session.outbox.add(entry[1][0], session.conn, entry[1][1])
         else:
-            receipts.error(b, session, message, detail or f"the cluster's NATS servers were unreachable for "
+            replies.error(b, session, message, detail or f"the cluster's NATS servers were unreachable for "
                            f"{self.config.cluster_timeout_ms} ms (cluster_timeout_ms); the message was "
                            f"delivered on this node only, not to the other nodes", receipt)
 
@@ -289,6 +289,8 @@ class Backplane:
                     extra(self, b, conn, aux, payload)
         except Exception:
             log.exception("cluster record %s could not be handled", kind)
+        if b.ending:  # sessions it closed (an ERROR for a failed publish, a bound passed by a delivery)
+            b.end_closed()
 
     def _remote(self, b, pattern: str, count: int) -> None:
         if pattern.startswith(DURABLE_MARK):

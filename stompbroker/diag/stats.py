@@ -14,7 +14,7 @@ import orjson
 import psutil
 
 from .. import __version__
-from ..processes.titles import process_role
+from ..titles import process_role
 from . import answers, latency, schema
 
 # stompica's queries; the first three answer with JSON objects, the rest with one value.

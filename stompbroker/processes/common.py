@@ -14,7 +14,7 @@ from setproctitle import setproctitle
 from ..diag import latency
 from ..ipc.ring import Ring, anonymous_segment
 from .poison import Note
-from .titles import title
+from ..titles import title
 
 log = logging.getLogger("stompbroker")
 

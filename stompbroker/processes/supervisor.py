@@ -39,7 +39,7 @@ from ..readiness import write_ready
 from ..security import exposure, passwd
 from ..store import sqlite as store
 from .common import Resources, tune_malloc
-from .titles import title
+from ..titles import title
 
 log = logging.getLogger("stompbroker.supervisor")
 

@@ -293,7 +293,7 @@ def test_changing_subscriptions_never_duplicate_or_lose_for_a_steady_one(start_n
 
 def test_a_restarted_bridge_takes_up_the_nodes_interest_again(start_nodes):
     import psutil
-    from stompbroker.processes.titles import process_role
+    from stompbroker.titles import process_role
     n0, n1 = start_nodes(2)
     c1, g1 = client(n1)
     c1.subscribe("/topic/r", id="r")

@@ -13,7 +13,7 @@ import pytest
 import stomp
 
 from stompwire import Wire
-from stompbroker.processes.titles import process_role
+from stompbroker.titles import process_role
 
 
 def wire(broker, version="1.2", **headers) -> Wire:

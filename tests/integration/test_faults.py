@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from stompwire import Wire
-from stompbroker.processes.titles import process_role
+from stompbroker.titles import process_role
 
 
 def wire(broker, version: str = "1.2") -> Wire:

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from stompbroker.processes.titles import process_role
+from stompbroker.titles import process_role
 from stompbroker.security import hash_secret
 from tests.fuzz_edges import PASSWD, Fuzzer
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psutil
 
-from stompbroker.processes.titles import process_role
+from stompbroker.titles import process_role
 from tests.stompwire import Wire
 
 TIMEOUT_MS = 300

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from stompbroker.processes.titles import process_role
+from stompbroker.titles import process_role
 
 pytestmark = pytest.mark.timeout(120)
 

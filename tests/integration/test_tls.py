@@ -18,7 +18,7 @@ import websocket
 
 from conftest import ROOT
 from stompwire import Wire
-from stompbroker.processes.titles import process_role
+from stompbroker.titles import process_role
 
 
 def free_port() -> int:

@@ -115,6 +115,19 @@ def test_a_message_from_another_node_reaches_each_matching_subscription_once_and
     assert len(r.broker.stale) == 0                # nor kept for late subscribers here
 
 
+def test_a_message_from_another_node_past_a_subscribers_bound_ends_its_session_at_once():
+    # The bound's ERROR closes the session from below; the record's handling ends it before returning
+    # (its subscriptions gone), not at some later tick.
+    r = rig(max_held_bytes=4096)
+    r.connect(1)
+    r.subscribe(1, "/topic/a", "s", ack="client")
+    feed(r, C.record(C.MESSAGE, 0, C.pack_message("n2-1", "/topic/a", {}, b"x" * 8192)))
+    assert r.error(1)["message"] == "too many unacknowledged messages"
+    session = r.broker.sessions[1]
+    assert session.closing and not session.subs and not r.broker.index.match("/topic/a")
+    assert not r.broker.ending
+
+
 def test_stale_messages_go_to_the_first_node_that_announces_interest():
     r = rig(TTL=10_000)
     r.connect(1)

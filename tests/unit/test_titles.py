@@ -6,7 +6,7 @@ import os
 
 import psutil
 
-from stompbroker.processes.titles import process_role, role_of, title
+from stompbroker.titles import process_role, role_of, title
 
 
 def test_roles_read_back_from_titles_and_command_lines():

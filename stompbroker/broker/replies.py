@@ -1,5 +1,10 @@
-"""Replies that wait for the durable store: receipt holding by store generation, release after a
-commit, the store-outage ERROR, and ERROR-and-close (which must not overtake a held receipt)."""
+"""Replies to a client, the bottom of the broker: every RECEIPT, ERROR and close leaves through
+``emit`` into the session's outbox, or waits there for the durable store (receipt holding by store
+generation, release after a commit, the store-outage ERROR) so that none overtakes a held receipt.
+
+A close ends the connection's output here; the session's state (subscriptions, transactions,
+temporary destinations) is dropped by ``sessions.end_closed``, above, at the end of the event:
+closed sessions wait in ``Broker.ending``."""
 
 from __future__ import annotations
 
@@ -7,9 +12,8 @@ import logging
 
 from ..ipc import records as R
 from ..protocol.stomp import escape, render_frame
-from . import sessions
 from .model import Session
-from .names import QUEUE_PREFIX, short
+from .names import short
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -72,7 +76,7 @@ def store_outage(b, now: float) -> None:
             continue
         b.stats["errors"] += 1
         session.closing = True
-        sessions.end_session(b, session)
+        b.ending.append(session)
         headers = {"message": "store unavailable"}
         if receipt is not None:
             headers["receipt-id"] = receipt
@@ -82,16 +86,6 @@ def store_outage(b, now: float) -> None:
         log.warning("connection %s (%s): ERROR store unavailable (receipt %s)", session.conn, session.peer, receipt)
         session.outbox.add(R.DATA, session.conn, render_frame("ERROR", headers, body, escape_headers=session.escape))
         session.outbox.add(R.CLOSE, session.conn, R.WS_CLOSE_INTERNAL_ERROR if session.websocket else b"")
-
-
-def store_refuses(b, destination: str, headers: dict) -> bool:
-    """A persistent SEND while the store has been failing past store_error_timeout_ms."""
-    store = b.store
-    if store is None or not store.failing_since or headers.get("persistent") == "false":
-        return False
-    if b.now - store.failing_since < b.config.store_error_timeout_ms / 1000:
-        return False
-    return destination.startswith(QUEUE_PREFIX) or bool(b.durables and b.durable_index.match(destination))
 
 
 def error(b, session: Session, message: str, detail: str = "", receipt: str | None = None,
@@ -111,6 +105,7 @@ def error(b, session: Session, message: str, detail: str = "", receipt: str | No
 
 
 def close(b, session: Session, websocket_close: bool = True) -> None:
+    """Nothing more is read from the connection, and nothing more is sent after what was emitted."""
     session.closing = True
-    sessions.end_session(b, session)
+    b.ending.append(session)
     emit(b, session, R.CLOSE, R.WS_CLOSE_NORMAL if session.websocket and websocket_close else b"")
