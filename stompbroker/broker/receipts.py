@@ -91,7 +91,8 @@ def store_refuses(b, destination: str, headers: dict) -> bool:
         return False
     if b.now - store.failing_since < b.config.store_error_timeout_ms / 1000:
         return False
-    return destination.startswith(QUEUE_PREFIX) or bool(b.durables and b.durable_index.match(destination))
+    return destination.startswith(QUEUE_PREFIX) or headers.get("persistent") == "true" \
+        or bool(b.durables and b.durable_index.match(destination))
 
 
 def error(b, session: Session, message: str, detail: str = "", receipt: str | None = None,
