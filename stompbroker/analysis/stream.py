@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     options = dict(pair.split("=", 1) for pair in args.option)
-    spark = _session(args.master, args.conf, args.remote)
+    spark = _session(args.master, args.conf, args.remote, app=f"stompbroker-stream-{args.command}")
     if not is_connect(spark):
         spark.sparkContext.setLogLevel("WARN")
     try:

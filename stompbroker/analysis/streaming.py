@@ -473,7 +473,7 @@ class StompWriter(DataSourceStreamWriter):
         data = row.asDict()
         destination = self.opts.destination or data.get("destination")  # (the option wins, as Kafka's topic)
         headers = dict(data.get("headers") or {})
-        for name in ("destination", "content-length", "receipt", "transaction"):
+        for name in ("destination", "content-length", "receipt", "transaction", "message-id", "redelivered"):
             headers.pop(name, None)
         if self.opts.persistent and not destination.startswith("/queue/"):
             headers.setdefault("persistent", "true")  # kept in the replay log, and de-duplicated

@@ -24,7 +24,8 @@ BATCH = 150  # maxMessagesPerTrigger: a dozen batches, so the faults fall in the
 def spark():
     from pyspark.sql import SparkSession
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (SparkSession.builder.master("local[2]").appName("test-streaming")
+    existing = SparkSession.getActiveSession()  # another module's, still in use by its fixtures: left running
+    session = existing or (SparkSession.builder.master("local[2]").appName("test-streaming")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
                # a Python worker may take long to start on a loaded test machine
@@ -33,7 +34,8 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     streaming.register(session)
     yield session
-    session.stop()
+    if existing is None:
+        session.stop()
 
 
 def produce(port: int, destination: str, bodies, headers=()) -> None:
