@@ -30,6 +30,7 @@ from .report import _session, is_connect
 DIAG_TOPIC = "DIAG/stompbroker-stream"
 QUERIES = ("totals", "latency", "queues", "process")
 TABLE = "stompbroker_stats"
+START_TIMEOUT = 300.0  # seconds copy waits for its first rows
 COUNTERS = ("messages_published", "messages_delivered", "frames_in", "frames_out", "bytes_in", "bytes_out",
             "errors")
 
@@ -130,29 +131,38 @@ def render(rows) -> str:
 
 
 def copy(spark, url: str, source: str, sink: str, checkpoint: str, idle: float, **options):
-    """Stream ``source`` into ``sink`` until ``idle`` s pass with no new input; returns rows copied."""
+    """Stream ``source`` into ``sink`` until ``idle`` s pass with no new input (or START_TIMEOUT
+    with none at all); returns the rows copied."""
     streaming.register(spark)
     df = spark.readStream.format("stomp").option("url", url).option("destination", source).options(**options).load()
     writer = df.writeStream.format("stomp").option("url", url).option("destination", sink)
     if source.startswith("/queue/"):
         writer = writer.option("dedupIdColumn", "message_id")  # a queue re-delivers by message id
     query = writer.option("checkpointLocation", checkpoint).trigger(processingTime="0.5 seconds").start()
-    copied, quiet_since = 0, time.monotonic()
+    copied, quiet_since = 0, None   # (idle counts from the first rows: starting may take long)
+    started = time.monotonic()
     seen = set()
     try:
-        while time.monotonic() - quiet_since < idle:
+        while time.monotonic() - (quiet_since or started) < (idle if quiet_since else max(idle, START_TIMEOUT)):
             time.sleep(0.5)
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()).splitlines()[0])
             for progress in query.recentProgress:
                 if progress["batchId"] not in seen:
                     seen.add(progress["batchId"])
-                    if progress["numInputRows"]:
-                        copied += progress["numInputRows"]
+                    rows = input_rows(progress)
+                    if rows:
+                        copied += rows
                         quiet_since = time.monotonic()
     finally:
         query.stop()
     return copied
+
+
+def input_rows(progress) -> int:
+    """A progress report's input rows (Spark Connect's leave the top-level figure null)."""
+    rows = getattr(progress, "numInputRows", None)
+    return rows if rows is not None else sum(s["numInputRows"] or 0 for s in progress["sources"])
 
 
 def parse_args(argv):
