@@ -28,8 +28,12 @@ import sys
 import time
 from urllib.parse import urlsplit
 
-from pyspark.sql.datasource import (DataSource, DataSourceStreamReader, DataSourceStreamWriter, InputPartition,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition, WriterCommitMessage
+
+try:  # (Spark 4.1+: the rows come as Arrow batches, without a Row object each)
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _Writer
+except ImportError:
+    from pyspark.sql.datasource import DataSourceStreamWriter as _Writer
 from pyspark.sql.types import (BinaryType, LongType, MapType, StringType, StructField, StructType, TimestampType)
 
 from ..tools.client import StompClient
@@ -430,7 +434,19 @@ class SentMessage(WriterCommitMessage):
     rows: int
 
 
-class StompWriter(DataSourceStreamWriter):
+def as_dicts(batches):
+    """Rows as dicts, from Arrow record batches or Spark Rows."""
+    for batch in batches:
+        if hasattr(batch, "to_pydict"):
+            columns = batch.to_pydict()
+            names = list(columns)
+            for values in zip(*columns.values()):
+                yield dict(zip(names, values))
+        else:
+            yield batch.asDict()
+
+
+class StompWriter(_Writer):
     WINDOW = 1000  # receipts outstanding at most
 
     def __init__(self, opts: Options, columns: list[str]):
@@ -455,7 +471,7 @@ class StompWriter(DataSourceStreamWriter):
         try:
             waiting = set()
             count = 0
-            for count, row in enumerate(iterator, 1):
+            for count, row in enumerate(as_dicts(iterator), 1):
                 destination, body, headers = self.frame(row, query, batch, partition, count - 1)
                 receipt = client.next_receipt_id()
                 waiting.add(receipt)
@@ -469,8 +485,7 @@ class StompWriter(DataSourceStreamWriter):
         finally:
             client.close()
 
-    def frame(self, row, query, batch, partition: int, index: int):
-        data = row.asDict()
+    def frame(self, data: dict, query, batch, partition: int, index: int):
         destination = self.opts.destination or data.get("destination")  # (the option wins, as Kafka's topic)
         headers = dict(data.get("headers") or {})
         for name in ("destination", "content-length", "receipt", "transaction", "message-id", "redelivered"):

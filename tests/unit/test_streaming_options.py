@@ -41,16 +41,19 @@ def test_ranges_cover_a_batch_exactly():
 
 
 def test_sink_frames_carry_a_deterministic_dedup_id():
-    from pyspark.sql import Row
+    import pyarrow as pa
     writer = streaming.StompWriter(streaming.parse_options({"destination": "/topic/out"}, env={}),
                                    ["body", "headers"])
-    row = Row(body="hi", headers={"destination": "/topic/in", "message-id": "x", "k": "v"})
+    batch = pa.record_batch({"body": ["hi"], "headers": [[("destination", "/topic/in"), ("message-id", "x"),
+                                                          ("k", "v")]]},
+                            schema=pa.schema([("body", pa.string()), ("headers", pa.map_(pa.string(), pa.string()))]))
+    row, = streaming.as_dicts([batch])
     destination, body, headers = writer.frame(row, "q", "3", 1, 42)
     assert destination == "/topic/out" and body == b"hi"
     assert dict(headers) == {"k": "v", "persistent": "true", "dedup-id": "q:3:1:42"}
     by_column = streaming.StompWriter(streaming.parse_options({"dedupIdColumn": "message_id"}, env={}),
                                       ["destination", "body", "message_id"])
-    destination, _, headers = by_column.frame(Row(destination="/queue/x", body=b"b", message_id="m-9"), "q", 1, 0, 0)
+    destination, _, headers = by_column.frame({"destination": "/queue/x", "body": b"b", "message_id": "m-9"}, "q", 1, 0, 0)
     assert destination == "/queue/x" and dict(headers) == {"dedup-id": "m-9"}
     with pytest.raises(ValueError, match="body"):
         streaming.StompWriter(streaming.parse_options({"destination": "/queue/a"}, env={}), ["x"])
