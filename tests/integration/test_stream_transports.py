@@ -1,5 +1,5 @@
 """The stomp source's connections without Spark: stomp://, stomp+ssl:// (tls.ca) and ws:// read the
-same range of the replay log; a certificate from another CA is refused."""
+same range of the replay log; a certificate from another CA is refused; startingOffsets."""
 
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ def test_source_reads_the_same_range_over_tcp_tls_and_websocket(start_broker, tm
         rows = list(reader.read(streaming.RangePartition(2, end["seq"])))
         read[name] = [(r[3], r[6]) for r in rows]
     assert read["stomp"] == read["tls"] == read["ws"]
+    latest = streaming.TopicReader(streaming.parse_options({"url": urls["stomp"], "destination": "/topic/t"}, env={}))
+    earliest = streaming.TopicReader(streaming.parse_options(
+        {"url": urls["stomp"], "destination": "/topic/t", "startingOffsets": "earliest"}, env={}))
+    assert earliest.initialOffset() == {"seq": 0} and latest.initialOffset() == {"seq": read["stomp"][-1][1] + 1}
     assert [body for body, _ in read["stomp"]] == [b"m1", b"m2", b"m3", b"m4"]
     stranger = streaming.TopicReader(streaming.parse_options(
         {"url": urls["tls"], "destination": "/topic/t", "tls.ca": str(tmp_path / "other.pem")}, env={}))
