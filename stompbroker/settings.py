@@ -109,7 +109,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store_path", str, "stompbroker.sqlite", "the sqlite store's file (store=sqlite)"),
     Setting("checkpoint", _float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
     Setting("store_error_timeout_ms", _int, 5_000, "while the store cannot write (disk full), a persistent SEND waits this long for its receipt before its sender gets an ERROR; past it new persistent SENDs are refused at once"),
-    Setting("replay_retention", _float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
+    Setting("replay_retention", _float, 3600.0, "seconds stored messages (queue messages, persistent:true topic messages and those matching a durable subscription) stay in the replay log for replay-from and replay-from-seq (store=sqlite; 0 = no replay log); the newest is always kept"),
+    Setting("dedup_window", _float, 120.0, "seconds a SEND's dedup-id is remembered on a single node: a repeat to the same queue, or a repeat persistent:true topic message, within it is answered and dropped (with store=sqlite also across restarts; 0 = off; cluster mode: JetStream's own 120 s)"),
+    Setting("max_dedup_ids", _int, 100_000, "dedup-ids remembered at most (about 150 bytes each, whatever their length); past it the oldest are forgotten before dedup_window ends"),
     Setting("max_frame_size", _int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
     Setting("max_first_frame", _int, 64 * KB, "largest frame before a connection's first complete frame (its CONNECT), in bytes: what a client that has not logged in may make the broker hold"),
     Setting("max_partial_bytes", _int, 128 * MB, "bytes of unfinished frames the reader holds for all connections together; the connection that would go past it gets a 'broker busy' ERROR and is closed"),
@@ -321,8 +323,8 @@ def validate(values: dict) -> None:
                          "logged in, and with logins checked only a session may ask DIAG")
     if values["console_token_ttl_ms"] <= 0:
         raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
-    if values["checkpoint"] < 0 or values["replay_retention"] < 0:
-        raise ValueError("checkpoint and replay_retention must not be negative")
+    if values["checkpoint"] < 0 or values["replay_retention"] < 0 or values["dedup_window"] < 0:
+        raise ValueError("checkpoint, replay_retention and dedup_window must not be negative")
     if not values["dead_letter_queue"].startswith("/queue/"):
         raise ValueError("dead_letter_queue must be a /queue/ destination")
     if values["port"] > 65535:

@@ -25,7 +25,7 @@ import time
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head_cached
-from . import (acks, bounds, confirmations, diagnostics, durables, permissions, queues, replies, routing,
+from . import (acks, bounds, confirmations, dedup, diagnostics, durables, permissions, queues, replies, routing,
                sessions, subscribing, transactions)
 from ..ipc.outbox import Outbox
 from .model import Message, Queue, Session
@@ -78,6 +78,7 @@ class Broker:
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables = {}                   # durable subscriptions by key (durables.py)
+        self.dedup = dedup.make(config)      # single-node dedup-id window (dedup.py), or None
         self.rescan: set[Queue] = set()      # queues whose pump stopped at the scan budget: the tick goes on
         # (function, args) steps of the current event stopped because an outbox went over its limit,
         # in order: the dispatcher drains the outboxes and calls resume() until it is empty
@@ -289,6 +290,7 @@ class Broker:
             queue.enqueued += 1
             count += 1
         self.store = store
+        dedup.seed(self, store, now)
         return count, too_long
 
     # -- statistics ----------------------------------------------------------------------------

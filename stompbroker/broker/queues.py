@@ -74,13 +74,15 @@ def enqueue(b, name: str, message: Message) -> int:
     return pump(b, queue)
 
 
-def persist(b, queue: Queue, message: Message) -> None:
-    """Write a queued message to the durable store, unless sent with persistent:false."""
+def persist(b, queue: Queue, message: Message, log: bool = True) -> None:
+    """Write a queued message to the durable store, unless sent with persistent:false; ``log``: and
+    to the replay log (a durable subscription's copy is not: its topic message is, once)."""
     if b.store is None or message.headers.get("persistent") == "false":
         return
     expires_ms = (message.expires - b.now + b.clock()) * 1000 if message.expires else 0.0
     message.seq = b.store.insert(queue.name, message.id, message.headers, message.body, expires_ms)
-    b.store.log(message.destination, message.id, message.headers, message.body)
+    if log:
+        b.store.log(message.destination, message.id, message.headers, message.body)
 
 
 def discard(b, queue: Queue, message: Message) -> None:

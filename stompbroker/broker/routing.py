@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..diag.stats import QUERIES
 from ..protocol.stomp import ProtocolError
-from . import diagnostics, permissions, replies, temporary
+from . import dedup, diagnostics, permissions, replies, temporary
 from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
@@ -77,7 +77,8 @@ def store_refuses(b, destination: str, headers: dict) -> bool:
         return False
     if b.now - store.failing_since < b.config.store_error_timeout_ms / 1000:
         return False
-    return destination.startswith(QUEUE_PREFIX) or bool(b.durables and b.durable_index.match(destination))
+    return destination.startswith(QUEUE_PREFIX) or headers.get("persistent") == "true" \
+        or bool(b.durables and b.durable_index.match(destination))
 
 
 def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
@@ -93,6 +94,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         b.unfinished.append((publish, (destination, headers, body, expires, origin, sender)))
         return 0
     if origin is None:
+        if dedup.HEADER in headers and dedup.repeated(b, destination, headers):
+            return 0  # stored once already within dedup_window (cluster mode: JetStream de-duplicates)
         b.stats["messages_published"] += 1
     message = Message(origin or f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
     if expires and message.expired(b.now):
@@ -107,10 +110,14 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
     if destination.startswith(QUEUE_PREFIX):
         return enqueue(b, destination, message)
     kept = 0
+    persistent = headers.get("persistent")
+    if b.store is not None and (persistent == "true" or (persistent != "false" and b.durables
+                                                         and b.durable_index.match(destination))):
+        b.store.log(destination, message.id, headers, body)  # once, for replay-from and replay-from-seq
     if b.durables and b.backplane is None:  # (in cluster mode durables read JetStream)
         for durable in b.durable_index.match(destination):
             copy = Message(message.id, destination, headers, body, expires)
-            persist(b, durable.queue, copy)
+            persist(b, durable.queue, copy, log=False)
             durable.queue.messages.append(copy)
             durable.queue.enqueued += 1
             if durable.queue.depth() > b.config.max_queue_messages:

@@ -4,7 +4,7 @@ what a new subscription takes (parked queue messages, the stale queue, replay)."
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import bounds, durables, permissions, queues, replies, temporary
+from . import bounds, durables, permissions, queues, replayseq, replies, temporary
 from .model import NO_ENTRIES, Queue, Session, Subscription, Temp
 from .names import ACK_MODES, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, short
 from .selector import SelectorError, compile_selector
@@ -41,6 +41,7 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
     prefetch = parse_prefetch(b, headers, ack, receipt)
     accepts = make_filter(b, headers, receipt)
     replay_from = durables.replay_from(b, headers, receipt)
+    replay_seq = replayseq.parse(b, headers, receipt)
     sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
     durable_name = None if temp is not None else durables.durable_key(b, session, headers, sub_id, destination,
                                                                       receipt)
@@ -63,6 +64,8 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
             b.backplane.queues.replay(b, sub, replay_from)
         else:
             durables.replay(b, sub, replay_from)
+    if replay_seq is not None:
+        replayseq.replay(b, sub, replay_seq)
     take_waiting(b, sub)
 
 

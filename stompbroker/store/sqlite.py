@@ -272,6 +272,39 @@ class Store:
         for destination, message_id, headers, body in rows:
             yield destination, message_id, orjson.loads(headers), bytes(body)
 
+    def replay_seq(self, exact: str | None, prefix: str | None, start: int, stop: int | None, limit: int | None):
+        """Replay-log rows from sequence ``start`` (to ``stop``, excluded; at most ``limit``) and the
+        sequence to read from next. Rows are committed in sequence order, so everything up to the
+        log's highest committed sequence is there: the next read starts after it, or after the last
+        row returned when ``limit`` cut the read short. Also the log's lowest sequence (older ones
+        are past ``replay_retention``)."""
+        low, high = self.reader.execute("SELECT min(seq), max(seq) FROM replay_log").fetchone()
+        top = start if high is None else high + 1
+        stop = top if stop is None else min(stop, top)
+        where, args = ("destination = ?", (exact,)) if exact is not None else \
+            ("substr(destination, 1, ?) = ?", (len(prefix), prefix))
+        rows = self.reader.execute(
+            f"SELECT seq, ts, destination, message_id, headers, body FROM replay_log WHERE seq >= ? AND seq < ? "
+            f"AND {where} ORDER BY seq LIMIT ?", (start, stop, *args, -1 if limit is None else limit)).fetchall()
+        if limit and len(rows) >= limit:  # (limit 0: no rows, only where the log ends)
+            stop = rows[-1][0] + 1 if rows else start
+        return ([(seq, ts, d, m, orjson.loads(h), bytes(body)) for seq, ts, d, m, h, body in rows], max(stop, start),
+                low or top)
+
+    def dedup_ids(self, since_ms: float):
+        """(destination, dedup-id, epoch ms) of the messages kept since ``since_ms``, oldest first:
+        the replay log's (queue and persistent topic messages) and the queues' own. (The headers
+        are JSON in a BLOB: X'64656475702d6964' is b"dedup-id".)"""
+        rows = self.reader.execute(
+            "SELECT destination, headers, ts FROM replay_log WHERE ts >= ? AND instr(headers, X'64656475702d6964') > 0 "
+            "UNION ALL SELECT queue, headers, created FROM messages WHERE created >= ? AND queue LIKE '/queue/%' "
+            "AND instr(headers, X'64656475702d6964') > 0 "
+            "ORDER BY 3", (since_ms, since_ms))
+        for destination, headers, ts in rows:
+            dedup_id = orjson.loads(headers).get("dedup-id")
+            if isinstance(dedup_id, str):
+                yield destination, dedup_id, ts
+
     def sync(self, timeout: float) -> bool:
         """Submit what is pending and wait (up to ``timeout`` s) until everything is on disk."""
         if self.pending():
@@ -341,7 +374,9 @@ class Store:
                 next_trim = time.monotonic() + 60
                 cutoff = time.time() * 1000 - self.replay_retention * 1000
                 try:
-                    self.db.execute("DELETE FROM replay_log WHERE ts < ?", (cutoff,))
+                    # the newest row stays: sequences go on from it after a restart
+                    self.db.execute("DELETE FROM replay_log WHERE ts < ? AND seq < (SELECT max(seq) FROM replay_log)",
+                                    (cutoff,))
                 except sqlite3.Error as exc:
                     log.warning("replay log trim failed: %s", exc)
 
