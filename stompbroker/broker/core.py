@@ -25,8 +25,8 @@ import time
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head_cached
-from . import (acks, bounds, confirmations, diagnostics, durables, permissions, queues, replies, routing,
-               sessions, subscribing, transactions)
+from . import (acks, bounds, confirmations, diagnostics, durables, permissions, priority, queues, replies,
+               routing, sessions, subscribing, transactions)
 from ..ipc.outbox import Outbox
 from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
@@ -273,6 +273,7 @@ class Broker:
         wall = self.clock()
         count = 0
         too_long = []
+        ranked = set()
         limit = self.config.max_destination_length
         for seq, name, message_id, headers, body, expires_ms, delivered in store.load():
             if loading is not None:
@@ -288,6 +289,10 @@ class Broker:
             queue.messages.append(message)
             queue.enqueued += 1
             count += 1
+            if "priority" in headers and priority.level(message) != priority.DEFAULT:
+                ranked.add(queue)
+        for queue in ranked:  # (sorted by level once all are in: the store keeps send order)
+            priority.rank(queue)
         self.store = store
         return count, too_long
 
