@@ -4,7 +4,7 @@ what a new subscription takes (parked queue messages, the stale queue, replay)."
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import bounds, durables, permissions, queues, replies, temporary
+from . import bounds, browsing, durables, permissions, queues, replies, temporary
 from .model import NO_ENTRIES, Queue, Session, Subscription, Temp
 from .names import ACK_MODES, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, short
 from .selector import SelectorError, compile_selector
@@ -28,6 +28,13 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
         raise ProtocolError("invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}",
                             receipt)
     temp = None
+    if headers.get("browser") == "true":  # (a copy of what waits, then nothing: no subscription is kept)
+        if destination.startswith(TEMP_PREFIXES + REPLY_PREFIXES):
+            raise ProtocolError("cannot browse a temporary destination", f"{destination} cannot be browsed",
+                                receipt)
+        permissions.allowed(b, session, destination, write=False, receipt=receipt)
+        browsing.browse(b, session, sub_id, destination, make_filter(b, headers, receipt), receipt)
+        return
     if destination.startswith(TEMP_PREFIXES):
         temp = temp_for_subscribe(b, session, destination, receipt)
     elif destination.startswith(REPLY_PREFIXES):

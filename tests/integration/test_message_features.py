@@ -41,7 +41,7 @@ class Collector(stomp.ConnectionListener):
 
 def client(broker, version=1.2):
     cls = {1.0: stomp.Connection10, 1.1: stomp.Connection11, 1.2: stomp.Connection12}[version]
-    conn = cls([broker.address], heartbeats=(0, 0))
+    conn = cls([broker.address]) if version == 1.0 else cls([broker.address], heartbeats=(0, 0))
     listener = Collector()
     conn.set_listener("c", listener)
     conn.connect(wait=True)
@@ -92,3 +92,64 @@ def test_priority_order_survives_kill_9_with_the_store(start_broker, tmp_path):
     got = [m.body for m in sl.wait("messages", len(items))]
     by_level = lambda level: [f"{level}-{i}" for i in range(20)]  # noqa: E731
     assert got == by_level("9") + by_level("7") + by_level(None) + by_level("2")
+
+
+# -- queue browsing --------------------------------------------------------------------------------
+
+def browsed(listener, n: int) -> list:
+    """The ``n`` frames of a browse, the end marker last."""
+    got = listener.wait("messages", n)
+    assert got[-1].headers["browser"] == "end" and got[-1].headers["message-id"] == "0" and got[-1].body == ""
+    return got
+
+
+def test_browse_with_a_selector_then_consume(broker):
+    pub, pl = client(broker)
+    send_all(pub, pl, "/queue/browse", [("a", None), ("b", "7"), ("c", None)])
+    pub.send("/queue/browse", "d", kind="skip", receipt="d")
+    pl.wait("receipts", 4)
+    viewer, vl = client(broker)
+    viewer.subscribe("/queue/browse", id="look", headers={"browser": "true", "selector": "kind IS NULL"})
+    got = browsed(vl, 4)
+    assert [m.body for m in got[:3]] == ["b", "a", "c"]
+    assert all(m.headers["subscription"] == "look" for m in got)
+    viewer.unsubscribe("look")
+    sub, sl = client(broker)
+    sub.subscribe("/queue/browse", id="take")
+    assert [m.body for m in sl.wait("messages", 4)] == ["b", "a", "c", "d"]  # nothing was consumed
+
+
+def test_browsing_a_topic_or_with_stomp_1_0_is_an_error(broker):
+    conn, listener = client(broker)
+    conn.subscribe("/topic/t", id="1", headers={"browser": "true", "receipt": "b1"})
+    (error,) = listener.wait("errors", 1)
+    assert error.headers["message"] == "cannot browse a topic" and error.headers["receipt-id"] == "b1"
+    old, ol = client(broker, version=1.0)
+    old.subscribe("/queue/browse", id="1", headers={"browser": "true", "receipt": "b2"})
+    (error,) = ol.wait("errors", 1)
+    assert error.headers["message"] == "browsing needs STOMP 1.1" and error.headers["receipt-id"] == "b2"
+
+
+def test_a_user_browses_only_what_it_may_read(start_broker, tmp_path):
+    from stompbroker.security import hash_secret
+    path = tmp_path / "passwd"
+    path.write_text(f"alice:{hash_secret('a')}:read=/queue/alice;write=/queue/alice,/queue/bob\n"
+                    f"bob:{hash_secret('b')}:read=/queue/bob;write=/queue/bob\n")
+    path.chmod(0o600)
+    b = start_broker("auth=passwd", f"passwd_file={path}")
+    alice = stomp.Connection12([b.address], heartbeats=(0, 0))
+    al = Collector()
+    alice.set_listener("c", al)
+    alice.connect("alice", "a", wait=True)
+    alice.send("/queue/bob", "secret", receipt="s")
+    al.wait("receipts", 1)
+    alice.subscribe("/queue/bob", id="peek", headers={"browser": "true", "receipt": "p"})
+    (error,) = al.wait("errors", 1)
+    assert error.headers["message"] == "permission denied for /queue/bob" and error.headers["receipt-id"] == "p"
+    assert al.messages == []
+    bob = stomp.Connection12([b.address], heartbeats=(0, 0))
+    bl = Collector()
+    bob.set_listener("c", bl)
+    bob.connect("bob", "b", wait=True)
+    bob.subscribe("/queue/bob", id="look", headers={"browser": "true"})
+    assert [m.body for m in browsed(bl, 2)] == ["secret", ""]

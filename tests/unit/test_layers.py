@@ -36,7 +36,7 @@ BROKER_LAYERS = [
     ["selector_like", "selector_eval", "permissions", "replies"],
     ["selector", "bounds"],
     ["queues"],
-    ["confirmations", "durables", "temporary", "diagnostics", "acks"],
+    ["confirmations", "durables", "temporary", "diagnostics", "acks", "browsing"],
     ["routing"],
     ["subscribing", "transactions"],
     ["sessions"],
