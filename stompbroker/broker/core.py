@@ -87,6 +87,7 @@ class Broker:
         self.durable_index = SubscriptionIndex()
         self.temps = {}                      # temporary destinations by reply name (temporary.py)
         self.temp_ids = itertools.count(1)
+        self.sub_seq = itertools.count(1)    # the age of subscriptions with consumer options (choosing.py)
         self.next_monitor = 0.0
         self.message_ids = itertools.count(1)
         self.ack_ids = itertools.count(1)

@@ -137,6 +137,7 @@ def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) 
     still_blocked = []
     delivered = parked = 0
     now = b.now
+    chooser = queue.chooser
     while source:
         if budget <= 0:
             if parked:
@@ -148,8 +149,10 @@ def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) 
         rr = queue.rr
         chosen = None
         any_room = False
+        if chooser is not None:  # exclusive consumers, consumer priority, message groups (choosing.py)
+            chosen, any_room = chooser.choose(subs, message, avoid)
         # A NACKed message goes to another subscriber if any: a first pass skips the one it avoids.
-        for skip in (avoid, None) if avoid is not None else (None,):
+        for skip in () if chooser is not None else (avoid, None) if avoid is not None else (None,):
             for i in range(n):
                 sub = subs[(rr + i) % n]
                 if sub.prefetch and len(sub.unacked) >= sub.prefetch:  # (Subscription.has_room, inlined)

@@ -10,18 +10,24 @@ from . import diagnostics, permissions, priority, replies, temporary
 from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
-from .queues import deliver, deliver_tracked, discard, enqueue, persist, pump
+from .choosing import GROUP, Chooser
+from .queues import deliver, deliver_tracked, discard, drop_if_idle, enqueue, get_queue, persist, pump
+
+
+# Headers of a SEND that ask for more than a plain publish: one set test finds them all.
+SPECIAL = frozenset(("reply-to", "expires", "expiration", "priority", GROUP))
 
 
 def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
-    # The common SEND (no temporary destination, no permissions, memory store, no expiry) costs
-    # one test per rule here: each rule's function runs only when it can apply.
+    # The common SEND (no temporary destination, no permissions, memory store, no special header)
+    # costs one test per rule here: each rule's function runs only when it can apply.
     receipt = headers.get("receipt")
     destination = check_send(headers, receipt)
     temp = destination.startswith(TEMP_PREFIXES)
+    special = not SPECIAL.isdisjoint(headers)
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
         permissions.allowed(b, session, destination, write=True, receipt=receipt)
-    if temp or "reply-to" in headers:
+    if temp or (special and "reply-to" in headers):
         destination = temporary.temporaries(b, session, headers, destination, receipt)
     if destination.startswith(DIAG_PREFIX) and b.diag is not None:
         query = body.decode(errors="replace").strip()
@@ -36,24 +42,42 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
-    expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
-    if "priority" in headers:  # (the one test a plain SEND pays for the message features)
-        send_ranked(b, session, destination, headers, body, expires, receipt)
+    if special:
+        send_special(b, session, destination, headers, body, receipt)
     else:
-        publish(b, destination, headers, body, expires, sender=session)
+        publish(b, destination, headers, body, sender=session)
     if receipt is not None:
         replies.send_receipt(b, session, receipt)
 
 
-def send_ranked(b, session: Session, destination: str, headers: dict, body: bytes, expires: float, receipt):
-    """A SEND with a priority: checked (clamped), published, and the queues it may wait in ranked."""
-    level = priority.check(headers, receipt)
+def send_special(b, session: Session, destination: str, headers: dict, body: bytes, receipt) -> None:
+    """A SEND with an expiry, a priority or a message group: checked, then published. A priority
+    other than 4 ranks the queues the message may wait in (after the publish); a group gives its
+    queue a chooser first, so the message goes to the group's consumer."""
+    expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
+    level = priority.check(headers, receipt) if "priority" in headers else priority.DEFAULT
     if level != priority.DEFAULT and b.backplane is not None:
         raise ProtocolError("priority not supported in cluster mode", "a cluster's queues are JetStream "
                             "streams, delivered in stream order: send without priority (or priority:4)", receipt)
+    grouped = None
+    if GROUP in headers and destination.startswith(QUEUE_PREFIX):
+        if b.backplane is not None:
+            raise ProtocolError("message groups not supported in cluster mode", "a cluster's queue is read by "
+                                "every node's consumers: send without JMSXGroupID", receipt)
+        grouped = choosing_queue(b, destination)
     publish(b, destination, headers, body, expires, sender=session)
     if level != priority.DEFAULT:
         priority.rank_destination(b, destination)
+    if grouped is not None and not b.unfinished:
+        drop_if_idle(b, grouped)  # (nothing stayed in it: expired, say)
+
+
+def choosing_queue(b, name: str):
+    """The queue ``name``, made if need be, with a chooser (choosing.py)."""
+    queue = get_queue(b, name)
+    if queue.chooser is None:
+        queue.chooser = Chooser(b.config.max_message_groups)
+    return queue
 
 
 def check_send(headers: dict, receipt) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 import stomp
@@ -153,3 +154,41 @@ def test_a_user_browses_only_what_it_may_read(start_broker, tmp_path):
     bob.connect("bob", "b", wait=True)
     bob.subscribe("/queue/bob", id="look", headers={"browser": "true"})
     assert [m.body for m in browsed(bl, 2)] == ["secret", ""]
+
+
+# -- consumer options ------------------------------------------------------------------------------
+
+def test_exclusive_consumer_and_failover(broker):
+    first, fl = client(broker)
+    first.subscribe("/queue/excl", id="1", headers={"activemq.exclusive": "true", "receipt": "s1"})
+    fl.wait("receipts", 1)
+    other, ol = client(broker)
+    other.subscribe("/queue/excl", id="1", headers={"receipt": "s2"})
+    ol.wait("receipts", 1)
+    pub, pl = client(broker)
+    send_all(pub, pl, "/queue/excl", [(str(i), None) for i in range(10)])
+    assert len(fl.wait("messages", 10)) == 10
+    first.disconnect()
+    send_all(pub, pl, "/queue/excl", [("after", None)])
+    assert [m.body for m in ol.wait("messages", 1)] == ["after"]
+    assert len(ol.messages) == 1
+
+
+def test_message_groups_stick_with_stomp_py(broker):
+    consumers = [client(broker) for _ in range(2)]
+    for i, (conn, listener) in enumerate(consumers):
+        conn.subscribe("/queue/groups", id="1", headers={"receipt": f"s{i}"})
+        listener.wait("receipts", 1)
+    pub, pl = client(broker)
+    for i in range(20):
+        pub.send("/queue/groups", str(i), JMSXGroupID=f"g{i // 5}", JMSXGroupSeq=str(i % 5 + 1))
+    send_all(pub, pl, "/queue/groups", [])
+    deadline = time.monotonic() + 20
+    while sum(len(listener.messages) for _, listener in consumers) < 20 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    got = {}
+    for index, (_, listener) in enumerate(consumers):
+        for m in listener.messages:
+            got.setdefault(m.headers["JMSXGroupID"], set()).add(index)
+    assert sum(len(listener.messages) for _, listener in consumers) == 20
+    assert sorted(got) == ["g0", "g1", "g2", "g3"] and all(len(owners) == 1 for owners in got.values())
