@@ -175,7 +175,7 @@ class Queue:
     """A /queue/ destination: messages wait here until one subscriber with room takes each."""
 
     __slots__ = ("name", "messages", "parked", "blocked", "rr", "enqueued", "dequeued", "unacked", "expired",
-                 "owner", "chooser")
+                 "owner", "chooser", "last_values")
 
     def __init__(self, name: str, owner=None):
         self.name = name
@@ -191,6 +191,7 @@ class Queue:
         self.expired = 0
         self.owner = owner     # a Durable: its one consumer is the durable's attached subscription
         self.chooser = None    # picks consumers instead of the round-robin (choosing.Chooser), if any
+        self.last_values = None  # a last-value queue's index: key -> its last message (lastvalue.py)
 
     def depth(self) -> int:
         return len(self.messages) + len(self.parked) + len(self.blocked)

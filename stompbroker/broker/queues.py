@@ -10,6 +10,7 @@ from collections import deque
 
 from ..ipc import records as R
 from . import bounds
+from .lastvalue import take_over
 from .model import Delivery, Message, Queue, Subscription
 from .names import REDELIVERED
 from .subscriptions import SubscriptionIndex
@@ -67,6 +68,10 @@ def enqueue(b, name: str, message: Message) -> int:
     queue = b.queues.get(name)
     if queue is None:
         queue = b.queues[name] = Queue(name)
+    if queue.last_values is not None:  # a newer message takes the place of its key's (lastvalue.py)
+        old = take_over(queue, message)
+        if old is not None:
+            discard(b, queue, old)
     if b.store is not None:
         persist(b, queue, message)
     queue.messages.append(message)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..diag.stats import QUERIES
 from ..protocol.stomp import ProtocolError
-from . import diagnostics, permissions, priority, replies, temporary
+from . import diagnostics, lastvalue, permissions, priority, replies, temporary
 from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
@@ -15,7 +15,7 @@ from .queues import deliver, deliver_tracked, discard, drop_if_idle, enqueue, ge
 
 
 # Headers of a SEND that ask for more than a plain publish: one set test finds them all.
-SPECIAL = frozenset(("reply-to", "expires", "expiration", "priority", GROUP))
+SPECIAL = frozenset(("reply-to", "expires", "expiration", "priority", GROUP, *lastvalue.NAMES))
 
 
 def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
@@ -51,25 +51,34 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
 
 
 def send_special(b, session: Session, destination: str, headers: dict, body: bytes, receipt) -> None:
-    """A SEND with an expiry, a priority or a message group: checked, then published. A priority
-    other than 4 ranks the queues the message may wait in (after the publish); a group gives its
-    queue a chooser first, so the message goes to the group's consumer."""
+    """A SEND with an expiry, a priority, a message group or a last-value key: checked, then
+    published. A priority other than 4 ranks the queues the message may wait in (after the
+    publish); a group gives its queue a chooser first, so the message goes to the group's
+    consumer; a key gives its queue the last-value index first, so the message replaces its key's."""
     expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
     level = priority.check(headers, receipt) if "priority" in headers else priority.DEFAULT
     if level != priority.DEFAULT and b.backplane is not None:
         raise ProtocolError("priority not supported in cluster mode", "a cluster's queues are JetStream "
                             "streams, delivered in stream order: send without priority (or priority:4)", receipt)
-    grouped = None
-    if GROUP in headers and destination.startswith(QUEUE_PREFIX):
-        if b.backplane is not None:
-            raise ProtocolError("message groups not supported in cluster mode", "a cluster's queue is read by "
-                                "every node's consumers: send without JMSXGroupID", receipt)
-        grouped = choosing_queue(b, destination)
+    made = None
+    if destination.startswith(QUEUE_PREFIX):
+        if GROUP in headers:
+            if b.backplane is not None:
+                raise ProtocolError("message groups not supported in cluster mode", "a cluster's queue is read "
+                                    "by every node's consumers: send without JMSXGroupID", receipt)
+            made = choosing_queue(b, destination)
+        if lastvalue.key_of(headers) is not None:
+            if b.backplane is not None:
+                raise ProtocolError("last-value queues not supported in cluster mode", "a cluster's queue is a "
+                                    "JetStream stream: send without _AMQ_LVQ_NAME or last-value-key", receipt)
+            made = get_queue(b, destination)
+            if made.last_values is None:
+                made.last_values = lastvalue.index(made)
     publish(b, destination, headers, body, expires, sender=session)
     if level != priority.DEFAULT:
         priority.rank_destination(b, destination)
-    if grouped is not None and not b.unfinished:
-        drop_if_idle(b, grouped)  # (nothing stayed in it: expired, say)
+    if made is not None and not b.unfinished:
+        drop_if_idle(b, made)  # (nothing stayed in it: expired, say)
 
 
 def choosing_queue(b, name: str):

@@ -192,3 +192,25 @@ def test_message_groups_stick_with_stomp_py(broker):
             got.setdefault(m.headers["JMSXGroupID"], set()).add(index)
     assert sum(len(listener.messages) for _, listener in consumers) == 20
     assert sorted(got) == ["g0", "g1", "g2", "g3"] and all(len(owners) == 1 for owners in got.values())
+
+
+# -- last-value queues -----------------------------------------------------------------------------
+
+def test_last_value_queue_keeps_the_latest_per_key_across_kill_9(start_broker, tmp_path):
+    store = ["store=sqlite", f"store_path={tmp_path / 'store.sqlite'}"]
+    b = start_broker(*store)
+    pub, pl = client(b)
+    for i in range(30):
+        pub.send("/queue/lvq", f"{'xyz'[i % 3]}{i}", receipt=f"r{i}", _AMQ_LVQ_NAME="xyz"[i % 3])
+    pl.wait("receipts", 30)
+    os.killpg(b.proc.pid, signal.SIGKILL)
+    b.proc.wait(10)
+    b2 = start_broker(*store)
+    pub, pl = client(b2)
+    pub.send("/queue/lvq", "y-after", receipt="a", **{"last-value-key": "y"})
+    pl.wait("receipts", 1)
+    sub, sl = client(b2)
+    sub.subscribe("/queue/lvq", id="1")
+    assert [m.body for m in sl.wait("messages", 3)] == ["x27", "z29", "y-after"]
+    time.sleep(0.2)
+    assert len(sl.messages) == 3
