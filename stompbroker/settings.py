@@ -99,6 +99,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("queue_scan_budget", _int, 100, "messages a queue examines per event without delivering them (no selector takes them, or only full consumers do); the rest wait for the next event or tick"),
     Setting("max_browse_messages", _int, 10_000, "waiting messages one queue browse (SUBSCRIBE browser:true) looks at, first to be delivered first; those its selector accepts are sent, then the end marker"),
     Setting("max_message_groups", _int, 1024, "message groups (JMSXGroupID) one queue remembers the consumer of; past it the oldest assignment is forgotten (its next message picks a consumer again)"),
+    Setting("max_scheduled_messages", _int, 100_000, "scheduled messages (AMQ_SCHEDULED_*, x-delay) the broker holds; a SEND over it gets an ERROR"),
+    Setting("max_scheduled_per_destination", _int, 10_000, "scheduled messages one destination may have waiting; a SEND over it gets an ERROR"),
+    Setting("max_scheduled_repeat", _int, 1000, "largest AMQ_SCHEDULED_REPEAT (ActiveMQ's maxSchedulerRepeatAllowed); a SEND over it gets an ERROR"),
+    Setting("scheduled_batch", _int, 1000, "scheduled messages delivered at most per dispatcher round when many are due at once; the rest follow in the next rounds"),
     Setting("client_prefetch", _int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
     Setting("max_redeliveries", _int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
@@ -272,12 +276,14 @@ def validate(values: dict) -> None:
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_destination_length", "max_id_length", "max_answer_bytes",
-                 "max_queue_messages", "queue_scan_budget", "max_browse_messages", "max_message_groups", "max_selector_length", "max_transaction_frames", "max_transactions",
+                 "max_queue_messages", "queue_scan_budget", "max_browse_messages", "max_message_groups", "max_scheduled_messages",
+                 "max_scheduled_per_destination", "scheduled_batch", "max_selector_length", "max_transaction_frames", "max_transactions",
                  "max_held_bytes", "max_held_bytes_total", "max_durables", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms", "metrics_max_queues",
+                 "max_scheduled_repeat",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
                  "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas",
                  "hsts_max_age"):

@@ -9,7 +9,7 @@ from itertools import chain, islice
 
 from ..protocol.stomp import ProtocolError, escape
 from . import priority, queues, replies
-from .model import Session, Subscription
+from .model import Message, Session, Subscription
 from .names import QUEUE_PREFIX, REDELIVERED
 
 
@@ -24,6 +24,9 @@ def browse(b, session: Session, sub_id: str, destination: str, accepts, receipt)
                             "a node holds only the part its consumers take", receipt)
     sub = Subscription(session, sub_id, destination, "auto", 0, accepts)  # (only for its rendered prefix)
     snapshot = waiting(b, destination, accepts, b.config.max_browse_messages)
+    for job_id, headers, body in b.jobs.flagged(destination, b.config.max_browse_messages):  # (after what waits)
+        if accepts is None or accepts(headers):
+            snapshot.append(Message(job_id, destination, headers, body))
     replies.send_receipt(b, session, receipt)
     send_snapshot(b, sub, snapshot)
 

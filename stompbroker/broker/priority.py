@@ -37,6 +37,10 @@ def level(message) -> int:
     return LEVELS.get(message.headers.get("priority"), DEFAULT)
 
 
+def level_of(headers: dict) -> int:
+    return LEVELS.get(headers.get("priority"), DEFAULT)
+
+
 class Ranked:
     """The deque operations the broker uses on a queue's messages, over ten FIFO levels: the head
     is the oldest message of the highest level. A message going back (``appendleft``: a NACK,

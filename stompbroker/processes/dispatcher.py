@@ -141,6 +141,9 @@ class Dispatcher:
                 deadlines.append(self.http_delayed[0][0])
             if self.http_deadlines:
                 deadlines.append(self.http_deadlines[0][0])
+            timer = self.broker.next_timer()  # (epoch ms of the next scheduled message)
+            if timer is not None:
+                deadlines.append(time.monotonic() + timer / 1000 - self.broker.clock())
             if self.backplane is not None and self.bridge_backlog:
                 deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
@@ -185,6 +188,12 @@ class Dispatcher:
             if now >= self.next_tick:
                 self.next_tick = now + self.tick
                 self.broker.on_tick(now)
+                self.drain()
+                self.commit()
+                self.flush()
+            timer = self.broker.next_timer()  # (jobs scheduled during this round included)
+            if timer is not None and timer <= self.broker.clock() * 1000:
+                self.broker.on_timers(now)
                 self.drain()
                 self.commit()
                 self.flush()

@@ -214,3 +214,61 @@ def test_last_value_queue_keeps_the_latest_per_key_across_kill_9(start_broker, t
     assert [m.body for m in sl.wait("messages", 3)] == ["x27", "z29", "y-after"]
     time.sleep(0.2)
     assert len(sl.messages) == 3
+
+
+# -- scheduled delivery ----------------------------------------------------------------------------
+
+def test_a_delayed_message_arrives_after_its_delay(broker):
+    sub, sl = client(broker)
+    sub.subscribe("/queue/later", id="1", headers={"receipt": "s"})
+    sl.wait("receipts", 1)
+    pub, pl = client(broker)
+    sent_at = time.monotonic()
+    pub.send("/queue/later", "late", receipt="r", AMQ_SCHEDULED_DELAY="1000")
+    pub.send("/queue/later", "rabbit", receipt="r2", **{"x-delay": "500"})
+    pl.wait("receipts", 2)
+    first, second = sl.wait("messages", 2, timeout=10)
+    waited = time.monotonic() - sent_at
+    assert [first.body, second.body] == ["rabbit", "late"] and waited >= 1.0
+    assert second.headers["scheduled-job-id"] == second.headers["scheduledJobId"]
+    assert "AMQ_SCHEDULED_DELAY" not in second.headers
+
+
+def test_a_bad_schedule_is_an_error_naming_the_receipt(broker):
+    conn, listener = client(broker)
+    conn.send("/queue/later", "x", receipt="bad-cron", AMQ_SCHEDULED_CRON="every day")
+    (error,) = listener.wait("errors", 1)
+    assert error.headers["message"] == "invalid AMQ_SCHEDULED_CRON" and error.headers["receipt-id"] == "bad-cron"
+
+
+def test_scheduled_messages_survive_kill_9_and_fire_after_the_restart(start_broker, tmp_path):
+    store = ["store=sqlite", f"store_path={tmp_path / 'store.sqlite'}"]
+    b = start_broker(*store)
+    pub, pl = client(b)
+    pub.send("/queue/sched", "kept", receipt="k", AMQ_SCHEDULED_DELAY="2000")
+    pub.send("/queue/sched", "memory", receipt="m", AMQ_SCHEDULED_DELAY="2000", persistent="false")
+    pub.send("/queue/sched", "twice", receipt="t", AMQ_SCHEDULED_DELAY="2000", AMQ_SCHEDULED_PERIOD="500",
+             AMQ_SCHEDULED_REPEAT="1")
+    pl.wait("receipts", 3)  # (each only once the job is on disk)
+    os.killpg(b.proc.pid, signal.SIGKILL)
+    b.proc.wait(10)
+    b2 = start_broker(*store)
+    sub, sl = client(b2)
+    sub.subscribe("/queue/sched", id="1")
+    got = sorted(m.body for m in sl.wait("messages", 3, timeout=15))
+    assert got == ["kept", "twice", "twice"]
+    time.sleep(0.7)
+    assert len(sl.messages) == 3  # the in-memory one died with the broker; the repeat fired twice
+
+
+def test_a_scheduled_receipt_waits_for_the_store(start_broker, tmp_path):
+    fault = tmp_path / "fault"
+    fault.touch()
+    b = start_broker("store=sqlite", f"store_path={tmp_path / 'store.sqlite'}",
+                     env={"STOMPBROKER_STORE_FAULT": str(fault)})
+    pub, pl = client(b)
+    pub.send("/queue/sched", "x", receipt="held", AMQ_SCHEDULED_DELAY="60000")
+    time.sleep(1.0)
+    assert pl.receipts == []  # not on disk: no receipt
+    fault.unlink()
+    assert [r.headers["receipt-id"] for r in pl.wait("receipts", 1, timeout=10)] == ["held"]
