@@ -42,7 +42,7 @@ STATIC = {
     "/console/vendor/stompjs.LICENSE.txt": ("vendor/stompjs.LICENSE.txt", "text/plain; charset=utf-8"),
 }
 PAGES = ("/", "/index.html")
-API = ("/api/overview", "/api/queues", "/api/connections")
+API = ("/api/overview", "/api/queues", "/api/connections", "/api/scheduled")
 METRICS = "/metrics"
 TOKEN = "/console/token"  # POST (with logins checked): a STOMP passcode for the page (security/console_tokens.py)
 ALLOWED_METHODS = ("GET", "HEAD")
@@ -275,6 +275,10 @@ class Site:
             if queues is None:  # by name, so pages follow one another (sorted once per snapshot)
                 queues = snapshot["sorted_queues"] = sorted(snapshot["queues"], key=lambda q: q["destination"])
             return json_response(page_of(queues, page, page_size, budget))
+        if path == "/api/scheduled":  # by time; ?destination= for one destination's
+            destination = parse_qs(parts.query).get("destination", [None])[0]
+            jobs = self.stats.broker.jobs.of(destination)
+            return json_response(page_of(jobs, page, page_size, budget, lambda job: job.info()))
         sessions = list(self.stats.broker.sessions.values())
         return json_response(page_of(sessions, page, page_size, budget, self.connection))
 

@@ -343,3 +343,21 @@ def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert "ZeroDivisionError" in record.getMessage() and "test_console_http.py" in record.getMessage()
     assert s.errors == 1
+
+
+def test_api_scheduled_lists_jobs_by_time_and_by_destination():
+    from stompbroker.broker.schedule import Jobs, Job, Spec
+    jobs = Jobs()
+    for i, destination in enumerate(("/queue/b", "/queue/a", "/topic/c")):
+        job = Job(f"j{i}", destination, {}, b"xy", Spec(1000 * (3 - i), 0, 0, 0, None), 0.0, False)
+        job.start(1_000_000)
+        jobs.add(job)
+    stats = Stats()
+    stats.broker.jobs = jobs
+    s = http.Site(config(), stats)
+    status, body = page(s, "/api/scheduled")
+    assert status == 200 and [j["id"] for j in body["items"]] == ["j2", "j1", "j0"]
+    assert body["items"][0] == {"id": "j2", "destination": "/topic/c", "next": 1_001_000, "left": 1, "period": 0,
+                                "repeat": 0, "cron": "", "delay": 1000, "bytes": 2}
+    status, body = page(s, "/api/scheduled?destination=/queue/a")
+    assert [j["id"] for j in body["items"]] == ["j1"] and body["total_count"] == 1
