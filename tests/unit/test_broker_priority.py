@@ -180,3 +180,24 @@ def test_cluster_mode_refuses_a_priority_it_cannot_keep_and_accepts_the_default(
     rig.send(1, "/queue/q", priority="9", receipt="r9")
     error = rig.error(1)
     assert error["message"] == "priority not supported in cluster mode" and error["receipt-id"] == "r9"
+
+
+def test_the_dead_letter_queue_and_a_temporary_queue_are_ranked_too():
+    rig = Rig(max_redeliveries=0)
+    rig.connect(1)
+    rig.connect(2)
+    sent(rig, "/queue/p", ("low", "1"), ("high", "9"))
+    rig.subscribe(2, "/queue/p", ack="client-individual")
+    for m in reversed(rig.messages(2)):  # low first
+        rig.frame(2, "NACK", id=m["ack"])  # each straight to the dead-letter queue
+    rig.connect(3)
+    rig.subscribe(3, "/queue/DLQ")
+    assert rig.bodies(3) == [b"high", b"low"]
+    rig.subscribe(1, "/temp-queue/t", sub_id="t", ack="client-individual", prefetch_count="1")
+    for body, level in (("a", "2"), ("c", "5"), ("b", "8")):
+        rig.send(1, "/temp-queue/t", body=body.encode(), priority=level)
+    first = rig.messages(1)
+    rig.frame(1, "ACK", id=first[0]["ack"])
+    second = rig.messages(1)
+    rig.frame(1, "ACK", id=second[0]["ack"])
+    assert [m.body for m in first + second + rig.messages(1)] == [b"a", b"b", b"c"]
