@@ -123,8 +123,8 @@ class Dispatcher:
             log.warning("store %s: quarantined %d stored messages whose destination is longer than "
                         "max_destination_length (%d bytes); stompbroker-store export --quarantined shows them, "
                         "release puts them back", config.store_path, moved, config.max_destination_length)
-        log.info("store %s: recovered %d queued messages and %d durable subscriptions",
-                 config.store_path, recovered, len(self.broker.durables))
+        log.info("store %s: recovered %d queued messages, %d durable subscriptions and %d scheduled messages",
+                 config.store_path, recovered, len(self.broker.durables), len(self.broker.jobs))
         return store
 
     def run(self) -> None:
@@ -142,7 +142,7 @@ class Dispatcher:
             if self.http_deadlines:
                 deadlines.append(self.http_deadlines[0][0])
             timer = self.broker.next_timer()  # (epoch ms of the next scheduled message)
-            if timer is not None:
+            if timer is not None and not self.broker.unfinished:  # (unfinished: the writers wake it)
                 deadlines.append(time.monotonic() + timer / 1000 - self.broker.clock())
             if self.backplane is not None and self.bridge_backlog:
                 deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
@@ -192,7 +192,7 @@ class Dispatcher:
                 self.commit()
                 self.flush()
             timer = self.broker.next_timer()  # (jobs scheduled during this round included)
-            if timer is not None and timer <= self.broker.clock() * 1000:
+            if timer is not None and timer <= self.broker.clock() * 1000 and not self.broker.unfinished:
                 self.broker.on_timers(now)
                 self.drain()
                 self.commit()
