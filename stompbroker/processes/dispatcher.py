@@ -184,6 +184,7 @@ class Dispatcher:
                     self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring
                 self.commit()
                 self.flush()
+                self.timers()  # (nor scheduled messages: a busy ring would keep them waiting past their time)
             now = time.monotonic()
             if now >= self.next_tick:
                 self.next_tick = now + self.tick
@@ -191,12 +192,7 @@ class Dispatcher:
                 self.drain()
                 self.commit()
                 self.flush()
-            timer = self.broker.next_timer()  # (jobs scheduled during this round included)
-            if timer is not None and timer <= self.broker.clock() * 1000 and not self.broker.unfinished:
-                self.broker.on_timers(now)
-                self.drain()
-                self.commit()
-                self.flush()
+            self.timers()
             if self.http_delayed and now >= self.http_delayed[0][0]:
                 while self.http_delayed and now >= self.http_delayed[0][0]:
                     _, conn, response = heapq.heappop(self.http_delayed)
@@ -464,6 +460,15 @@ class Dispatcher:
             return
         self.auth.replace_users(users)
         auth_log.info("passwd reloaded: %d users", len(users))
+
+    def timers(self) -> None:
+        """Deliver the scheduled messages whose time has come (``Broker.next_timer``), if any."""
+        timer = self.broker.next_timer()
+        if timer is not None and timer <= self.broker.clock() * 1000 and not self.broker.unfinished:
+            self.broker.on_timers(time.monotonic())
+            self.drain()
+            self.commit()
+            self.flush()
 
     def commit(self) -> None:
         """End of a round: hand the store what the round wrote (group commit), without waiting."""
