@@ -272,3 +272,24 @@ def test_a_scheduled_receipt_waits_for_the_store(start_broker, tmp_path):
     assert pl.receipts == []  # not on disk: no receipt
     fault.unlink()
     assert [r.headers["receipt-id"] for r in pl.wait("receipts", 1, timeout=10)] == ["held"]
+
+
+def test_scheduled_messages_listed_and_cancelled_over_http(broker):
+    import json
+    import urllib.request
+    pub, pl = client(broker)
+    pub.send("/queue/http-sched", "cancelled", receipt="c", AMQ_SCHEDULED_DELAY="1500")
+    pub.send("/queue/http-sched", "kept", receipt="k", AMQ_SCHEDULED_DELAY="1500")
+    pl.wait("receipts", 2)
+    base = f"http://{broker.host}:{broker.port}/api/scheduled"
+    with urllib.request.urlopen(f"{base}?destination=/queue/http-sched", timeout=10) as answer:
+        jobs = json.loads(answer.read())["items"]
+    assert len(jobs) == 2 and all(j["destination"] == "/queue/http-sched" for j in jobs)
+    request = urllib.request.Request(f"{base}/{jobs[0]['id']}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert json.loads(answer.read()) == {"cancelled": 1}
+    sub, sl = client(broker)
+    sub.subscribe("/queue/http-sched", id="1")
+    assert [m.body for m in sl.wait("messages", 1, timeout=10)] == ["kept"]
+    time.sleep(0.3)
+    assert len(sl.messages) == 1

@@ -361,3 +361,25 @@ def test_api_scheduled_lists_jobs_by_time_and_by_destination():
                                 "repeat": 0, "cron": "", "delay": 1000, "bytes": 2}
     status, body = page(s, "/api/scheduled?destination=/queue/a")
     assert [j["id"] for j in body["items"]] == ["j1"] and body["total_count"] == 1
+
+
+def test_api_scheduled_delete_cancels_one_job_or_one_destinations():
+    from broker_harness import Rig
+    rig = Rig()
+    rig.connect(1)
+    for destination in ("/queue/a", "/queue/a", "/queue/b"):
+        rig.frame(1, "SEND", {"AMQ_SCHEDULED_DELAY": "60000"}, destination=destination)
+    stats = Stats()
+    stats.broker = rig.broker
+    s = http.Site(config(), stats)
+    assert s.route("DELETE", "/api/scheduled/x") == ("api", None)
+    assert s.route("DELETE", "/api/queues")[1].startswith(b"HTTP/1.1 405")
+    first = rig.broker.jobs.of("/queue/a")[0].id
+    status, one = page(s, f"/api/scheduled/{first}")
+    assert status == 200 and one["destination"] == "/queue/a"
+    response = s.respond("DELETE", f"/api/scheduled/{first}")
+    assert response.startswith(b"HTTP/1.1 200") and response.endswith(b'{"cancelled":1}')
+    assert s.respond("DELETE", f"/api/scheduled/{first}").startswith(b"HTTP/1.1 404")
+    assert s.respond("DELETE", "/api/scheduled").startswith(b"HTTP/1.1 400")  # not all at once
+    assert s.respond("DELETE", "/api/scheduled?destination=/queue/a").endswith(b'{"cancelled":1}')
+    assert [j.destination for j in rig.broker.jobs.of()] == ["/queue/b"]
