@@ -134,7 +134,11 @@ def fire_due(b, now_ms: float) -> int:
     if b.unfinished:
         return 0
     jobs = b.jobs.due(now_ms, b.config.scheduled_batch)
-    for job in jobs:
+    for i, job in enumerate(jobs):
+        if b.unfinished:  # a delivery filled an outbox: the rest wait for the next round, still due
+            for later in jobs[i:]:
+                b.jobs.again(later)
+            return i
         headers, expires = scheduling.firing(b, job)
         publish_special(b, job.destination, headers, job.body, expires, priority.level_of(headers))
         scheduling.fired(b, job)

@@ -246,3 +246,29 @@ def test_cluster_mode_refuses_scheduling():
     send(r, "/topic/t", AMQ_SCHEDULED_DELAY="1000", receipt="r")
     error = r.error(1)
     assert error["message"] == "scheduled delivery not supported in cluster mode" and error["receipt-id"] == "r"
+
+
+def test_firings_stop_at_a_full_outbox_and_the_rest_follow_in_order():
+    r = rig()
+    r.connect(3)
+    r.subscribe(2, "/topic/t")
+    r.subscribe(3, "/topic/t")  # (two: a fan-out stopped after the first leaves a step unfinished)
+    for i in range(50):
+        send(r, "/topic/t", body=str(i).encode() * 1000, AMQ_SCHEDULED_DELAY="1000")
+    r.outboxes[0].limit = 20_000
+    r.now += 1
+    r.wall += 1
+    fired = r.broker.on_timers(r.now)
+    # A job leaves only with its message published (in the same store commit), never before it:
+    assert 0 < fired < 50 and len(r.broker.jobs) == 50 - fired
+    got = []
+    for _ in range(200):  # the dispatcher: drain, resume what is unfinished, then the timers again
+        got += r.bodies(2)
+        if r.broker.unfinished:
+            r.broker.resume()
+        elif not r.broker.on_timers(r.now):
+            break
+    got += r.bodies(2)
+    assert got == [str(i).encode() * 1000 for i in range(50)]
+    assert r.bodies(3) == got
+    assert len(r.broker.jobs) == 0
