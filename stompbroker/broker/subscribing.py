@@ -80,15 +80,17 @@ def consumer_options(b, sub: Subscription, headers: dict, temp, receipt) -> None
     subscription gets every message: the options change nothing there and are accepted."""
     options = choosing.options(headers, next(b.sub_seq), receipt)
     destination = sub.destination
-    if options is None or not destination.startswith(QUEUE_PREFIX):
+    temp_queue = temp is not None and temp.queue is not None
+    if options is None or not (destination.startswith(QUEUE_PREFIX) or temp_queue):
         return
     feature = "exclusive consumers" if options.exclusive else "consumer priority"
+    if SubscriptionIndex.wildcard_prefix(destination) is not None or temp_queue:
+        raise ProtocolError(f"{feature} {'need' if options.exclusive else 'needs'} one queue",
+                            "activemq.exclusive, activemq.priority and x-priority apply to a subscription to "
+                            "one named queue", receipt)
     if b.backplane is not None:
         raise ProtocolError(f"{feature} not supported in cluster mode", "a cluster's queue is read by every "
                             "node's consumers, each node choosing among its own", receipt)
-    if SubscriptionIndex.wildcard_prefix(destination) is not None or temp is not None:
-        raise ProtocolError(f"{feature} need one queue", "activemq.exclusive, activemq.priority and x-priority "
-                            "apply to a subscription to one named queue", receipt)
     sub.options = options
     queue = queues.get_queue(b, destination)
     if queue.chooser is None:

@@ -75,6 +75,9 @@ def test_bad_consumer_options_are_errors():
     rig.connect(2)
     rig.subscribe(2, "/queue/a*", receipt="w", **{"activemq.exclusive": "true"})
     assert rig.error(2)["message"] == "exclusive consumers need one queue"
+    rig.connect(2)
+    rig.subscribe(2, "/temp-queue/t", receipt="t", **{"x-priority": "2"})
+    assert rig.error(2)["message"] == "consumer priority needs one queue"
 
 
 def test_options_on_a_topic_change_nothing():
