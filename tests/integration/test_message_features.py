@@ -293,3 +293,25 @@ def test_scheduled_messages_listed_and_cancelled_over_http(broker):
     assert [m.body for m in sl.wait("messages", 1, timeout=10)] == ["kept"]
     time.sleep(0.3)
     assert len(sl.messages) == 1
+
+
+def test_thousands_of_scheduled_messages_cost_no_cpu_while_idle(start_broker):
+    """5,000 jobs an hour away and no connection: the dispatcher sleeps until the first is due
+    (one heap, no wake-up per job, no tick without connections)."""
+    import psutil
+
+    from stompbroker.titles import process_role
+    b = start_broker()
+    pub, pl = client(b)
+    for i in range(5000):
+        pub.send("/queue/idle-jobs", "x", AMQ_SCHEDULED_DELAY=str(3_600_000 + i))
+    send_all(pub, pl, "/queue/idle-jobs", [])
+    pub.disconnect()
+    dispatcher = next(p for p in psutil.Process(b.proc.pid).children() if process_role(p) == "dispatcher")
+    time.sleep(1.0)  # (the disconnect's last work)
+    before, woke = sum(dispatcher.cpu_times()[:2]), dispatcher.num_ctx_switches().voluntary
+    time.sleep(3.0)
+    used = sum(dispatcher.cpu_times()[:2]) - before
+    woke = dispatcher.num_ctx_switches().voluntary - woke
+    print(f"idle dispatcher with 5000 jobs: {used:.3f} s of CPU, {woke} wake-ups in 3 s")
+    assert used < 0.05 and woke < 10, (used, woke)  # (a 100 ms poll would be 30 wake-ups)
