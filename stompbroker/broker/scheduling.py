@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+import orjson
+
 from ..protocol.stomp import ProtocolError
 from . import schedule
 from .model import Session
@@ -90,16 +92,23 @@ def load(b, store) -> int:
     count = 0
     for job_id, destination, headers, body, state in store.load_jobs():
         try:
+            headers, state = orjson.loads(headers), orjson.loads(state)
             spec = schedule.spec(headers, b.config.max_scheduled_repeat, None)
+            due, left, base, ttl = (float(state["due"]), int(state["left"]), float(state.get("base", 0.0)),
+                                    float(state.get("ttl", 0.0)))
         except ProtocolError as exc:
             log.warning("scheduled message %s to %s dropped: %s", job_id, destination, exc.message)
+            store.drop_job(job_id)
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # (a row the store cannot have written)
+            log.warning("scheduled message %s to %s dropped: unreadable (%s)", job_id, destination, exc)
             store.drop_job(job_id)
             continue
         if spec is None:
             store.drop_job(job_id)
             continue
-        job = schedule.Job(job_id, destination, headers, body, spec, state.get("ttl", 0.0), True)
-        job.due, job.left, job.base = state["due"], state["left"], state.get("base", 0.0)
+        job = schedule.Job(job_id, destination, headers, body, spec, ttl, True)
+        job.due, job.left, job.base = due, left, base
         b.jobs.add(job)
         count += 1
     return count

@@ -197,10 +197,11 @@ class Store:
         return moved
 
     def load_jobs(self):
-        """Every scheduled message: (job id, destination, headers, body, state), oldest first."""
+        """Every scheduled message: (job id, destination, headers, body, state), oldest first; the
+        headers and state as stored (JSON: the caller decodes them, and drops a row it cannot read)."""
         for job_id, destination, headers, body, state in self.db.execute(
                 "SELECT job_id, destination, headers, body, state FROM scheduled ORDER BY created, rowid"):
-            yield job_id, destination, orjson.loads(headers), bytes(body), orjson.loads(state)
+            yield job_id, destination, headers, bytes(body), state
 
     def load_durables(self) -> list[tuple[str, str]]:
         return list(self.db.execute("SELECT name, pattern FROM durable_subscriptions ORDER BY created"))

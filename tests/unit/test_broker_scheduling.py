@@ -272,3 +272,27 @@ def test_firings_stop_at_a_full_outbox_and_the_rest_follow_in_order():
     assert got == [str(i).encode() * 1000 for i in range(50)]
     assert r.bodies(3) == got
     assert len(r.broker.jobs) == 0
+
+
+def test_unreadable_stored_jobs_are_dropped_not_a_crash_at_start():
+    from stompbroker.broker import scheduling
+
+    class Store:
+        dropped = []
+
+        def load_jobs(self):
+            good = b'{"AMQ_SCHEDULED_DELAY": "1000"}'
+            yield "ok", "/queue/s", good, b"x", b'{"due": 1800000001000, "left": 1, "base": 0, "ttl": 0}'
+            yield "bad-json", "/queue/s", b"{", b"x", b"{}"
+            yield "no-due", "/queue/s", good, b"x", b'{"left": 1}'
+            yield "not-a-dict", "/queue/s", b"[1]", b"x", b"[]"
+            yield "bad-value", "/queue/s", b'{"AMQ_SCHEDULED_DELAY": "-1"}', b"x", b'{"due": 1, "left": 1}'
+
+        def drop_job(self, job_id):
+            self.dropped.append(job_id)
+
+    r = rig()
+    store = Store()
+    assert scheduling.load(r.broker, store) == 1
+    assert store.dropped == ["bad-json", "no-due", "not-a-dict", "bad-value"]
+    assert [j.id for j in r.broker.jobs.of()] == ["ok"] and r.broker.next_timer() == 1_800_000_001_000
