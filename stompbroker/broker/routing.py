@@ -4,6 +4,8 @@ TTL stale queue when nobody takes it)."""
 
 from __future__ import annotations
 
+import logging
+
 from ..diag.stats import QUERIES
 from ..protocol.stomp import ProtocolError
 from . import diagnostics, lastvalue, permissions, priority, replies, schedule, scheduling, temporary
@@ -12,6 +14,8 @@ from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIX
                     millis)
 from .choosing import GROUP, Chooser
 from .queues import deliver, deliver_tracked, discard, drop_if_idle, enqueue, get_queue, persist, pump
+
+log = logging.getLogger("stompbroker.broker")
 
 
 # Headers of a SEND that ask for more than a plain publish: one set test finds them all.
@@ -139,8 +143,13 @@ def fire_due(b, now_ms: float) -> int:
             for later in jobs[i:]:
                 b.jobs.again(later)
             return i
-        headers, expires = scheduling.firing(b, job)
-        publish_special(b, job.destination, headers, job.body, expires, priority.level_of(headers))
+        try:
+            headers, expires = scheduling.firing(b, job)
+            publish_special(b, job.destination, headers, job.body, expires, priority.level_of(headers))
+        except Exception:  # a bug costs this job, never the dispatcher (nor a crash at every start after)
+            log.exception("scheduled message %s to %s dropped: delivering it failed", job.id, job.destination)
+            scheduling.cancel(b, job)
+            continue
         scheduling.fired(b, job)
     return len(jobs)
 

@@ -200,7 +200,10 @@ class Job:
             return True
         if spec.cron is None:
             return False
-        self.base = spec.cron.next_after(self.base)
+        try:
+            self.base = spec.cron.next_after(self.base)
+        except ValueError:  # (no time in the next five years: the job is over)
+            return False
         self.left = spec.repeat + 1
         self.due = self.base + spec.delay
         return True

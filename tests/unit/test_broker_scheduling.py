@@ -296,3 +296,22 @@ def test_unreadable_stored_jobs_are_dropped_not_a_crash_at_start():
     assert scheduling.load(r.broker, store) == 1
     assert store.dropped == ["bad-json", "no-due", "not-a-dict", "bad-value"]
     assert [j.id for j in r.broker.jobs.of()] == ["ok"] and r.broker.next_timer() == 1_800_000_001_000
+
+
+def test_a_job_whose_delivery_fails_is_dropped_and_the_others_go(monkeypatch, caplog):
+    from stompbroker.broker import scheduling
+    r = rig()
+    r.subscribe(2, "/queue/s")
+    send(r, body=b"bad", AMQ_SCHEDULED_DELAY="1000")
+    send(r, body=b"good", AMQ_SCHEDULED_DELAY="1000")
+    real = scheduling.firing
+
+    def firing(b, job):
+        if job.body == b"bad":
+            raise RuntimeError("a bug")
+        return real(b, job)
+
+    monkeypatch.setattr(scheduling, "firing", firing)
+    advance(r, 1)
+    assert r.bodies(2) == [b"good"] and len(r.broker.jobs) == 0
+    assert "dropped: delivering it failed" in caplog.text
