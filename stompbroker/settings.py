@@ -97,6 +97,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_queue_messages", _int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
     Setting("max_selector_length", _int, 4096, "longest SUBSCRIBE selector, in characters (evaluation costs at most about header length x selector length / 64 word operations)"),
     Setting("queue_scan_budget", _int, 100, "messages a queue examines per event without delivering them (no selector takes them, or only full consumers do); the rest wait for the next event or tick"),
+    Setting("max_browse_messages", _int, 10_000, "waiting messages one queue browse (SUBSCRIBE browser:true) looks at, first to be delivered first; those its selector accepts are sent, then the end marker"),
+    Setting("max_message_groups", _int, 1024, "message groups (JMSXGroupID) one queue remembers the consumer of; past it the oldest assignment is forgotten (its next message picks a consumer again)"),
+    Setting("max_scheduled_messages", _int, 100_000, "scheduled messages (AMQ_SCHEDULED_*, x-delay) the broker holds; a SEND over it gets an ERROR"),
+    Setting("max_scheduled_per_destination", _int, 10_000, "scheduled messages one destination may have waiting; a SEND over it gets an ERROR"),
+    Setting("max_scheduled_repeat", _int, 1000, "largest AMQ_SCHEDULED_REPEAT (ActiveMQ's maxSchedulerRepeatAllowed); a SEND over it gets an ERROR"),
+    Setting("scheduled_batch", _int, 1000, "scheduled messages delivered at most per dispatcher round when many are due at once; the rest follow in the next rounds"),
     Setting("client_prefetch", _int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
     Setting("max_redeliveries", _int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
@@ -167,7 +173,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_ack_wait_ms", _int, 30_000, "a queue message delivered by a node and not acknowledged within this is redelivered elsewhere (a dead node's unacked messages come back after it)"),
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
-    Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
+    Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections, /api/scheduled (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
     Setting("console_token_ttl_ms", _int, 300_000, "with logins checked: how long a web console's STOMP passcode (single-use, for the address and user it was issued to) and the read-only session it opens last; the page renews both before then"),
     Setting("console_tokens_per_user", _int, 8, "with logins checked: unused console passcodes kept per user (1 to 1,000; a page holds one for a moment, before its STOMP login); minting one more forgets that user's oldest"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
@@ -280,12 +286,14 @@ def validate(values: dict) -> None:
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_destination_length", "max_id_length", "max_answer_bytes",
-                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "max_transactions",
+                 "max_queue_messages", "queue_scan_budget", "max_browse_messages", "max_message_groups", "max_scheduled_messages",
+                 "max_scheduled_per_destination", "scheduled_batch", "max_selector_length", "max_transaction_frames", "max_transactions",
                  "max_held_bytes", "max_held_bytes_total", "max_durables", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms", "metrics_max_queues",
+                 "max_scheduled_repeat",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
                  "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas",
                  "hsts_max_age"):

@@ -10,6 +10,7 @@ from collections import deque
 
 from ..ipc import records as R
 from . import bounds
+from .lastvalue import take_over
 from .model import Delivery, Message, Queue, Subscription
 from .names import REDELIVERED
 from .subscriptions import SubscriptionIndex
@@ -67,6 +68,10 @@ def enqueue(b, name: str, message: Message) -> int:
     queue = b.queues.get(name)
     if queue is None:
         queue = b.queues[name] = Queue(name)
+    if queue.last_values is not None:  # a newer message takes the place of its key's (lastvalue.py)
+        old = take_over(queue, message)
+        if old is not None:
+            discard(b, queue, old)
     if b.store is not None:
         persist(b, queue, message)
     queue.messages.append(message)
@@ -139,6 +144,7 @@ def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) 
     still_blocked = []
     delivered = parked = 0
     now = b.now
+    chooser = queue.chooser
     while source:
         if budget <= 0:
             if parked:
@@ -150,8 +156,10 @@ def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) 
         rr = queue.rr
         chosen = None
         any_room = False
+        if chooser is not None:  # exclusive consumers, consumer priority, message groups (choosing.py)
+            chosen, any_room = chooser.choose(subs, message, avoid)
         # A NACKed message goes to another subscriber if any: a first pass skips the one it avoids.
-        for skip in (avoid, None) if avoid is not None else (None,):
+        for skip in () if chooser is not None else (avoid, None) if avoid is not None else (None,):
             for i in range(n):
                 sub = subs[(rr + i) % n]
                 if sub.prefetch and len(sub.unacked) >= sub.prefetch:  # (Subscription.has_room, inlined)

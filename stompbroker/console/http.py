@@ -17,11 +17,12 @@ import logging
 import math
 import os
 import time
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
 from .. import __version__
+from ..broker import scheduling
 from ..diag import answers
 from ..protocol.websocket import http_response
 from .metrics import exposition
@@ -42,10 +43,11 @@ STATIC = {
     "/console/vendor/stompjs.LICENSE.txt": ("vendor/stompjs.LICENSE.txt", "text/plain; charset=utf-8"),
 }
 PAGES = ("/", "/index.html")
-API = ("/api/overview", "/api/queues", "/api/connections")
+API = ("/api/overview", "/api/queues", "/api/connections", "/api/scheduled")
 METRICS = "/metrics"
 TOKEN = "/console/token"  # POST (with logins checked): a STOMP passcode for the page (security/console_tokens.py)
 ALLOWED_METHODS = ("GET", "HEAD")
+SCHEDULED = "/api/scheduled"  # GET lists; DELETE /api/scheduled/<id>, or ?destination=, cancels
 REALM = "stompbroker"
 SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
 PAGE_SIZE = 100       # items per /api page unless ?page_size= says (RabbitMQ's management API's default)
@@ -259,10 +261,12 @@ class Site:
             kind = "page"
         elif path in STATIC and self.config.console:
             kind = "static"
-        elif (path in API or path == METRICS) and self.config.http_api:
+        elif (path in API or path == METRICS or path.startswith(SCHEDULED + "/")) and self.config.http_api:
             kind = "metrics" if path == METRICS else "api"
         else:
             return None, not_found()
+        if method == "DELETE" and path.startswith(SCHEDULED):
+            return kind, None  # (no form or cross-site page can send a DELETE without the broker's CORS)
         if method not in ALLOWED_METHODS:
             return None, method_not_allowed()
         return kind, None
@@ -270,7 +274,7 @@ class Site:
     def respond(self, method: str, target: str, accept: str = "") -> bytes:
         """The response to a routed request (not ``"token"``: the dispatcher mints those)."""
         try:
-            response = self._respond(target, accept)
+            response = self._cancel(target) if method == "DELETE" else self._respond(target, accept)
         except BadRequest as exc:
             response = bad_request(str(exc))
         except Exception as exc:  # a bug costs this request a 500, never the broker
@@ -319,8 +323,37 @@ class Site:
             if queues is None:  # by name, so pages follow one another (sorted once per snapshot)
                 queues = snapshot["sorted_queues"] = sorted(snapshot["queues"], key=lambda q: q["destination"])
             return json_response(page_of(queues, page, page_size, budget))
+        if path.startswith(SCHEDULED + "/"):
+            job = self.stats.broker.jobs.by_id.get(unquote(path[len(SCHEDULED) + 1:]))
+            return json_response(job.info()) if job is not None else not_found()
+        if path == SCHEDULED:  # by time; ?destination= for one destination's
+            destination = parse_qs(parts.query).get("destination", [None])[0]
+            jobs = self.stats.broker.jobs.of(destination)
+            return json_response(page_of(jobs, page, page_size, budget, lambda job: job.info()))
         sessions = list(self.stats.broker.sessions.values())
         return json_response(page_of(sessions, page, page_size, budget, self.connection))
+
+    def _cancel(self, target: str) -> bytes:
+        """DELETE /api/scheduled/<job id>: that job; DELETE /api/scheduled?destination=D: every job
+        of D (a DELETE of them all names no destination and is refused)."""
+        parts = urlsplit(target)
+        broker = self.stats.broker
+        if parts.path.startswith(SCHEDULED + "/"):
+            job = broker.jobs.by_id.get(unquote(parts.path[len(SCHEDULED) + 1:]))
+            if job is None:
+                return not_found()
+            jobs = [job]
+        elif parts.path == SCHEDULED:
+            destination = parse_qs(parts.query).get("destination", [None])[0]
+            if not destination:
+                raise BadRequest("DELETE /api/scheduled cancels one job (/api/scheduled/<id>) or one "
+                                 "destination's (?destination=)")
+            jobs = broker.jobs.of(destination)
+        else:
+            return method_not_allowed()
+        for job in jobs:
+            scheduling.cancel(broker, job)
+        return json_response({"cancelled": len(jobs)})
 
     def _file(self, name: str) -> bytes:
         data = self._files.get(name)

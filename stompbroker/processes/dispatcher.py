@@ -124,8 +124,8 @@ class Dispatcher:
             log.warning("store %s: quarantined %d stored messages whose destination is longer than "
                         "max_destination_length (%d bytes); stompbroker-store export --quarantined shows them, "
                         "release puts them back", config.store_path, moved, config.max_destination_length)
-        log.info("store %s: recovered %d queued messages and %d durable subscriptions",
-                 config.store_path, recovered, len(self.broker.durables))
+        log.info("store %s: recovered %d queued messages, %d durable subscriptions and %d scheduled messages",
+                 config.store_path, recovered, len(self.broker.durables), len(self.broker.jobs))
         return store
 
     def run(self) -> None:
@@ -142,6 +142,9 @@ class Dispatcher:
                 deadlines.append(self.http_delayed[0][0])
             if self.http_deadlines:
                 deadlines.append(self.http_deadlines[0][0])
+            timer = self.broker.next_timer()  # (epoch ms of the next scheduled message)
+            if timer is not None and not self.broker.unfinished:  # (unfinished: the writers wake it)
+                deadlines.append(time.monotonic() + timer / 1000 - self.broker.clock())
             if self.backplane is not None and self.bridge_backlog:
                 deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
@@ -182,6 +185,7 @@ class Dispatcher:
                     self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring
                 self.commit()
                 self.flush()
+                self.timers()  # (nor scheduled messages: a busy ring would keep them waiting past their time)
             now = time.monotonic()
             if now >= self.next_tick:
                 self.next_tick = now + self.tick
@@ -189,6 +193,7 @@ class Dispatcher:
                 self.drain()
                 self.commit()
                 self.flush()
+            self.timers()
             if self.http_delayed and now >= self.http_delayed[0][0]:
                 while self.http_delayed and now >= self.http_delayed[0][0]:
                     _, conn, response = heapq.heappop(self.http_delayed)
@@ -458,6 +463,15 @@ class Dispatcher:
             return
         self.auth.replace_users(users)
         auth_log.info("passwd reloaded: %d users", len(users))
+
+    def timers(self) -> None:
+        """Deliver the scheduled messages whose time has come (``Broker.next_timer``), if any."""
+        timer = self.broker.next_timer()
+        if timer is not None and timer <= self.broker.clock() * 1000 and not self.broker.unfinished:
+            self.broker.on_timers(time.monotonic())
+            self.drain()
+            self.commit()
+            self.flush()
 
     def commit(self) -> None:
         """End of a round: hand the store what the round wrote (group commit), without waiting."""

@@ -516,3 +516,37 @@ def number(text: str) -> float:
     text = text.strip()
     scale = {"k": 1e3, "M": 1e6, "G": 1e9}.get(text[-1:], 1)
     return float(text.rstrip("kMG")) * scale
+
+
+def test_console_in_a_headless_browser_lists_and_cancels_scheduled_messages(start_broker):
+    from playwright import sync_api as playwright
+    assert os.path.exists(CHROMIUM), "the console test needs Debian's chromium (./build.sh test installs it)"
+    b = start_broker()
+    producer = stomp(b)
+    for i, destination in enumerate(("/queue/one", "/queue/two", "/queue/two")):
+        producer.frame("SEND", {"destination": destination, "AMQ_SCHEDULED_DELAY": "600000", "receipt": str(i)})
+        assert producer.read()[0] == "RECEIPT"
+
+    def jobs():
+        return [j["destination"] for j in json.loads(get(b, "/api/scheduled")[2])["items"]]
+
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"http://{b.host}:{b.port}/")
+            until(lambda: page.locator("#scheduled tbody tr").count() == 3)
+            page.locator("#scheduled tbody tr", has_text="/queue/one").get_by_role(
+                "button", name="cancel", exact=True).click()
+            until(lambda: jobs() == ["/queue/two", "/queue/two"])
+            page.locator("#scheduled tbody tr", has_text="/queue/two").first.get_by_role(
+                "button", name="cancel all", exact=True).click()
+            until(lambda: jobs() == [])
+            until(lambda: page.inner_text("#scheduled tbody") == "none")
+            assert not errors, errors
+        finally:
+            browser.close()

@@ -299,3 +299,13 @@ def test_profile_wake_up_and_wait_capped_by_counted_wake_ups():
                             counts={"dispatcher": {"wake-up": 10 ** 6, "wait": 10 ** 6}}, wake_us=5.0)
     assert out["dispatcher"]["wake-up"] == pytest.approx(4.0)
     assert out["dispatcher"]["routing"] == pytest.approx(5.0)
+
+
+def test_send_header_goes_on_every_producer_send():
+    from stompbroker.bench.runner import Runner
+    opts = cli.parse_args(["--spawn", "--send-header", "priority:7", "--send-header", "x-delay:1"])
+    assert opts.send_header == [("priority", "7"), ("x-delay", "1")]
+    spec = Runner.producer_spec(type("R", (), {"opts": opts, "run_id": "r", "flow_control": None})(), None, "tcp", "/q")
+    assert spec["headers"] == [("priority", "7"), ("x-delay", "1")]
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--send-header", "no-colon"])

@@ -385,3 +385,43 @@ def test_api_overview_is_cut_at_the_answer_budget():
     assert body["process"][0]["role"] == "writer-0" and body["totals"] == SNAPSHOT["totals"]
     status, body = page(http.Site(config(), Stats()), "/api/overview")  # a broker that fits: nothing cut
     assert status == 200 and "truncated" not in body and body["process"] == []
+
+
+def test_api_scheduled_lists_jobs_by_time_and_by_destination():
+    from stompbroker.broker.schedule import Jobs, Job, Spec
+    jobs = Jobs()
+    for i, destination in enumerate(("/queue/b", "/queue/a", "/topic/c")):
+        job = Job(f"j{i}", destination, {}, b"xy", Spec(1000 * (3 - i), 0, 0, 0, None), 0.0, False)
+        job.start(1_000_000)
+        jobs.add(job)
+    stats = Stats()
+    stats.broker.jobs = jobs
+    s = http.Site(config(), stats)
+    status, body = page(s, "/api/scheduled")
+    assert status == 200 and [j["id"] for j in body["items"]] == ["j2", "j1", "j0"]
+    assert body["items"][0] == {"id": "j2", "destination": "/topic/c", "next": 1_001_000, "left": 1, "period": 0,
+                                "repeat": 0, "cron": "", "delay": 1000, "bytes": 2}
+    status, body = page(s, "/api/scheduled?destination=/queue/a")
+    assert [j["id"] for j in body["items"]] == ["j1"] and body["total_count"] == 1
+
+
+def test_api_scheduled_delete_cancels_one_job_or_one_destinations():
+    from broker_harness import Rig
+    rig = Rig()
+    rig.connect(1)
+    for destination in ("/queue/a", "/queue/a", "/queue/b"):
+        rig.frame(1, "SEND", {"AMQ_SCHEDULED_DELAY": "60000"}, destination=destination)
+    stats = Stats()
+    stats.broker = rig.broker
+    s = http.Site(config(), stats)
+    assert s.route("DELETE", "/api/scheduled/x") == ("api", None)
+    assert s.route("DELETE", "/api/queues")[1].startswith(b"HTTP/1.1 405")
+    first = rig.broker.jobs.of("/queue/a")[0].id
+    status, one = page(s, f"/api/scheduled/{first}")
+    assert status == 200 and one["destination"] == "/queue/a"
+    response = s.respond("DELETE", f"/api/scheduled/{first}")
+    assert response.startswith(b"HTTP/1.1 200") and response.endswith(b'{"cancelled":1}')
+    assert s.respond("DELETE", f"/api/scheduled/{first}").startswith(b"HTTP/1.1 404")
+    assert s.respond("DELETE", "/api/scheduled").startswith(b"HTTP/1.1 400")  # not all at once
+    assert s.respond("DELETE", "/api/scheduled?destination=/queue/a").endswith(b'{"cancelled":1}')
+    assert [j.destination for j in rig.broker.jobs.of()] == ["/queue/b"]

@@ -295,6 +295,38 @@
     }
   }
 
+  // -- scheduled messages: GET /api/scheduled every 2 s; a button cancels one (DELETE
+  // /api/scheduled/<id>), another every one of its destination (?destination=) ----------------------
+  function cancelButton(text, title, url) {
+    const b = document.createElement("button");
+    b.textContent = text;
+    b.title = title;
+    b.className = "cancel";
+    b.addEventListener("click", () => {
+      b.disabled = true;
+      fetch(url, { method: "DELETE", credentials: "same-origin" }).catch(() => {}).finally(scheduled);
+    });
+    return b;
+  }
+  function scheduled() {
+    fetch("/api/scheduled?page_size=100", { credentials: "same-origin", cache: "no-store" })
+      .then((r) => r.ok ? r.json() : null).then((page) => {
+        if (!page) return;
+        setText("scheduled-shown", page.total_count > page.items.length ?
+          `(the first ${page.items.length} of ${page.total_count})` : "");
+        fillTable("scheduled", page.items.map((j) => {
+          const actions = document.createElement("span");
+          actions.append(cancelButton("cancel", "cancel this one", "/api/scheduled/" + encodeURIComponent(j.id)),
+            cancelButton("cancel all", "cancel every one of " + j.destination,
+              "/api/scheduled?destination=" + encodeURIComponent(j.destination)));
+          return [new Date(j.next).toLocaleString(), j.destination, String(j.left), String(j.repeat), j.cron, j.id,
+            actions];
+        }));
+      }).catch(() => {});
+  }
+  scheduled();
+  setInterval(scheduled, 2000);
+
   // -- STOMP ------------------------------------------------------------------------------------
   function status(text, cls) {
     const el = $("status");
