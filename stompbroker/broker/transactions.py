@@ -73,9 +73,18 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
         if queue is not None and queue.depth() + n > b.config.max_queue_messages:
             raise ProtocolError("queue full", f"committing would put more than max_queue_messages in {name}",
                                 receipt)
-    scheduled = sum(1 for cmd, h, *_ in frames if cmd == "SEND" and not routing.SCHEDULED.isdisjoint(h))
-    if scheduled and len(b.jobs) + scheduled > b.config.max_scheduled_messages:
-        raise ProtocolError("too many scheduled messages", "committing would pass max_scheduled_messages", receipt)
+    scheduling: dict[str, int] = {}
+    for cmd, h, *_ in frames:
+        if cmd == "SEND" and not routing.SCHEDULED.isdisjoint(h):
+            scheduling[h["destination"]] = scheduling.get(h["destination"], 0) + 1
+    if scheduling:
+        if len(b.jobs) + sum(scheduling.values()) > b.config.max_scheduled_messages:
+            raise ProtocolError("too many scheduled messages", "committing would pass max_scheduled_messages",
+                                receipt)
+        for name, n in scheduling.items():
+            if b.jobs.per_destination.get(name, 0) + n > b.config.max_scheduled_per_destination:
+                raise ProtocolError("too many scheduled messages", f"committing would pass "
+                                    f"max_scheduled_per_destination for {name}", receipt)
     end(b, session, headers["transaction"])
     for cmd, h, frame_body, expires, _ in frames:
         h.pop("receipt", None)  # already answered when the frame was accepted

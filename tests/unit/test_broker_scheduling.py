@@ -169,6 +169,22 @@ def test_scheduled_at_commit_and_dropped_at_abort():
     assert r.bodies(2) == [b"committed"]
 
 
+def test_a_commit_passing_a_destinations_limit_is_refused_whole():
+    """All or nothing: a COMMIT whose scheduled SENDs would pass max_scheduled_per_destination
+    schedules none of them (it scheduled the first ones, then failed on the next)."""
+    r = rig(max_scheduled_per_destination=2)
+    r.subscribe(2, "/queue/plain")
+    r.frame(1, "BEGIN", transaction="t")
+    send(r, "/queue/plain", body=b"plain", transaction="t")
+    for i in range(3):  # each is within the limit when held
+        send(r, "/queue/a", body=b"%d" % i, AMQ_SCHEDULED_DELAY="1000", transaction="t")
+    r.frame(1, "COMMIT", transaction="t", receipt="c")
+    error = r.error(1)
+    assert error["message"] == "too many scheduled messages" and error["receipt-id"] == "c"
+    assert "max_scheduled_per_destination" in error.body.decode()
+    assert len(r.broker.jobs) == 0 and r.bodies(2) == []
+
+
 def test_expiry_counts_from_delivery():
     r = rig()
     send(r, body=b"fresh", AMQ_SCHEDULED_DELAY="10000", expiration="3000")
