@@ -55,3 +55,9 @@ class Authenticator:
 
     def is_admin(self, login: str | None) -> bool:
         return self.users.is_admin(login)
+
+    def can_manage(self, login: str | None, destination: str) -> bool:
+        return self.users.can_manage(login, destination)
+
+    def manages_some(self, login: str | None) -> bool:
+        return self.users.manages_some(login)

@@ -253,6 +253,25 @@ class Broker:
         """The store has committed up to ``generation``: send the replies that waited for it."""
         replies.release(self, generation)
 
+    def manage(self, action, *args, now: float):
+        """An operator's action (a function of ``broker/manage.py``), as one event: what it writes
+        to the store is marked from here, so ``answer_http`` holds the answer until it is on disk."""
+        self.now = now
+        if self.store is not None:
+            self.ops_mark = self.store.ops
+        try:
+            return action(self, *args)
+        finally:
+            if self.ending:
+                sessions.end_closed(self)
+
+    def answer_http(self, session: Session, response: bytes) -> None:
+        """An HTTP answer, then close; after an action (``manage``) it waits for the store's commit of
+        what that action wrote, as a receipt does."""
+        if not session.closing:
+            replies.emit(self, session, R.RAW, response)
+            self.hang_up(session)
+
     def hang_up(self, session: Session) -> None:
         """Close after a transport-level reply (HTTP response, WebSocket close) already written."""
         if not session.closing:

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import time
+from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
@@ -24,6 +25,8 @@ import orjson
 from .. import __version__
 from ..diag import answers
 from ..protocol.websocket import http_response
+from . import manage
+from .audit import AuditLog
 from .metrics import exposition
 
 log = logging.getLogger("stompbroker.http")
@@ -42,7 +45,8 @@ STATIC = {
     "/console/vendor/stompjs.LICENSE.txt": ("vendor/stompjs.LICENSE.txt", "text/plain; charset=utf-8"),
 }
 PAGES = ("/", "/index.html")
-API = ("/api/overview", "/api/queues", "/api/connections")
+API = ("/api/overview", "/api/queues", "/api/connections", "/api/subscriptions", "/api/vhosts")
+QUEUE_SORTS = ("name", "depth", "enqueued", "dequeued", "unacked", "consumers")  # ?sort= of /api/queues
 METRICS = "/metrics"
 TOKEN = "/console/token"  # POST (with logins checked): a STOMP passcode for the page (security/console_tokens.py)
 ALLOWED_METHODS = ("GET", "HEAD")
@@ -68,19 +72,37 @@ PAGE_HEADERS = {
 
 
 # -- the request record (reader -> dispatcher) ----------------------------------------------------
-def encode_request(request: dict) -> bytes:
-    """What the dispatcher needs of a request head: method, target, Authorization, Accept.
+class Request(NamedTuple):
+    """What the dispatcher needs of a request: its head's method, target and a few headers (empty
+    when absent), and its body (a management action's JSON)."""
 
-    Header values never hold NUL (the parser refuses it), so NUL separates them.
-    """
+    method: str
+    target: str
+    authorization: str = ""
+    accept: str = ""
+    origin: str = ""
+    host: str = ""
+    content_type: str = ""
+    fetch_site: str = ""   # Sec-Fetch-Site: browsers say where the request comes from
+    body: bytes = b""
+
+
+REQUEST_HEADERS = ("authorization", "accept", "origin", "host", "content-type", "sec-fetch-site")
+
+
+def encode_request(request: dict, body: bytes = b"") -> bytes:
+    """A parsed request head (protocol/handshake.py) and its body as one record.
+
+    Header values never hold NUL (the parser refuses it), so NUL separates them; the body comes
+    last, whatever it holds."""
     h = request["headers"]
-    return "\0".join((request["method"], request["path"], h.get("authorization", ""), h.get("accept", ""))).encode(
-        "latin-1", "replace")
+    fields = (request["method"], request["path"], *(h.get(name, "") for name in REQUEST_HEADERS))
+    return "\0".join(fields).encode("latin-1", "replace") + b"\0" + body
 
 
-def decode_request(payload: bytes) -> tuple[str, str, str, str]:
-    method, target, authorization, accept = payload.decode("latin-1").split("\0")
-    return method, target, authorization, accept
+def decode_request(payload: bytes) -> Request:
+    parts = payload.split(b"\0", len(REQUEST_HEADERS) + 2)
+    return Request(*(p.decode("latin-1") for p in parts[:-1]), parts[-1])
 
 
 def basic_credentials(authorization: str) -> tuple[str, str] | None:
@@ -145,18 +167,20 @@ def paging(query: dict) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def page_of(items: list, page: int, page_size: int, budget: int, make=None) -> bytes:
+def page_of(items: list, page: int, page_size: int, budget: int, make=None, total: int | None = None) -> bytes:
     """One page of a list as JSON, in the RabbitMQ management API's envelope (``items``, ``page``,
     ``page_size``, ``page_count``, ``item_count``, ``total_count``, ``filtered_count``), cut to
     ``budget`` bytes (whole items; ``truncated`` says so: ask for smaller pages). ``make`` turns
-    the page's items into what is shown (made only for the page, not for the whole list)."""
-    total = len(items)
+    the page's items into what is shown (made only for the page, not for the whole list); ``total``:
+    the items before a filter kept ``items`` (``total_count``; ``filtered_count`` is ``len(items)``)."""
+    filtered = len(items)
     chunk = items[(page - 1) * page_size:page * page_size]
     if make is not None:
         chunk = [make(item) for item in chunk]
     text, end = answers.json_items(chunk, 0, budget - 300)  # (300: the envelope)
-    envelope = {"page": page, "page_size": page_size, "page_count": -(-total // page_size), "item_count": end,
-                "total_count": total, "filtered_count": total, "truncated": end < len(chunk)}
+    envelope = {"page": page, "page_size": page_size, "page_count": -(-filtered // page_size), "item_count": end,
+                "total_count": filtered if total is None else total, "filtered_count": filtered,
+                "truncated": end < len(chunk)}
     return b'{"items":' + text + b"," + orjson.dumps(envelope)[1:]
 
 
@@ -194,6 +218,9 @@ class Site:
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
         self.errors = 0  # requests answered 500 (failed)
+        self.audit = AuditLog(config.audit_log, config.audit_log_max_bytes, config.audit_log_files)
+        self.limiter = manage.RateLimiter(config.manage_rate_limit)
+        self.actions: dict[tuple[str, int], int] = {}  # (action, HTTP status) -> requests, for /metrics
 
     # -- routing ---------------------------------------------------------------------------------
     def route(self, method: str, target: str) -> tuple[str | None, bytes | None]:
@@ -214,6 +241,13 @@ class Site:
             kind = "static"
         elif (path in API or path == METRICS) and self.config.http_api:
             kind = "metrics" if path == METRICS else "api"
+        elif path.startswith("/api/") and self.config.http_api:
+            action, allow = manage.action_of(method, path)
+            if action is not None:
+                return "action", None
+            if allow:
+                return None, text_response(405, "Method Not Allowed", f"{path[:100]} takes {allow}", {"Allow": allow})
+            return None, not_found()
         else:
             return None, not_found()
         if method not in ALLOWED_METHODS:
@@ -269,14 +303,98 @@ class Site:
             if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
                 value["cluster"] = snapshot["cluster"]
             return json_response(value)
-        page, page_size = paging(parse_qs(parts.query))
+        query = parse_qs(parts.query)
+        page, page_size = paging(query)
+        if path == "/api/vhosts":
+            return json_response(page_of([{"name": name} for name in manage.VHOSTS], page, page_size, budget))
+        vhost = query.get("vhost", [manage.DEFAULT_VHOST])[0]
+        if vhost not in manage.VHOSTS:
+            raise BadRequest(f"no virtual host {vhost[:100]!r} (this broker has '/' only)")
         if path == "/api/queues":
-            queues = snapshot.get("sorted_queues")
-            if queues is None:  # by name, so pages follow one another (sorted once per snapshot)
-                queues = snapshot["sorted_queues"] = sorted(snapshot["queues"], key=lambda q: q["destination"])
-            return json_response(page_of(queues, page, page_size, budget))
+            return json_response(self.queue_page(snapshot, query, page, page_size))
+        if path == "/api/subscriptions":
+            return json_response(page_of(self.subscriptions(), page, page_size, budget))
         sessions = list(self.stats.broker.sessions.values())
         return json_response(page_of(sessions, page, page_size, budget, self.connection))
+
+    def queue_page(self, snapshot: dict, query: dict, page: int, page_size: int) -> bytes:
+        """/api/queues: ``name`` keeps the queues whose name holds that text, ``sort`` orders them
+        (QUEUE_SORTS; ``sort_reverse=true`` for the largest first), then one page."""
+        sort = query.get("sort", ["name"])[0]
+        if sort not in QUEUE_SORTS:
+            raise BadRequest(f"sort must be one of {', '.join(QUEUE_SORTS)}")
+        reverse = query.get("sort_reverse", ["false"])[0] == "true"
+        key = "destination" if sort == "name" else sort
+        cache = snapshot.setdefault("sorted_queues", {})  # sorted once per snapshot and order
+        queues = cache.get((key, reverse))
+        if queues is None:
+            queues = cache[(key, reverse)] = sorted(snapshot["queues"], key=lambda q: (q[key], q["destination"]),
+                                                    reverse=reverse)
+        name = query.get("name", [""])[0]
+        if name:
+            queues = [q for q in queues if name in q["destination"]]
+        return page_of(queues, page, page_size, self.config.answer_bytes, total=len(snapshot["queues"]))
+
+    def subscriptions(self) -> list[dict]:
+        """/api/subscriptions: every durable subscription (attached or not) and every other live one."""
+        broker = self.stats.broker
+        items = [{"durable": True, "key": d.name, "destination": d.pattern, "attached": d.sub is not None,
+                  "connection": d.sub.session.conn if d.sub is not None else None,
+                  "id": d.sub.id if d.sub is not None else None, "waiting": d.queue.depth()}
+                 for d in broker.durables.values()]
+        for session in broker.sessions.values():
+            for sub in session.subs.values():
+                if sub.durable is None:
+                    items.append({"durable": False, "key": None, "destination": sub.destination, "attached": True,
+                                  "connection": session.conn, "id": sub.id, "waiting": None})
+        return items
+
+    # -- management actions (console/manage.py, broker/manage.py) -----------------------------------
+    def precheck(self, request, peer: str) -> bytes | None:
+        """The answer to an action refused before its login is checked (actions off or without
+        logins, a forged request), else None."""
+        action, _ = manage.action_of(request.method, urlsplit(request.target).path)
+        if not (self.config.http_manage and self.config.auth_required):
+            response = manage.refusal(403, "management actions are off: they need logins checked (passwd_file "
+                                           "or secret) and http_manage=true")
+        else:
+            reason = manage.forgery(request)
+            if not reason:
+                return None
+            response = manage.refusal(403, reason)
+        self.noted(action, request, peer, None, 403, {})
+        return response
+
+    def act(self, broker, action_request, user: str | None, peer: str, now: float) -> bytes:
+        """An action asked by ``user`` (its login checked): the permission, the rate limit, then the
+        action; each is audited and counted."""
+        request = action_request
+        action, _ = manage.action_of(request.method, urlsplit(request.target).path)
+        if not manage.allowed(broker.auth, user, action, request):
+            status, response, noted = 403, manage.refusal(403, f"{user} may not {action.name} here: an admin or "
+                                                               "a manage grant covering it is needed"), {}
+        else:
+            wait = self.limiter.take(user or "", now)
+            if wait:
+                status, response, noted = 429, manage.too_many(wait), {}
+            else:
+                try:
+                    status, response, noted = manage.perform(broker, self.config, action, request, now)
+                except Exception as exc:  # a bug costs this request a 500, never the broker
+                    status, response, noted = 500, self.failed(request.method, request.target, exc), {}
+        self.noted(action, request, peer, user, status, noted)
+        return response
+
+    def noted(self, action, request, peer: str, user: str | None, status: int, result: dict) -> None:
+        """One action in the audit log and the counts of /metrics."""
+        self._snapshot = None  # the next look shows what the action did, and its count
+        key = (action.name, status)
+        if key in self.actions or len(self.actions) < 1000:
+            self.actions[key] = self.actions.get(key, 0) + 1
+        claimed = basic_credentials(request.authorization)
+        self.audit.write({"user": user, "login": claimed[0] if claimed else None, "peer": peer,
+                          "action": action.name, "method": request.method, "vhost": action.vhost,
+                          "target": action.target, "status": status, **result})
 
     def _file(self, name: str) -> bytes:
         data = self._files.get(name)
@@ -313,7 +431,8 @@ class Site:
             "latency": stats.latency(),
             "queues": stats.query("queues"),
             "cluster": stats.query("cluster"),  # {} on a single node
-            "http": {"internal_errors": self.errors},
+            "http": {"internal_errors": self.errors, "audit_errors": self.audit.errors,
+                     "actions": [{"action": a, "status": s, "count": n} for (a, s), n in sorted(self.actions.items())]},
         }
         self._snapshot_at = now
         return self._snapshot

@@ -128,9 +128,11 @@ class Reader:
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
         self.proxies = proxy.TrustedProxies(config.proxy_trusted) if config.proxy_protocol else None
-        # connections whose HTTP request head is incomplete -> deadline: answered 408 at half of
-        # connect_timeout_ms
+        # connections whose HTTP request (head, then body) is incomplete -> deadline: answered 408 at
+        # half of connect_timeout_ms
         self.http_waiting: dict[Conn, float] = {}
+        # connections whose request head came and whose body (Content-Length) is still arriving
+        self.http_bodies: dict[Conn, tuple[dict, int]] = {}
         self.http_head_timeout = config.connect_timeout_ms / 2000
         # connections whose protocol is not known yet: the reader ends them at connect_timeout_ms
         # (the dispatcher's connect timeout is for those the reader said speak STOMP; undecided.py)
@@ -303,6 +305,7 @@ class Reader:
 
     def drop(self, conn: Conn) -> None:
         self.http_waiting.pop(conn, None)
+        self.http_bodies.pop(conn, None)
         self.undecided.discard(conn)
         if conn.ws is not None:
             self.stats["websockets"] -= 1
@@ -522,13 +525,22 @@ class Reader:
                 self.release(conn)
             return
         held = (conn.parser.buffered if conn.parser is not None else 0) + (
-            conn.ws.allocated if conn.ws is not None else 0)
+            conn.ws.allocated if conn.ws is not None else 0) + (len(conn.buf) if conn.mode == HTTP else 0)
         self.partial += held - conn.held
         conn.held = held
         if not held:
             return
         config = self.config
-        if not conn.greeted and held > config.max_first_frame:
+        if conn.mode == HTTP:  # a request head or body (bounded by max_http_body) on its way
+            if self.partial > config.max_partial_bytes:
+                self.http_bodies.pop(conn, None)
+                self.http_waiting.pop(conn, None)
+                conn.mode = DEAD
+                conn.buf = b""
+                self.release(conn)
+                self.http_reply(conn, ws.HandshakeError(503, "the broker holds too many unfinished requests "
+                                                        "(max_partial_bytes); try again later").response())
+        elif not conn.greeted and held > config.max_first_frame:
             self.bad_frame(conn, "frame too large", f"a frame before CONNECTED may have at most "
                            f"{config.max_first_frame} bytes (max_first_frame)", receipt_of(conn))
             self.release(conn)
@@ -648,6 +660,9 @@ class Reader:
     # -- HTTP and WebSocket --------------------------------------------------------------------
     def http(self, conn: Conn, data: bytes, now: float) -> None:
         conn.buf += data
+        if conn in self.http_bodies:  # the head came: its body is still arriving
+            self.http_body(conn)
+            return
         try:
             parsed = ws.parse_http_request(conn.buf)
             if parsed is None:
@@ -666,6 +681,13 @@ class Reader:
                 # DNS rebinding (protocol/hosts.py)
                 raise ws.HandshakeError(421, "this broker does not answer for that Host (http_hosts)")
             if not upgrade:  # the console, the API, /metrics or a 404: the dispatcher has the figures
+                length = ws.body_length(headers, self.config.http_body_bytes)
+                if length:  # (a management action's JSON) read whole before the dispatcher sees it
+                    self.http_bodies[conn] = (request, length)
+                    self.http_waiting.setdefault(conn, now + self.http_head_timeout)
+                    conn.buf = rest
+                    self.http_body(conn)
+                    return
                 conn.mode = DEAD
                 self.emit(R.HTTP_REQUEST, conn.id, encode_request(request))
                 return
@@ -685,13 +707,28 @@ class Reader:
         if rest:
             self.websocket(conn, rest, now)
 
+    def http_body(self, conn: Conn) -> None:
+        """The request goes to the dispatcher once its whole body (Content-Length) is here."""
+        request, length = self.http_bodies[conn]
+        if len(conn.buf) < length:
+            return
+        del self.http_bodies[conn]
+        self.http_waiting.pop(conn, None)
+        body, conn.buf = conn.buf[:length], b""  # (anything after it is not read: one request per connection)
+        conn.mode = DEAD
+        self.release(conn)
+        self.emit(R.HTTP_REQUEST, conn.id, encode_request(request, body))
+
     def expire_http(self, now: float) -> None:
-        """A request head not complete in time (half of connect_timeout_ms): 408, then close."""
+        """A request head (or its body) not complete in time (half of connect_timeout_ms): 408, then close."""
         for conn in [c for c, deadline in self.http_waiting.items() if now >= deadline]:
             del self.http_waiting[conn]
             conn.mode = DEAD
             conn.buf = b""
-            self.http_reply(conn, ws.HandshakeError(408, "request head not complete in time").response())
+            self.release(conn)
+            late = "request body" if conn in self.http_bodies else "request head"
+            self.http_bodies.pop(conn, None)
+            self.http_reply(conn, ws.HandshakeError(408, f"{late} not complete in time").response())
 
     def expire_undecided(self, now: float) -> None:
         """Connections whose protocol is still unknown at connect_timeout_ms: bytes that came

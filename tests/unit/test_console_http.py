@@ -38,9 +38,15 @@ def test_basic_credentials(header, expected):
 def test_request_record_round_trip():
     request = {"method": "GET", "path": "/metrics?x=1", "version": "HTTP/1.1",
                "headers": {"authorization": basic("a:b"), "accept": "text/plain"}}
-    assert http.decode_request(http.encode_request(request)) == ("GET", "/metrics?x=1", basic("a:b"), "text/plain")
+    assert http.decode_request(http.encode_request(request)) == ("GET", "/metrics?x=1", basic("a:b"), "text/plain",
+                                                                 "", "", "", "", b"")
     bare = {"method": "GET", "path": "/", "version": "HTTP/1.0", "headers": {}}
-    assert http.decode_request(http.encode_request(bare)) == ("GET", "/", "", "")
+    assert http.decode_request(http.encode_request(bare)) == ("GET", "/", "", "", "", "", "", "", b"")
+    post = {"method": "POST", "path": "/api/publish", "version": "HTTP/1.1",
+            "headers": {"origin": "http://h", "host": "h", "content-type": "application/json", "sec-fetch-site": "none"}}
+    body = b'{"a":"\x00 NUL and more\x00"}'  # the body comes last: NULs in it are its own
+    assert http.decode_request(http.encode_request(post, body)) == ("POST", "/api/publish", "", "", "http://h", "h",
+                                                                    "application/json", "none", body)
 
 
 @pytest.mark.parametrize("headers, upgrade", [
@@ -61,7 +67,9 @@ def site(console=True, http_api=True, auth_required=False):
 
 def config(**settings):
     return types.SimpleNamespace(**{"console": True, "http_api": True, "max_connections": 10, "auth_required": False,
-                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, **settings})
+                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, "audit_log": "",
+                                    "audit_log_max_bytes": 1 << 20, "audit_log_files": 1, "manage_rate_limit": 10.0,
+                                    "http_manage": True, **settings})
 
 
 @pytest.mark.parametrize("method, target, route, status", [
@@ -151,6 +159,7 @@ SNAPSHOT = {
                 "local_patterns": 2, "remote_patterns": 5, "remote_subscriptions": 6, "held": 0, "failed": 0,
                 "streams": [{"name": "c_QUEUES_6_1", "messages": 6, "bytes": 600, "stored": 9, "leader": "nats2",
                              "replicas": 3, "shard": "1/6"}]},
+    "http": {"internal_errors": 0, "audit_errors": 1, "actions": [{"action": "purge", "status": 200, "count": 3}]},
 }
 
 
@@ -178,6 +187,8 @@ def test_metric_families_parse_with_prometheus_names_and_units():
     assert samples[("stompbroker_cluster_rtt_seconds", ())] == pytest.approx(0.00025)
     assert samples[("stompbroker_cluster_stream_messages", (("stream", "c_QUEUES_6_1"),))] == 6
     assert samples[("stompbroker_cluster_stream_leader", (("server", "nats2"), ("stream", "c_QUEUES_6_1")))] == 1
+    assert samples[("stompbroker_http_actions_total", (("action", "purge"), ("status", "200")))] == 3
+    assert samples[("stompbroker_audit_log_errors_total", ())] == 1
     for name in types_:
         assert name.startswith("stompbroker_"), name
 

@@ -38,7 +38,7 @@ BROKER_LAYERS = [
     ["queues"],
     ["confirmations", "durables", "temporary", "diagnostics", "acks"],
     ["routing"],
-    ["subscribing", "transactions"],
+    ["subscribing", "transactions", "manage"],
     ["sessions"],
     ["core"],
 ]
