@@ -38,6 +38,7 @@ STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 STATIC = {
     "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "/console/console.css": ("console.css", "text/css; charset=utf-8"),
+    "/console/manage.js": ("manage.js", "text/javascript; charset=utf-8"),
     "/console/vendor/uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
     "/console/vendor/uPlot.min.css": ("vendor/uPlot.min.css", "text/css; charset=utf-8"),
     "/console/vendor/stomp.umd.min.js": ("vendor/stomp.umd.min.js", "text/javascript; charset=utf-8"),
@@ -288,7 +289,8 @@ class Site:
             ws_path = (getattr(self.config, "ws_paths", None) or ["/"])[0]  # an allowed WebSocket path
             # With logins checked the page asks for a STOMP passcode (POST /console/token) before each login.
             auth = "token" if self.config.auth_required else ""
-            for name, value in (("auth", auth), ("ws_path", ws_path)):
+            dlq = getattr(self.config, "dead_letter_queue", "")
+            for name, value in (("auth", auth), ("ws_path", ws_path), ("dlq", dlq)):
                 page = page.replace("{{%s}}" % name, html.escape(value))
             return http_response(200, "OK", page.encode(), {"Content-Type": "text/html; charset=utf-8", **PAGE_HEADERS})
         snapshot = self.snapshot()

@@ -81,11 +81,12 @@ def action_of(method: str, path: str) -> tuple[Action | None, str]:
 def forgery(request) -> str:
     """Why a request may have been sent by another site's page (CSRF), or "". Browsers send Origin
     with every non-GET request and Sec-Fetch-Site with every request; scripts and the command-line
-    tool send neither. A form can only post form or text bodies: an action's body must be JSON."""
-    if request.method in ("GET", "HEAD"):
-        return ""
+    tool send neither. A form can only post form or text bodies: an action's body must be JSON. A
+    peek (GET) changes nothing, but another site's page may not spend its user's rate limit either."""
     if request.fetch_site and request.fetch_site not in ("same-origin", "none"):
         return f"a request from another site ({request.fetch_site[:20]}) may not act on the broker"
+    if request.method in ("GET", "HEAD"):
+        return ""
     if request.origin and not same_origin(request.origin, request.host or None):
         return "a page of another origin may not act on the broker (Origin must be the broker's own)"
     if request.body and request.content_type.split(";")[0].strip().lower() != "application/json":

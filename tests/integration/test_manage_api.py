@@ -193,11 +193,12 @@ def test_a_page_of_a_foreign_origin_cannot_act(managed, tmp_path):
     form = api.call("POST", f"/api/queues/%2F/{q('/queue/jobs')}/move", raw=b"to=/queue/stolen",
                     headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert form[0] == 403 and "JSON" in form[1]["reason"]
+    assert api.call("GET", path, headers={"Sec-Fetch-Site": "cross-site"})[0] == 403  # its peeks too
     assert api.ok("GET", f"{path}?count=5")["depth"] == 2  # untouched
     own = f"http://127.0.0.1:{b.port}"
     assert api.ok("DELETE", path, headers={"Origin": own, "Sec-Fetch-Site": "same-origin"}) == {"purged": 2}
     refused = [e for e in audit(tmp_path) if e["status"] == 403]
-    assert len(refused) == 5 and all(e["user"] is None and e["login"] == "root" for e in refused)
+    assert len(refused) == 6 and all(e["user"] is None and e["login"] == "root" for e in refused)
 
 
 def test_limits_of_a_write_api(managed):

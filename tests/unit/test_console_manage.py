@@ -51,6 +51,7 @@ def request(method="POST", origin="", host="127.0.0.1:61613", content_type="appl
     (request(content_type="application/x-www-form-urlencoded"), True),
     (request(method="DELETE", body=b"", content_type=""), False),
     (request(method="GET", origin="http://evil.example"), False),    # a read: nothing to forge
+    (request(method="GET", fetch_site="cross-site"), True),          # a peek from another site's page
 ])
 def test_forgery(req, refused):
     assert bool(manage.forgery(req)) is refused
