@@ -218,6 +218,30 @@ def test_limits_of_a_write_api(managed):
     assert int(limited[2]["retry-after"]) >= 1
 
 
+def test_request_bodies_are_bounded_in_time_and_together(start_broker):
+    """A body that stalls gets 408; bodies held for all connections past max_partial_bytes, 503."""
+    b = start_broker("connect_timeout_ms=1000", "max_partial_bytes=3000", "max_http_body=2000")
+    head = b"POST /api/publish HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    slow = b.connect(timeout=10)
+    slow.sendall(head + b"Content-Length: 100\r\n\r\n{\"destination\"")
+    assert slow.recv(4096).startswith(b"HTTP/1.1 408 ")  # half of connect_timeout_ms, then closed
+    slow.close()
+    hoarders = []
+    for _ in range(3):  # each holds 1500 bytes of a 2000-byte body: the second passes 3000 together
+        sock = b.connect(timeout=10)
+        sock.sendall(head + b"Content-Length: 2000\r\n\r\n" + b" " * 1500)
+        hoarders.append(sock)
+    answers = []
+    for sock in hoarders:
+        sock.settimeout(5)
+        try:
+            answers.append(sock.recv(4096)[:12])
+        except TimeoutError:
+            answers.append(b"")
+        sock.close()
+    assert b"HTTP/1.1 503" in answers, answers
+
+
 def test_management_needs_logins_checked(start_broker):
     b = start_broker()
     status, value, _ = Api(b).call("DELETE", f"/api/queues/%2F/{q('/queue/a')}/messages")

@@ -160,3 +160,19 @@ def test_refusals_are_json():
     head, _, body = manage.refusal(409, "in use").partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 409 Conflict") and b"application/json" in head
     assert orjson.loads(body) == {"error": "conflict", "reason": "in use"}
+
+
+def test_a_peek_is_cut_to_the_answer_budget():
+    from broker_harness import Rig
+    rig = Rig(max_answer_bytes=4096)
+    rig.connect(1)
+    for i in range(50):
+        rig.send(1, "/queue/big", b"x" * 300)
+    target = "/api/queues/%2F/%2Fqueue%2Fbig/messages?count=50&truncate=300"
+    status, response, noted = manage.perform(rig.broker, rig.config, manage.Action("peek", "/", "/queue/big"),
+                                             Request("GET", target), rig.now)
+    body = response.partition(b"\r\n\r\n")[2]
+    answer = orjson.loads(body)
+    assert status == 200 and len(body) <= rig.config.answer_bytes
+    assert answer["truncated"] and 0 < answer["count"] == len(answer["messages"]) < 50 and answer["depth"] == 50
+    assert noted == {"count": answer["count"]}
