@@ -159,6 +159,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
+    Setting("vhosts", _list, ["/"], "virtual hosts: a CONNECT's host header picks one (RabbitMQ's rule), each with its own destinations, durable subscriptions and dead-letter queue; / is always one of them, and with / alone the host header is not looked at (see docs/admin.md, Virtual hosts)"),
+    Setting("vhost_fallback", _bool, False, "with several vhosts: a CONNECT whose host names none of them (many clients send the server's host name) joins / instead of getting an ERROR"),
     Setting("http_manage", _bool, True, "with logins checked: serve the management actions of docs/admin.md (purge, move, peek, publish, close a connection...) to admin users and to logins with a manage grant; without logins checked they are refused"),
     Setting("max_http_body", _int, 1 * MB, "largest body of an HTTP request (a management action's JSON; at most max_frame_size): a longer one gets 413"),
     Setting("manage_rate_limit", _float, 10.0, "management actions per second per login (bursts of as many); more get 429 (0 = no limit)"),
@@ -316,6 +318,14 @@ def validate(values: dict) -> None:
     if values["diag_before_connect"] and auth_on(values):
         raise ValueError("diag_before_connect=true needs auth=off and no secret: before CONNECT nobody has "
                          "logged in, and with logins checked only a session may ask DIAG")
+    for vhost in values["vhosts"]:
+        if len(vhost) > 100 or not vhost.isprintable() or any(c in vhost for c in " :;"):
+            raise ValueError(f"vhosts: a name of at most 100 printable characters without spaces, ':' or ';', "
+                             f"not {vhost[:40]!r}")
+    if "/" not in values["vhosts"]:
+        values["vhosts"] = ["/", *values["vhosts"]]
+    if values["cluster"] and len(values["vhosts"]) > 1:
+        raise ValueError("vhosts: cluster mode serves the default virtual host / only")
     if values["console_token_ttl_ms"] <= 0:
         raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
     if values["checkpoint"] < 0 or values["replay_retention"] < 0:

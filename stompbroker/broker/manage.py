@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from itertools import chain, islice
 
-from . import durables, replies, routing
+from . import durables, replies, routing, vhosts
 from .model import Message, Queue
 from .names import DIAG_PREFIX, MONITOR, QUEUE_PREFIX, TEMP_PREFIXES, short
 from .queues import discard, drop_if_idle, get_queue, persist, pump
@@ -103,8 +103,9 @@ def delete(b, name: str) -> int | None:
 def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple[int, int]:
     """Move up to ``count`` (None: all) waiting messages that ``accepts`` (a selector's predicate
     over headers, or None) to ``to``, in order, keeping their headers and adding ``redriven-from``.
-    ``to`` None sends each to its ``original-destination`` (a dead letter's redrive; messages
-    without one stay). A queue target takes at most what it has room for (max_queue_messages).
+    ``to`` None sends each to its ``original-destination`` (a dead letter's redrive, in the source's
+    virtual host; messages without one stay). Names are the broker's (``vhosts.inside``). A queue
+    target takes at most what it has room for (max_queue_messages).
     Returns (moved, still waiting in the source)."""
     local_only(b, "moving messages")
     if to is not None:
@@ -114,6 +115,7 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
     queue = b.queues.get(name)
     if queue is None:
         return 0, 0
+    vhost, shown = vhosts.split(name) if b.vhosts_on else (vhosts.DEFAULT, name)
     room: dict[str, int] = {}  # target queue -> messages it may still take
     limit = count if count is not None else queue.depth()
     taken: list[tuple[Message, str]] = []
@@ -127,7 +129,9 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
                 b.stats["messages_expired"] += 1
                 discard(b, queue, message)
                 continue
-            target = to if to is not None else message.headers.get(ORIGINAL_DESTINATION)
+            target = to
+            if target is None and ORIGINAL_DESTINATION in message.headers:
+                target = vhosts.inside(vhost, message.headers[ORIGINAL_DESTINATION])
             if len(taken) >= limit or target is None or target == name \
                     or (accepts is not None and not accepts(message.headers)) or not _fits(b, target, room):
                 kept.append(message)
@@ -140,7 +144,7 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
         if message.seq:  # out of the source's rows; the copy's row is written in the same commit
             b.store.delete(message.seq)
             message.seq = 0
-        headers = {**message.headers, REDRIVEN_FROM: name}
+        headers = {**message.headers, REDRIVEN_FROM: shown}
         if target.startswith(QUEUE_PREFIX):
             into = pumped.get(target) or pumped.setdefault(target, get_queue(b, target))
             copy = Message(message.id, target, headers, message.body, message.expires)

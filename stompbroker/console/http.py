@@ -25,6 +25,7 @@ import orjson
 from .. import __version__
 from ..diag import answers
 from ..protocol.websocket import http_response
+from ..broker import vhosts
 from . import manage
 from .audit import AuditLog
 from .metrics import exposition
@@ -308,46 +309,59 @@ class Site:
         query = parse_qs(parts.query)
         page, page_size = paging(query)
         if path == "/api/vhosts":
-            return json_response(page_of([{"name": name} for name in manage.VHOSTS], page, page_size, budget))
+            return json_response(page_of([{"name": name} for name in self.config.vhosts], page, page_size, budget))
         vhost = query.get("vhost", [manage.DEFAULT_VHOST])[0]
-        if vhost not in manage.VHOSTS:
-            raise BadRequest(f"no virtual host {vhost[:100]!r} (this broker has '/' only)")
+        if vhost not in self.config.vhosts:
+            raise BadRequest(manage.no_vhost(vhost, self.config))
         if path == "/api/queues":
-            return json_response(self.queue_page(snapshot, query, page, page_size))
+            return json_response(self.queue_page(snapshot, query, page, page_size, vhost))
         if path == "/api/subscriptions":
-            return json_response(page_of(self.subscriptions(), page, page_size, budget))
+            return json_response(page_of(self.subscriptions(vhost), page, page_size, budget))
         sessions = list(self.stats.broker.sessions.values())
         return json_response(page_of(sessions, page, page_size, budget, self.connection))
 
-    def queue_page(self, snapshot: dict, query: dict, page: int, page_size: int) -> bytes:
-        """/api/queues: ``name`` keeps the queues whose name holds that text, ``sort`` orders them
-        (QUEUE_SORTS; ``sort_reverse=true`` for the largest first), then one page."""
+    def queue_page(self, snapshot: dict, query: dict, page: int, page_size: int, vhost: str = "/") -> bytes:
+        """/api/queues: the queues of ``vhost`` (named as its clients name them); ``name`` keeps the
+        queues whose name holds that text, ``sort`` orders them (QUEUE_SORTS; ``sort_reverse=true``
+        for the largest first), then one page."""
         sort = query.get("sort", ["name"])[0]
         if sort not in QUEUE_SORTS:
             raise BadRequest(f"sort must be one of {', '.join(QUEUE_SORTS)}")
         reverse = query.get("sort_reverse", ["false"])[0] == "true"
         key = "destination" if sort == "name" else sort
-        cache = snapshot.setdefault("sorted_queues", {})  # sorted once per snapshot and order
-        queues = cache.get((key, reverse))
+        cache = snapshot.setdefault("sorted_queues", {})  # sorted once per snapshot, vhost and order
+        queues = cache.get((vhost, key, reverse))
         if queues is None:
-            queues = cache[(key, reverse)] = sorted(snapshot["queues"], key=lambda q: (q[key], q["destination"]),
-                                                    reverse=reverse)
+            # (queue_stats shows a vhost's queue as "VHOST:destination" and says its vhost)
+            mine = [q if vhost == "/" else {**q, "destination": q["destination"][len(vhost) + 1:]}
+                    for q in snapshot["queues"] if q.get("vhost", "/") == vhost]
+            queues = cache[(vhost, key, reverse)] = sorted(mine, key=lambda q: (q[key], q["destination"]),
+                                                           reverse=reverse)
+        total = len(queues)
         name = query.get("name", [""])[0]
         if name:
             queues = [q for q in queues if name in q["destination"]]
-        return page_of(queues, page, page_size, self.config.answer_bytes, total=len(snapshot["queues"]))
+        return page_of(queues, page, page_size, self.config.answer_bytes, total=total)
 
-    def subscriptions(self) -> list[dict]:
-        """/api/subscriptions: every durable subscription (attached or not) and every other live one."""
+    def subscriptions(self, vhost: str = "/") -> list[dict]:
+        """/api/subscriptions: the durable subscriptions of ``vhost`` (attached or not) and its other
+        live ones, named as its clients name them."""
         broker = self.stats.broker
-        items = [{"durable": True, "key": d.name, "destination": d.pattern, "attached": d.sub is not None,
-                  "connection": d.sub.session.conn if d.sub is not None else None,
-                  "id": d.sub.id if d.sub is not None else None, "waiting": d.queue.depth()}
-                 for d in broker.durables.values()]
+        items = []
+        for d in broker.durables.values():
+            their_vhost, key = vhosts.split(d.name) if broker.vhosts_on else (vhosts.DEFAULT, d.name)
+            if their_vhost == vhost:
+                items.append({"durable": True, "key": key, "destination": vhosts.rendered(d.pattern),
+                              "attached": d.sub is not None, "connection": d.sub.session.conn if d.sub else None,
+                              "id": d.sub.id if d.sub is not None else None, "waiting": d.queue.depth()})
+        own = "" if vhost == "/" else vhost
         for session in broker.sessions.values():
+            if session.vhost != own:
+                continue
             for sub in session.subs.values():
                 if sub.durable is None:
-                    items.append({"durable": False, "key": None, "destination": sub.destination, "attached": True,
+                    items.append({"durable": False, "key": None, "destination": vhosts.rendered(sub.destination),
+                                  "attached": True,
                                   "connection": session.conn, "id": sub.id, "waiting": None})
         return items
 
@@ -443,7 +457,8 @@ class Site:
         """One connection as /api/connections shows it; its subscriptions as many as fit in a share
         of the answer budget (``subscription_count`` counts them all)."""
         now = self.clock()
-        subs = [{"id": sub.id, "destination": sub.destination, "ack": sub.ack, "unacked": len(sub.unacked)}
+        subs = [{"id": sub.id, "destination": vhosts.rendered(sub.destination), "ack": sub.ack,
+                 "unacked": len(sub.unacked)}
                 for sub in session.subs.values()]
         listed, end = answers.json_items(subs, 0, self.config.answer_bytes // SUBSCRIPTIONS_SHARE)
         return {
@@ -455,6 +470,7 @@ class Site:
             "connected": session.connected,
             "version": session.version if session.connected else None,
             "login": session.login,
+            "vhost": session.vhost or "/",
             "client_id": session.client_id,
             "age_seconds": round(now - session.opened, 3),
             "idle_seconds": round(now - session.last_seen, 3),

@@ -4,7 +4,8 @@ bodies only, rate limits per login), the actions' arguments from the path, query
 their JSON answers. The state changes themselves are ``broker/manage.py``'s.
 
 Paths name a virtual host and a destination each as one URL-encoded segment (the default virtual
-host ``/`` is ``%2F``, as in RabbitMQ's API; this broker has that one only)."""
+host ``/`` is ``%2F``, as in RabbitMQ's API); a destination is named as the clients of its virtual
+host name it, and translated here (``broker/vhosts.py``)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,14 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
-from ..broker import manage
+from ..broker import manage, vhosts
 from ..broker.selector import compile_selector
 from ..broker.selector_lexer import SelectorError
 from ..diag import answers
 from ..protocol.hosts import same_origin
 from ..protocol.websocket import http_response
 
-DEFAULT_VHOST = "/"
-VHOSTS = (DEFAULT_VHOST,)
+DEFAULT_VHOST = vhosts.DEFAULT
 PEEK_COUNT = 10          # messages a peek shows unless ?count= says
 PREVIEW_BYTES = 4096     # of each body unless ?truncate= says
 MAX_COUNT = 500          # messages one peek may show (as /api pages)
@@ -214,7 +214,10 @@ def preview(message, truncate: int, encoding: str) -> dict:
             pass
     if shown is None:
         shown, kind = base64.b64encode(data).decode(), "base64"
-    return {"message_id": message.id, "destination": message.destination, "headers": message.headers,
+    headers = message.headers
+    if vhosts.rendering and vhosts.MARK in headers.get("destination", ""):  # (as its vhost's clients name it)
+        headers = {**headers, "destination": vhosts.visible(headers["destination"])}
+    return {"message_id": message.id, "destination": vhosts.rendered(message.destination), "headers": headers,
             "size": len(message.body), "redelivered": bool(message.redelivered or message.nacks),
             "payload": shown, "payload_encoding": kind, "truncated": len(message.body) > truncate}
 
@@ -245,8 +248,8 @@ def perform(broker, config, action: Action, request, now: float) -> tuple[int, b
     first = {name: values[0] for name, values in query.items()}
     try:
         body = body_of(request)
-        if action.vhost not in VHOSTS:
-            return 404, refusal(404, f"no virtual host {action.vhost[:100]!r} (this broker has '/' only)"), {}
+        if action.vhost not in config.vhosts:
+            return 404, refusal(404, no_vhost(action.vhost, config)), {}
         status, value, noted = _perform(broker, config, action, first, body, now)
     except Invalid as exc:
         return 400, refusal(400, str(exc)), {}
@@ -259,8 +262,21 @@ def perform(broker, config, action: Action, request, now: float) -> tuple[int, b
     return 200, json_answer(200, value), {**noted, **value}
 
 
+def no_vhost(vhost: str, config) -> str:
+    return f"no virtual host {vhost[:100]!r} (vhosts: {', '.join(config.vhosts)})"
+
+
+def durable_key(vhost: str, key: str) -> str:
+    """A durable subscription's key as the broker keeps it (``durables.durable_key``)."""
+    return key if vhost == DEFAULT_VHOST else vhosts.MARK + vhost + vhosts.MARK + key
+
+
 def _perform(broker, config, action: Action, query: dict, body: dict, now: float) -> tuple[int, object, dict]:
-    name, target = action.name, action.target
+    name = action.name
+    if len(config.vhosts) > 1 and any(isinstance(value, str) and vhosts.MARK in value
+                                      for value in (action.target, body.get("to"), body.get("destination"))):
+        raise Invalid("a destination or key may not hold the character U+001E (it marks virtual hosts)")
+    target = vhosts.inside(action.vhost, action.target) if name in ON_DESTINATION else action.target
     if name == "peek":
         count = whole(query.get("count"), "count", 1, MAX_COUNT, PEEK_COUNT)
         offset = whole(query.get("offset"), "offset", 0, 10 ** 9, 0)
@@ -271,7 +287,7 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
         depth, messages = broker.manage(manage.peek, target, offset, count, now=now)
         shown = [preview(m, truncate, encoding) for m in messages]
         listed, end = answers.json_items(shown, 0, config.answer_bytes - 300)
-        envelope = {"destination": target, "vhost": action.vhost, "depth": depth, "offset": offset,
+        envelope = {"destination": action.target, "vhost": action.vhost, "depth": depth, "offset": offset,
                     "count": end, "truncated": end < len(shown)}
         return 200, b'{"messages":' + listed + b"," + orjson.dumps(envelope)[1:], {"count": end}
     if name == "purge":
@@ -289,13 +305,14 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
                 accepts = compile_selector(selector)
             except SelectorError as exc:
                 raise Invalid(f"selector: {exc}") from None
-        moved, left = broker.manage(manage.move, target, to, count, accepts, now=now)
+        inner = vhosts.inside(action.vhost, to) if to is not None else None
+        moved, left = broker.manage(manage.move, target, inner, count, accepts, now=now)
         return 200, {"moved": moved, "left": left}, {"to": to, "count": count, "selector": selector}
     if name == "publish":
         vhost, destination, headers, data = publish_args(body, config)
-        if vhost not in VHOSTS:
-            return 404, f"no virtual host {vhost[:100]!r} (this broker has '/' only)", {}
-        delivered = broker.manage(manage.publish, destination, headers, data, now=now)
+        if vhost not in config.vhosts:
+            return 404, no_vhost(vhost, config), {}
+        delivered = broker.manage(manage.publish, vhosts.inside(vhost, destination), headers, data, now=now)
         return 200, {"published": True, "delivered": delivered}, {"destination": destination, "size": len(data)}
     if name == "close":
         reason = text(body.get("reason", query.get("reason")), "reason", 500) or "closed by an operator"
@@ -304,7 +321,7 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
             return 404, f"no open STOMP connection {target[:40]!r}", {"reason": reason}
         return 200, {"closed": conn}, {"reason": reason}
     # unsubscribe
-    dropped = broker.manage(manage.remove_durable, target, now=now)
+    dropped = broker.manage(manage.remove_durable, durable_key(action.vhost, target), now=now)
     if dropped is None:
         return 404, "no such durable subscription", {}
     return 200, {"removed": target, "dropped": dropped}, {}

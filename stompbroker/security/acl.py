@@ -11,7 +11,9 @@ Permissions of one login:
 - ``write`` patterns: what it may SEND to;
 - ``admin``: a flag the broker gives meaning to (e.g. DIAG, /queue/monitor, the HTTP API);
 - ``manage`` patterns: the destinations whose queues it may manage over the HTTP API (peek, purge,
-  delete, move, publish: docs/admin.md) without being an admin (an admin may manage everything).
+  delete, move, publish: docs/admin.md) without being an admin (an admin may manage everything);
+- ``vhost`` names: the virtual hosts besides ``/`` it may connect to (``*``: all; an admin may use
+  every one; every login may use ``/``).
 
 Rule: a login with **no read and no write rule may read and write everything**. As soon as it has
 at least one read or write rule, it may read only what its read rules allow and write only what its
@@ -36,6 +38,7 @@ Two places can give rules, and they add up (union of patterns, admin if either s
        alice write /queue/*
        alice admin
        bob   manage /queue/jobs*,/queue/DLQ
+       bob   vhost  eu,us
        *     read /topic/public/*
 
    The login ``*`` gives the read/write rules of every login that has none of its own (anonymous
@@ -121,6 +124,7 @@ class Permissions:
     write: tuple[str, ...] | None = None
     admin: bool = False
     manage: tuple[str, ...] | None = None
+    vhosts: tuple[str, ...] | None = None
 
     @property
     def restricted(self) -> bool:
@@ -143,6 +147,10 @@ class Permissions:
         return self.admin or (self.manage is not None and any(pattern_covers(rule, destination)
                                                               for rule in self.manage))
 
+    def may_use_vhost(self, vhost: str) -> bool:
+        """May connect to the virtual host ``vhost`` (every login may use ``/``)."""
+        return vhost == "/" or self.admin or (self.vhosts is not None and (vhost in self.vhosts or "*" in self.vhosts))
+
     def to_inline(self) -> str:
         """The inline form (``read=...;write=...;admin``), empty for no rules."""
         parts = []
@@ -152,6 +160,8 @@ class Permissions:
             parts.append("write=" + ",".join(self.write))
         if self.manage is not None:
             parts.append("manage=" + ",".join(self.manage))
+        if self.vhosts is not None:
+            parts.append("vhost=" + ",".join(self.vhosts))
         if self.admin:
             parts.append("admin")
         return ";".join(parts)
@@ -171,7 +181,7 @@ def _union(a: tuple[str, ...] | None, b: tuple[str, ...] | None) -> tuple[str, .
 def merge(a: Permissions, b: Permissions) -> Permissions:
     """Rules from two places add up."""
     return Permissions(_union(a.read, b.read), _union(a.write, b.write), a.admin or b.admin,
-                       _union(a.manage, b.manage))
+                       _union(a.manage, b.manage), _union(a.vhosts, b.vhosts))
 
 
 def _patterns(text: str, line: int, path: str | None, what: str) -> tuple[str, ...]:
@@ -188,7 +198,7 @@ def _patterns(text: str, line: int, path: str | None, what: str) -> tuple[str, .
 
 def parse_inline(spec: str, line: int = 0, path: str | None = None) -> Permissions:
     """Parse ``read=P,P;write=P;manage=P;admin`` (clauses in any order, repeatable; empty = no rules)."""
-    read = write = manage = None
+    read = write = manage = vhosts = None
     admin = False
     for clause in spec.split(";"):
         clause = clause.strip()
@@ -200,7 +210,7 @@ def parse_inline(spec: str, line: int = 0, path: str | None = None) -> Permissio
             if eq:
                 raise PasswdError(line, "'admin' takes no value", path)
             admin = True
-        elif key in ("read", "write", "manage"):
+        elif key in ("read", "write", "manage", "vhost"):
             if not eq:
                 raise PasswdError(line, f"'{key}' needs '=' and destination patterns", path)
             patterns = _patterns(value, line, path, key)
@@ -208,12 +218,14 @@ def parse_inline(spec: str, line: int = 0, path: str | None = None) -> Permissio
                 read = _union(read, patterns)
             elif key == "write":
                 write = _union(write, patterns)
-            else:
+            elif key == "manage":
                 manage = _union(manage, patterns)
+            else:
+                vhosts = _union(vhosts, patterns)
         else:
-            raise PasswdError(line, f"unknown permission {clause[:40]!r} (expected read=, write=, manage= or admin)",
+            raise PasswdError(line, f"unknown permission {clause[:40]!r} (expected read=, write=, manage=, vhost= or admin)",
                               path)
-    return Permissions(read, write, admin, manage)
+    return Permissions(read, write, admin, manage, vhosts)
 
 
 def parse_acl(text: str, path: str | None = None) -> dict[str, Permissions]:
@@ -230,7 +242,7 @@ def parse_acl(text: str, path: str | None = None) -> dict[str, Permissions]:
             if reason:
                 raise PasswdError(number, reason, path)
         if len(fields) < 2:
-            raise PasswdError(number, "expected 'LOGIN read|write|manage PATTERN[,PATTERN...]' or 'LOGIN admin'", path)
+            raise PasswdError(number, "expected 'LOGIN read|write|manage PATTERN[,PATTERN...]', 'LOGIN vhost NAME[,NAME...]' or 'LOGIN admin'", path)
         verb = fields[1]
         if verb == "admin":
             if len(fields) != 2:
@@ -238,15 +250,15 @@ def parse_acl(text: str, path: str | None = None) -> dict[str, Permissions]:
             if login == "*":
                 raise PasswdError(number, "'admin' cannot be given to every login ('*')", path)
             perms = Permissions(admin=True)
-        elif verb in ("read", "write", "manage"):
+        elif verb in ("read", "write", "manage", "vhost"):
             if len(fields) < 3:
                 raise PasswdError(number, f"'{verb}' needs destination patterns", path)
             if verb == "manage" and login == "*":
                 raise PasswdError(number, "'manage' cannot be given to every login ('*')", path)
             patterns = _patterns(" ".join(fields[2:]), number, path, verb)
-            perms = Permissions(**{verb: patterns})
+            perms = Permissions(**{"vhosts" if verb == "vhost" else verb: patterns})
         else:
-            raise PasswdError(number, f"unknown permission {verb[:40]!r} (expected read, write, manage or admin)",
+            raise PasswdError(number, f"unknown permission {verb[:40]!r} (expected read, write, manage, vhost or admin)",
                               path)
         acl[login] = merge(acl.get(login, UNRESTRICTED), perms)
     return acl

@@ -69,7 +69,7 @@ def config(**settings):
     return types.SimpleNamespace(**{"console": True, "http_api": True, "max_connections": 10, "auth_required": False,
                                     "answer_bytes": 1 << 20, "metrics_max_queues": 1000, "audit_log": "",
                                     "audit_log_max_bytes": 1 << 20, "audit_log_files": 1, "manage_rate_limit": 10.0,
-                                    "http_manage": True, **settings})
+                                    "http_manage": True, "vhosts": ["/"], **settings})
 
 
 @pytest.mark.parametrize("method, target, route, status", [

@@ -32,6 +32,7 @@ PACKAGE_LAYERS = [
 # The modules of stompbroker/broker/, bottom first: a module imports only modules of the layers
 # below its own.
 BROKER_LAYERS = [
+    ["vhosts"],
     ["names", "model", "subscriptions", "stale", "selector_lexer", "auth"],
     ["selector_like", "selector_eval", "permissions", "replies"],
     ["selector", "bounds"],
