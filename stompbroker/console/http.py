@@ -381,10 +381,9 @@ class Site:
         self.noted(action, request, peer, None, 403, {})
         return response
 
-    def act(self, broker, action_request, user: str | None, peer: str, now: float) -> bytes:
+    def act(self, broker, request, user: str | None, peer: str, now: float) -> bytes:
         """An action asked by ``user`` (its login checked): the permission, the rate limit, then the
         action; each is audited and counted."""
-        request = action_request
         action, _ = manage.action_of(request.method, urlsplit(request.target).path)
         if not manage.allowed(broker.auth, user, action, request):
             status, response, noted = 403, manage.refusal(403, f"{user} may not {action.name} here: an admin or "
