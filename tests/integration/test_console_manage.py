@@ -1,6 +1,7 @@
 """The console's management part (static/manage.js) clicked in headless Chromium against a real broker
 with logins checked: the message browser's pages, purge (cancelled, then confirmed), the dead-letter
-queue's "redrive all", move, and closing a connection. Screenshots are kept in the test's tmp dir."""
+queue's "redrive all", move, closing a connection, and choosing another virtual host. Screenshots
+are kept in the test's tmp dir."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from stompbroker.security import hash_secret
 CHROMIUM = "/usr/bin/chromium"
 
 
-def depth(broker, destination: str) -> int:
+def depth(broker, destination: str, vhost: str = "/") -> int:
     conn = http.client.HTTPConnection(*broker.address, timeout=10)
     try:
         auth = "Basic " + base64.b64encode(b"root:toor").decode()
-        conn.request("GET", f"/api/queues/%2F/{quote(destination, safe='')}/messages?count=1",
+        conn.request("GET", f"/api/queues/{quote(vhost, safe='')}/{quote(destination, safe='')}/messages?count=1",
                      headers={"Authorization": auth})
         return json.loads(conn.getresponse().read())["depth"]
     finally:
@@ -48,8 +49,9 @@ def test_console_manages_queues_dead_letters_and_connections(start_broker, tmp_p
     from playwright import sync_api as playwright
     assert os.path.exists(CHROMIUM), "the console test needs Debian's chromium (./build.sh test installs it)"
     (tmp_path / "passwd").write_text(f"root:{hash_secret('toor')}:admin\n")
+    # (stomp.py sends the address it connects to as host: vhost_fallback puts those clients in /)
     b = start_broker("auth=passwd", f"passwd_file={tmp_path / 'passwd'}", "max_redeliveries=0",
-                     f"audit_log={tmp_path / 'audit.log'}")
+                     f"audit_log={tmp_path / 'audit.log'}", "vhosts=eu", "vhost_fallback=true")
     producer = stomp.Connection([b.address])
     producer.connect("root", "toor", wait=True)
     for i in range(45):
@@ -144,6 +146,22 @@ def test_console_manages_queues_dead_letters_and_connections(start_broker, tmp_p
             (headers, body), = victim_errors.errors
             assert headers["message"] == "closed by an operator" and body == "closed from the console"
             shot(page, "closed")
+
+            # another virtual host: chosen in the list, its own queues only
+            eu = stomp.Connection([b.address], vhost="eu")
+            eu.connect("root", "toor", wait=True)
+            eu.send("/queue/eu-only", "x", receipt="r")
+            until(lambda: depth(b, "/queue/eu-only", "eu") == 1)
+            eu.disconnect()
+            assert page.is_visible("#vhost")
+            page.select_option("#vhost", "eu")
+            until(lambda: "/queue/eu-only" in page.inner_text("#manage-queues tbody"))
+            assert "/queue/c" not in page.inner_text("#manage-queues tbody")
+            page.locator("#manage-queues tbody tr", has_text="/queue/eu-only").locator("button", has_text="Purge").click()
+            page.click("#confirm-ok")
+            until(lambda: depth(b, "/queue/eu-only", "eu") == 0)
+            assert depth(b, "/queue/c") == 2  # the default vhost's queues are untouched
+            shot(page, "vhost")
         finally:
             browser.close()
     assert not errors, errors
@@ -151,5 +169,6 @@ def test_console_manages_queues_dead_letters_and_connections(start_broker, tmp_p
     lines = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
     done = [(e["action"], e["target"]) for e in lines if e["status"] == 200 and e["action"] != "peek"]
     assert done == [("purge", "/queue/work"), ("move", "/queue/DLQ"), ("move", "/queue/a"),
-                    ("close", done[-1][1])], done
+                    ("close", done[3][1]), ("purge", "/queue/eu-only")], done
+    assert [e["vhost"] for e in lines if e["status"] == 200 and e["action"] == "purge"] == ["/", "eu"]
     assert all(e["user"] == "root" for e in lines)

@@ -9,8 +9,8 @@
   const $ = (id) => document.getElementById(id);
   const meta = (name) => (document.querySelector(`meta[name="${name}"]`) || {}).content || "";
   const enc = encodeURIComponent;
-  const VHOST = enc("/");
   const DLQ = meta("dead-letter-queue") || "/queue/DLQ";
+  let vhost = "/";                       // the virtual host managed (a choice when there are several)
 
   let queuePage = 1;
   let queuePages = 1;
@@ -94,7 +94,8 @@
     }
   }
 
-  const queuePath = (dest, tail) => `/api/queues/${VHOST}/${enc(dest)}${tail || ""}`;
+  const queuePath = (dest, tail) => `/api/queues/${enc(vhost)}/${enc(dest)}${tail || ""}`;
+  const inVhost = () => "&vhost=" + enc(vhost);
 
   function queueActions(q) {
     const span = document.createElement("span");
@@ -118,20 +119,20 @@
 
   async function loadQueues() {
     const name = $("queue-filter").value;
-    const list = await api("GET", `/api/queues?sort=name&page=${queuePage}&page_size=${PAGE}` +
+    const list = await api("GET", `/api/queues?sort=name&page=${queuePage}&page_size=${PAGE}` + inVhost() +
                                   (name ? "&name=" + enc(name) : ""));
     queuePages = Math.max(1, list.page_count);
     $("queues-page").textContent = ` page ${list.page} of ${queuePages} (${list.filtered_count} queues) `;
     rows("manage-queues", list.items, (q) => [q.destination, String(q.depth), String(q.consumers),
                                               String(q.unacked), queueActions(q)]);
-    const dlq = await api("GET", "/api/queues?name=" + enc(DLQ));
+    const dlq = await api("GET", "/api/queues?name=" + enc(DLQ) + inVhost());
     const entry = dlq.items.find((q) => q.destination === DLQ);
     $("dlq-depth").textContent = `${entry ? entry.depth : 0} waiting`;
   }
 
   async function loadConnections() {
     const list = await api("GET", `/api/connections?page_size=${PAGE}`);
-    const stomp = list.items.filter((c) => c.connected);
+    const stomp = list.items.filter((c) => c.connected && (c.vhost || "/") === vhost);
     rows("manage-connections", stomp, (c) => [String(c.id), c.peer, c.login || "–", String(c.subscription_count),
       button("Close", async () => {
         const reason = await confirmAction(`Close connection ${c.id} (${c.login || "anonymous"} from ${c.peer})? ` +
@@ -175,7 +176,23 @@
     }
   }
 
+  async function loadVhosts() {
+    const list = await api("GET", "/api/vhosts");
+    const select = $("vhost");
+    select.replaceChildren(...list.items.map((v) => new Option(v.name, v.name, false, v.name === vhost)));
+    select.hidden = list.items.length < 2;  // one vhost: nothing to choose
+  }
+
   $("dlq-name").textContent = DLQ;
+  $("vhost").addEventListener("change", () => {
+    vhost = $("vhost").value;
+    queuePage = 1;
+    browsing = null;
+    rows("browser", [], () => []);
+    $("browser-queue").textContent = "";
+    $("browser-range").textContent = "";
+    refresh();
+  });
   $("queues-refresh").addEventListener("click", refresh);
   $("queue-filter").addEventListener("change", () => { queuePage = 1; refresh(); });
   $("queues-prev").addEventListener("click", () => { if (queuePage > 1) { queuePage--; refresh(); } });
@@ -187,5 +204,5 @@
     if (await confirmAction(`Send every message in ${DLQ} back to its original destination?`, "Redrive all") !== null)
       await act("redrive", "POST", queuePath(DLQ, "/move"), {});
   });
-  refresh();
+  loadVhosts().catch(() => {}).then(refresh);
 })();
