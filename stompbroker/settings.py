@@ -84,7 +84,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_stale_queue_size", _int, 1_000_000, "messages kept in the TTL stale queue; when full the oldest is dropped"),
     Setting("TTL", _int, 0, "milliseconds an unrouted message waits in the stale queue for a late subscriber (0 = off)"),
     Setting("ws_paths", _list, "", "comma list of the only paths a WebSocket upgrade may use (empty = any path)"),
-    Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any with auth=off; with auth on, the broker's own pages and clients that send no Origin)"),
+    Setting("ws_origins", _list, "", "comma list of allowed Origin headers for WebSocket upgrades, xtomp's websockets_origin (empty = any when logins are not checked; when they are (auth=passwd, or a secret), the broker's own pages and clients that send no Origin)"),
     Setting("http_hosts", _list, "", "comma list of the host names HTTP requests and WebSocket upgrades may name in Host (.example.com: it and every name under it; * = any), against DNS rebinding; others get 421. IP addresses always pass (empty = localhost and host)"),
     Setting("hsts_max_age", _int, 31_536_000, "seconds browsers keep to https for the broker's host name: Strict-Transport-Security on every HTTP answer on ssl_port (0 = no header); it holds for every port of that name"),
     Setting("proxy_protocol", _bool, False, "connections from proxy_trusted addresses must start with a PROXY protocol header (v1 or v2: haproxy's send-proxy, send-proxy-v2), whose client address the broker then uses (login throttling, logs, /api/connections, DIAG connections); a PROXY header from any other peer closes its connection"),
@@ -97,6 +97,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_queue_messages", _int, 100_000, "messages a /queue/ destination holds; a SEND over it gets an ERROR"),
     Setting("max_selector_length", _int, 4096, "longest SUBSCRIBE selector, in characters (evaluation costs at most about header length x selector length / 64 word operations)"),
     Setting("queue_scan_budget", _int, 100, "messages a queue examines per event without delivering them (no selector takes them, or only full consumers do); the rest wait for the next event or tick"),
+    Setting("max_browse_messages", _int, 10_000, "waiting messages one queue browse (SUBSCRIBE browser:true) looks at, first to be delivered first; those its selector accepts are sent, then the end marker"),
+    Setting("max_message_groups", _int, 1024, "message groups (JMSXGroupID) one queue remembers the consumer of; past it the oldest assignment is forgotten (its next message picks a consumer again)"),
+    Setting("max_scheduled_messages", _int, 100_000, "scheduled messages (AMQ_SCHEDULED_*, x-delay) the broker holds; a SEND over it gets an ERROR"),
+    Setting("max_scheduled_per_destination", _int, 10_000, "scheduled messages one destination may have waiting; a SEND over it gets an ERROR"),
+    Setting("max_scheduled_repeat", _int, 1000, "largest AMQ_SCHEDULED_REPEAT (ActiveMQ's maxSchedulerRepeatAllowed); a SEND over it gets an ERROR"),
+    Setting("scheduled_batch", _int, 1000, "scheduled messages delivered at most per dispatcher round when many are due at once; the rest follow in the next rounds"),
     Setting("client_prefetch", _int, 100, "unacknowledged messages per client-ack subscription unless it sets prefetch-count (0 = no limit)"),
     Setting("max_redeliveries", _int, 5, "NACKs of one message before it goes to the dead-letter queue"),
     Setting("dead_letter_queue", str, "/queue/DLQ", "where messages NACKed too often go"),
@@ -109,7 +115,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("store_path", str, "stompbroker.sqlite", "the sqlite store's file (store=sqlite)"),
     Setting("checkpoint", _float, 0.0, "seconds between store commits; 0 = commit before each receipt (safe); N = faster, may lose the last N seconds"),
     Setting("store_error_timeout_ms", _int, 5_000, "while the store cannot write (disk full), a persistent SEND waits this long for its receipt before its sender gets an ERROR; past it new persistent SENDs are refused at once"),
-    Setting("replay_retention", _float, 3600.0, "seconds stored messages stay available for replay-from (store=sqlite; 0 = no replay log)"),
+    Setting("replay_retention", _float, 3600.0, "seconds stored messages (queue messages, persistent:true topic messages and those matching a durable subscription) stay in the replay log for replay-from and replay-from-seq (store=sqlite; 0 = no replay log); the newest is always kept"),
+    Setting("dedup_window", _float, 120.0, "seconds a SEND's dedup-id is remembered on a single node: a repeat to the same queue, or a repeat persistent:true topic message, within it is answered and dropped (with store=sqlite also across restarts; 0 = off; cluster mode: JetStream's own 120 s)"),
+    Setting("max_dedup_ids", _int, 100_000, "dedup-ids remembered at most (about 150 bytes each, whatever their length); past it the oldest are forgotten before dedup_window ends"),
     Setting("max_frame_size", _int, 4 * MB, "largest STOMP frame (headers and body) accepted, in bytes"),
     Setting("max_first_frame", _int, 64 * KB, "largest frame before a connection's first complete frame (its CONNECT), in bytes: what a client that has not logged in may make the broker hold"),
     Setting("max_partial_bytes", _int, 128 * MB, "bytes of unfinished frames the reader holds for all connections together; the connection that would go past it gets a 'broker busy' ERROR and is closed"),
@@ -117,11 +125,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ws_max_fragments", _int, 1024, "most WebSocket frames one message may come in (its first included); a message in more gets close 1008"),
     Setting("max_headers", _int, 256, "most header lines in one frame"),
     Setting("max_header_line", _int, 64 * KB, "longest header line, in bytes"),
+    Setting("max_http_head", _int, 8 * KB, "largest HTTP request head (request line and headers, of a request or a WebSocket upgrade), in bytes, 1 KB to 1 MB; a longer one gets 431. The reader holds at most about this plus one read (64 KB) per connection while a head comes"),
     Setting("max_destination_length", _int, 1 * KB, "longest destination name (SEND and SUBSCRIBE `destination`, SEND `reply-to`), in bytes as sent; checked at the reader (stored messages of longer names are quarantined at start)"),
     Setting("max_id_length", _int, 1 * KB, "longest subscription id (`id`, `subscription`), transaction name, durable subscription name (`activemq.subscriptionName`) and CONNECT `client-id`, in bytes as sent; checked at the reader"),
     Setting("max_connections", _int, 10_000, "most open client connections; more are refused with an ERROR"),
     Setting("max_subscriptions", _int, 1_000, "most subscriptions per connection"),
     Setting("max_answer_bytes", _int, 1 * MB, "largest answer the broker builds: a DIAG answer, a /queue/monitor status, an /api page, a /metrics body (at most a quarter of output_queue_bytes); longer lists are cut and continue (see README, Diagnostics and Console)"),
+    Setting("api_max_page_size", _int, 500, "most items an /api/queues or /api/connections page may ask for (?page_size=, default 100 or this if lower), 1 to 100,000; every page is also cut at max_answer_bytes"),
     Setting("metrics_max_queues", _int, 1_000, "most queues with series of their own in /metrics, the deepest (0 = none); stompbroker_queues, stompbroker_queued_messages and stompbroker_unacked_messages count all of them"),
     Setting("max_pending_bytes", _int, 16 * MB, "unsent output per connection; past it, a connection that took nothing for 1 s (or has 4x this unsent) is closed as a slow consumer"),
     Setting("write_buffer_size", _int, 10_240, "bytes a writer batches per connection into one send (stompica's 10 KB)"),
@@ -129,6 +139,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat_max_ms", _int, 120_000, "a client that can heart-beat only less often than this is refused"),
     Setting("heartbeat_grace_ms", _int, 1_000, "silence allowed past a client's heart-beat interval before it is disconnected"),
     Setting("connect_timeout_ms", _int, 10_000, "time a new connection has to send CONNECT before it is closed"),
+    Setting("restart_budget", _int, 10, "deaths in a row of one process (each within 10 s of its restart) restarted at once (1 to 1,000); each further one waits, from 0.1 s doubling up to restart_delay_max_ms. The supervisor never gives up (see docs/reliability.md)"),
+    Setting("restart_delay_max_ms", _int, 5_000, "longest wait before restarting a process that keeps dying (100 ms to 60 s); the other processes serve meanwhile"),
     Setting("shutdown_timeout_ms", _int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
     Setting("auth", str, "off", "off: any login is accepted; passwd: logins are checked against passwd_file"),
     Setting("passwd_file", str, "stompbroker.passwd", "users, as login:secret[:permissions] lines (stompbroker-passwd writes them); re-read on SIGHUP"),
@@ -136,7 +148,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("secret", str, "", "xtomp token logins: passcode = base64(sha1(login + secret)), login = '<user> <unix-seconds> <random>'; never logged (prefer STOMPBROKER_SECRET or a config file to the command line)", secret=True),
     Setting("secret_timeout", _float, 60.0, "seconds a token login stays valid"),
     Setting("token_mode", str, "sha1", "sha1 (xtomp's) or hmac (HMAC-SHA256: prefer it)"),
-    Setting("auth_fail_delay_ms", _int, 250, "a refused login waits this long, doubling per failure from the same address (at most 10 s)"),
+    Setting("auth_fail_delay_ms", _int, 250, "a refused login waits this long, doubling per failure from the same address (at most auth_fail_delay_max_ms)"),
+    Setting("auth_fail_delay_max_ms", _int, 10_000, "longest back-off of a refused login, in milliseconds (0 to 1 hour): the doubling of auth_fail_delay_ms stops here, per (address, login) and per address"),
+    Setting("auth_fail_window_ms", _int, 600_000, "a refused login counts towards its address's back-off (several logins failing from one address: password spraying) for this long, in milliseconds (0 to 1 day)"),
+    Setting("auth_fail_records", _int, 100_000, "refused (address, login) pairs, and addresses backing off, the login queue remembers (1 to 10,000,000; 100,000 of them measured 66 MB at most); past it the least recent is forgotten"),
     Setting("diag_admin_only", _auto_bool, "auto", "only admin users may use DIAG frames, DIAG destinations and /queue/monitor; auto = true when logins are checked (auth=passwd or secret set), false when not", derive=auth_on),
     Setting("diag_before_connect", _bool, False, "answer DIAG frames before CONNECT, as stompica did (only with auth=off and no secret: before CONNECT nobody is logged in)"),
     Setting("diag_interval", _int, 1_000, "milliseconds per statistics interval (latency percentiles, dump lines)"),
@@ -154,11 +169,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_tls_key", str, "", "PEM private key for cluster_tls_cert"),
     Setting("cluster_replicas", _int, 0, "copies JetStream keeps of queue and durable streams (0 = 3 when the NATS cluster has at least 3 servers, else 1)"),
     Setting("cluster_streams", _int, 6, "shards of queues and of durable/replay topic messages: each destination lives in one of this many JetStream streams of each kind, by a hash of its name, and their leaders are spread over the NATS servers (1 = one stream of each kind; give every node the same; see docs/cluster.md for changing it)"),
-    Setting("cluster_pack_max", _int, 16, "under load, up to this many queue messages of one destination go to JetStream as one message (those one round of the dispatcher has for it; a quiet node sends each at once): a fraction of JetStream's work per message. A queue then holds at most max_queue_messages // cluster_pack_max JetStream messages, so between that many and max_queue_messages messages before a SEND gets 'queue full' (fewer per pack when max_queue_messages is under 1000 x this; 1 = one message each, the limit exact; give every node the same; see docs/cluster.md)"),
+    Setting("cluster_pack_max", _int, 16, "under load, up to this many queue messages of one destination go to JetStream as one message (those one round of the dispatcher has for it; a quiet node sends each at once): a fraction of JetStream's work per message. An auto-ack consumer pulls up to 4 packs ahead (at least 64 messages). A queue then holds at most max_queue_messages // cluster_pack_max JetStream messages, so between that many and max_queue_messages messages before a SEND gets 'queue full' (fewer per pack when max_queue_messages is under 1000 x this; 1 = one message each, the limit exact; give every node the same; see docs/cluster.md)"),
     Setting("cluster_ack_wait_ms", _int, 30_000, "a queue message delivered by a node and not acknowledged within this is redelivered elsewhere (a dead node's unacked messages come back after it)"),
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
-    Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
+    Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections, /api/scheduled (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
     Setting("vhosts", _list, ["/"], "virtual hosts: a CONNECT's host header picks one (RabbitMQ's rule), each with its own destinations, durable subscriptions and dead-letter queue; / is always one of them, and with / alone the host header is not looked at (see docs/admin.md, Virtual hosts)"),
     Setting("vhost_fallback", _bool, False, "with several vhosts: a CONNECT whose host names none of them (many clients send the server's host name) joins / instead of getting an ERROR"),
     Setting("http_manage", _bool, True, "with logins checked: serve the management actions of docs/admin.md (purge, move, peek, publish, close a connection...) to admin users and to logins with a manage grant; without logins checked they are refused"),
@@ -168,6 +183,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("audit_log_max_bytes", _int, 10 * MB, "size at which the audit log is rotated (audit_log.1 ... audit_log.N)"),
     Setting("audit_log_files", _int, 5, "rotated audit log files kept besides the current one"),
     Setting("console_token_ttl_ms", _int, 300_000, "with logins checked: how long a web console's STOMP passcode (single-use, for the address and user it was issued to) and the read-only session it opens last; the page renews both before then"),
+    Setting("console_tokens_per_user", _int, 8, "with logins checked: unused console passcodes kept per user (1 to 1,000; a page holds one for a moment, before its STOMP login); minting one more forgets that user's oldest"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
     Setting("log_level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
     Setting("log_format", str, "text", "text, or json: one JSON object per line (ts, level, process, pid, logger, message)"),
@@ -284,17 +300,26 @@ def validate(values: dict) -> None:
                  "max_connections", "max_subscriptions", "max_pending_bytes", "write_buffer_size",
                  "input_queue_bytes", "output_queue_bytes", "heartbeat_min_ms", "heartbeat_max_ms",
                  "max_destination_length", "max_id_length", "max_answer_bytes",
-                 "max_queue_messages", "queue_scan_budget", "max_selector_length", "max_transaction_frames", "max_transactions",
+                 "max_queue_messages", "queue_scan_budget", "max_browse_messages", "max_message_groups", "max_scheduled_messages",
+                 "max_scheduled_per_destination", "scheduled_batch", "max_selector_length", "max_transaction_frames", "max_transactions",
                  "max_held_bytes", "max_held_bytes_total", "max_durables", "diag_interval", "monitor_interval",
                  "diag_dump_max_bytes", "max_http_body", "audit_log_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms", "metrics_max_queues",
+                 "max_scheduled_repeat",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
                  "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas",
                  "hsts_max_age", "manage_rate_limit", "audit_log_files"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
+    for name, low, high in (("max_http_head", KB, MB), ("api_max_page_size", 1, 100_000),
+                            ("auth_fail_delay_ms", 0, 3_600_000), ("auth_fail_delay_max_ms", 0, 3_600_000),
+                            ("auth_fail_window_ms", 0, 86_400_000), ("auth_fail_records", 1, 10_000_000),
+                            ("console_tokens_per_user", 1, 1_000), ("restart_budget", 1, 1_000),
+                            ("restart_delay_max_ms", 100, 60_000)):
+        if not low <= values[name] <= high:
+            raise ValueError(f"{name} must be {low} to {high}, got {values[name]}")
     for network in values["proxy_trusted"]:
         try:
             ipaddress.ip_network(network, strict=False)
@@ -328,8 +353,8 @@ def validate(values: dict) -> None:
         raise ValueError("vhosts: cluster mode serves the default virtual host / only")
     if values["console_token_ttl_ms"] <= 0:
         raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
-    if values["checkpoint"] < 0 or values["replay_retention"] < 0:
-        raise ValueError("checkpoint and replay_retention must not be negative")
+    if values["checkpoint"] < 0 or values["replay_retention"] < 0 or values["dedup_window"] < 0:
+        raise ValueError("checkpoint, replay_retention and dedup_window must not be negative")
     if not values["dead_letter_queue"].startswith("/queue/"):
         raise ValueError("dead_letter_queue must be a /queue/ destination")
     if values["port"] > 65535:

@@ -14,6 +14,9 @@ import pytest
 from stompbroker.readiness import NotReady, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every Spark a test starts (driver, block manager, executors) binds to loopback: left alone, Spark
+# picks the machine's first non-loopback address when its hostname resolves to 127.0.0.1.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def pytest_addoption(parser):
@@ -23,7 +26,21 @@ def pytest_addoption(parser):
                      help="stop the edge fuzzer (tests/integration/test_fuzz_edges.py) after this many inputs")
 
 
+# Files whose tests measure the broker's latency, memory or reaction time against a bound: CI runs
+# them alone, after the rest has run on two workers (./build.sh test), so that another test's load
+# on the same two cores cannot be what they measure.
+ALONE = {"test_stall.py", "test_partial_frames.py", "test_leak_flag.py", "test_hostile.py",
+         "test_ws_limits.py", "test_fuzz_edges.py"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: measures timing or memory; run without other tests beside it")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in ALONE:
+            item.add_marker(pytest.mark.alone)
     seconds = config.getoption("--seconds")
     if seconds:  # a long fuzzing run outlasts the default per-test timeout
         for item in items:

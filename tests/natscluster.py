@@ -13,8 +13,13 @@ import os
 import signal
 import time
 
+from stompbroker.settings import SETTINGS
 from stompbroker.tools.natscluster import (NatsCluster, NatsServer, _get_json, free_ports,  # noqa: F401
                                            nats_server_binary)
+
+
+# the queue streams' pack size when the nodes keep the default cluster_pack_max (their names hold it)
+DEFAULT_PACK = next(s.default for s in SETTINGS if s.name == "cluster_pack_max")
 
 
 def kill_node(broker) -> None:

@@ -544,8 +544,8 @@ def _progress(enabled: bool):
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
-def _session(master=None, conf=(), remote=None):
-    builder = SparkSession.builder.appName("stompbroker-diag-report")
+def _session(master=None, conf=(), remote=None, app="stompbroker-diag-report"):
+    builder = SparkSession.builder.appName(app)
     given = {}
     for pair in conf:
         key, value = pair.split("=", 1)

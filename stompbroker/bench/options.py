@@ -32,6 +32,9 @@ def parse_args(argv=None):
     g.add_argument("--duration", type=float, default=10.0, help="seconds of load per run")
     g.add_argument("--size", type=int, default=117, help="message body bytes")
     g.add_argument("--rate", type=float, default=5000.0, help="offered load of the latency scenario, msg/s")
+    g.add_argument("--send-header", action="append", default=[], metavar="NAME:VALUE", type=send_header,
+                   help="an extra header on every producer SEND (repeatable), e.g. priority:7 or x-delay:1 to "
+                        "measure a priority queue or a scheduled SEND against a plain one")
     g.add_argument("--fanout", type=int, default=75)
     g.add_argument("--queue-consumers", type=int, default=4)
     g.add_argument("--consumer-procs", type=int, default=2, help="consumer processes for multi-connection runs")
@@ -79,3 +82,10 @@ def parse_args(argv=None):
                         "checkout), or a results.json / its directory from an earlier run")
     opts = p.parse_args(argv)
     return opts
+
+
+def send_header(text: str) -> tuple[str, str]:
+    name, colon, value = text.partition(":")
+    if not colon or not name:
+        raise argparse.ArgumentTypeError(f"a header is NAME:VALUE, not {text!r}")
+    return name, value

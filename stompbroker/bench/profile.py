@@ -52,9 +52,12 @@ RULES = [
     ("stompbroker/processes/dispatcher.py", r".*progress$", "written counts"),
     ("stompbroker/processes/dispatcher.py", r".*(flush|flush_one|drain|write)$", "ring write"),
     ("stompbroker/processes/dispatcher.py", r".*(handle|frames)$", "ring read"),
-    ("stompbroker/processes/reader.py", r".*(read|received|receive)$", "recv"),
-    ("stompbroker/processes/reader.py", r".*(stomp|websocket|sniff)$", "parse"),
-    ("stompbroker/processes/reader.py", r".*(frames|emit|push)$", "ring write"),
+    ("stompbroker/processes/reader_framing.py", r".*(read|received)$", "recv"),
+    ("stompbroker/processes/reader_conns.py", r".*receive$", "recv"),
+    ("stompbroker/processes/reader_framing.py", r".*(stomp|websocket)$", "parse"),
+    ("stompbroker/processes/reader_first_bytes.py", r".*first_bytes$", "parse"),
+    ("stompbroker/processes/reader_framing.py", r".*frames$", "ring write"),
+    ("stompbroker/processes/reader.py", r".*(emit|push)$", "ring write"),
     ("selectors.py", r".*", "wait"),
 ]
 _RULES = [(f, re.compile(p), c) for f, p, c in RULES]

@@ -245,7 +245,8 @@ class Runner:
         spec = {"target": target, "transport": transport, "destination": destination, "size": o.size,
                 "duration": o.duration, "mode": "allout", "rate": o.rate, "batch_bytes": o.batch_bytes,
                 "window": o.window, "final": True, "end_destination": f"/topic/bench-{self.run_id}-end",
-                "max_inflight": o.max_inflight, "fan": 0, "grace": 30.0, "headers": [], "flow": self.flow_control}
+                "max_inflight": o.max_inflight, "fan": 0, "grace": 30.0, "headers": list(o.send_header),
+                "flow": self.flow_control}
         spec.update(kw)
         return spec
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..protocol.stomp import ProtocolError
-from . import bounds, queues, replies, vhosts
+from . import bounds, priority, queues, replies, vhosts
 from .model import Delivery, Message, Session, Subscription
 
 log = logging.getLogger("stompbroker.broker")
@@ -101,4 +101,6 @@ def dead_letter(b, message: Message, reason: str) -> None:
     queues.persist(b, queue, dead)
     queue.messages.append(dead)
     queue.enqueued += 1
+    if priority.level(dead) != priority.DEFAULT:
+        priority.rank(queue)
     queues.pump(b, queue)

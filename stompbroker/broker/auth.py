@@ -22,7 +22,7 @@ class Authenticator:
         self.secret = config.secret
         self.required = config.auth_required
         self.users = users
-        self.console = ConsoleTokens(config.console_token_ttl_ms / 1000)  # the web console's passcodes
+        self.console = ConsoleTokens(config.console_token_ttl_ms / 1000, config.console_tokens_per_user)  # the web console's passcodes
 
     def replace_users(self, users: passwd.Users) -> None:
         """New passwd and ACL files (SIGHUP)."""

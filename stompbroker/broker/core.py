@@ -25,11 +25,12 @@ import time
 
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head_cached
-from . import (acks, bounds, confirmations, diagnostics, durables, permissions, queues, replies, routing,
-               sessions, subscribing, transactions, vhosts)
+from . import (acks, bounds, confirmations, dedup, diagnostics, durables, permissions, priority, queues, replies,
+               routing, scheduling, sessions, subscribing, transactions, vhosts)
 from ..ipc.outbox import Outbox
 from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
+from .schedule import Jobs
 from .stale import StaleQueue
 from .subscriptions import SubscriptionIndex
 
@@ -93,6 +94,7 @@ class Broker:
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
         self.durables = {}                   # durable subscriptions by key (durables.py)
+        self.dedup = dedup.make(config)      # single-node dedup-id window (dedup.py), or None
         self.rescan: set[Queue] = set()      # queues whose pump stopped at the scan budget: the tick goes on
         # (function, args) steps of the current event stopped because an outbox went over its limit,
         # in order: the dispatcher drains the outboxes and calls resume() until it is empty
@@ -102,6 +104,9 @@ class Broker:
         self.durable_index = SubscriptionIndex(self.vhosts_on)
         self.temps = {}                      # temporary destinations by reply name (temporary.py)
         self.temp_ids = itertools.count(1)
+        self.sub_seq = itertools.count(1)    # the age of subscriptions with consumer options (choosing.py)
+        self.jobs = Jobs()                   # scheduled messages (schedule.py, scheduling.py)
+        self.job_ids = itertools.count(1)
         self.next_monitor = 0.0
         self.message_ids = itertools.count(1)
         self.ack_ids = itertools.count(1)
@@ -251,6 +256,22 @@ class Broker:
         if self.ending:
             sessions.end_closed(self)
 
+    def next_timer(self) -> float | None:
+        """Epoch ms of the next scheduled message's time (None without any): the dispatcher sleeps
+        until then, and calls ``on_timers``; a broker without scheduled messages never wakes for them."""
+        return self.jobs.next_due() if self.jobs.heap else None
+
+    def on_timers(self, now: float) -> int:
+        """Deliver the scheduled messages whose time has come; returns how many (the dispatcher
+        calls again at once when there may be more)."""
+        self.now = now
+        if self.store is not None:
+            self.ops_mark = self.store.ops
+        fired = routing.fire_due(self, self.clock() * 1000)
+        if self.ending:
+            sessions.end_closed(self)
+        return fired
+
     def needs_tick(self) -> bool:
         return bool(self.timed or self.stale or self.delayed or self.rescan or self.ending
                     or self.index.exact.get(MONITOR)
@@ -309,6 +330,7 @@ class Broker:
         wall = self.clock()
         count = 0
         too_long = []
+        ranked = set()
         limit = self.config.max_destination_length
         for seq, name, message_id, headers, body, expires_ms, delivered in store.load():
             if loading is not None:
@@ -324,7 +346,13 @@ class Broker:
             queue.messages.append(message)
             queue.enqueued += 1
             count += 1
+            if "priority" in headers and priority.level(message) != priority.DEFAULT:
+                ranked.add(queue)
+        for queue in ranked:  # (sorted by level once all are in: the store keeps send order)
+            priority.rank(queue)
         self.store = store
+        dedup.seed(self, store, now)
+        scheduling.load(self, store)
         return count, too_long
 
     # -- statistics ----------------------------------------------------------------------------

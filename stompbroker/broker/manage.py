@@ -1,6 +1,6 @@
 """Operators' actions on the broker's state (the HTTP API's management actions, docs/admin.md):
 peek at, purge, delete and move a queue's waiting messages, publish, close a connection, remove a
-durable subscription.
+durable subscription, cancel scheduled messages.
 
 Each runs as one event of the dispatcher (``Broker.manage``), so no consumer sees a queue between
 a message leaving it and arriving elsewhere: a moved message is delivered once, never lost, never
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from itertools import chain, islice
 
-from . import durables, replies, routing, vhosts
+from . import durables, replies, routing, scheduling, vhosts
 from .model import Message, Queue
 from .names import DIAG_PREFIX, MONITOR, QUEUE_PREFIX, TEMP_PREFIXES, short
 from .queues import discard, drop_if_idle, get_queue, persist, pump
@@ -214,3 +214,18 @@ def remove_durable(b, key: str) -> int | None:
     dropped = durable.queue.depth()
     durables.drop(b, durable)
     return dropped
+
+
+def cancel_scheduled(b, destination: str, job_id: str | None) -> int | None:
+    """Cancel the scheduled message ``job_id`` of ``destination`` (None: every one of it); how many
+    were cancelled, None when that one is not there (or is another destination's)."""
+    if job_id is None:
+        jobs = b.jobs.of(destination)
+    else:
+        job = b.jobs.by_id.get(job_id)
+        if job is None or job.destination != destination:
+            return None
+        jobs = [job]
+    for job in jobs:
+        scheduling.cancel(b, job)
+    return len(jobs)

@@ -89,7 +89,7 @@ class Session:
 
 class Subscription:
     __slots__ = ("session", "id", "destination", "ack", "tracked", "prefetch", "accepts", "unacked", "prefix",
-                 "durable", "temp")
+                 "durable", "temp", "options")
 
     def __init__(self, session: Session, sub_id: str, destination: str, ack: str, prefetch: int, accepts):
         self.session = session
@@ -102,6 +102,7 @@ class Subscription:
         self.unacked: dict[str, Delivery] = {}  # ack id -> delivery, in delivery order
         self.durable = None                 # the Durable it is attached to, if any
         self.temp = None                    # the Temp it reads, if any (never in the subscription index)
+        self.options = None                 # consumer options (choosing.Options): exclusive, priority
         # Rendered once: every delivery is this prefix plus the message's shared part.
         sid = escape(sub_id) if session.escape else sub_id
         self.prefix = b"MESSAGE\nsubscription:" + sid.encode() + b"\n"
@@ -175,7 +176,7 @@ class Queue:
     """A /queue/ destination: messages wait here until one subscriber with room takes each."""
 
     __slots__ = ("name", "messages", "parked", "blocked", "rr", "enqueued", "dequeued", "unacked", "expired",
-                 "owner")
+                 "owner", "chooser", "last_values")
 
     def __init__(self, name: str, owner=None):
         self.name = name
@@ -190,6 +191,8 @@ class Queue:
         self.unacked = 0
         self.expired = 0
         self.owner = owner     # a Durable: its one consumer is the durable's attached subscription
+        self.chooser = None    # picks consumers instead of the round-robin (choosing.Chooser), if any
+        self.last_values = None  # a last-value queue's index: key -> its last message (lastvalue.py)
 
     def depth(self) -> int:
         return len(self.messages) + len(self.parked) + len(self.blocked)

@@ -10,6 +10,7 @@ from collections import deque
 
 from ..ipc import records as R
 from . import bounds
+from .lastvalue import take_over
 from .model import Delivery, Message, Queue, Subscription
 from .names import REDELIVERED
 from .subscriptions import SubscriptionIndex
@@ -68,6 +69,10 @@ def enqueue(b, name: str, message: Message) -> int:
     queue = b.queues.get(name)
     if queue is None:
         queue = b.queues[name] = Queue(name)
+    if queue.last_values is not None:  # a newer message takes the place of its key's (lastvalue.py)
+        old = take_over(queue, message)
+        if old is not None:
+            discard(b, queue, old)
     if b.store is not None:
         persist(b, queue, message)
     queue.messages.append(message)
@@ -75,13 +80,15 @@ def enqueue(b, name: str, message: Message) -> int:
     return pump(b, queue)
 
 
-def persist(b, queue: Queue, message: Message) -> None:
-    """Write a queued message to the durable store, unless sent with persistent:false."""
+def persist(b, queue: Queue, message: Message, log: bool = True) -> None:
+    """Write a queued message to the durable store, unless sent with persistent:false; ``log``: and
+    to the replay log (a durable subscription's copy is not: its topic message is, once)."""
     if b.store is None or message.headers.get("persistent") == "false":
         return
     expires_ms = (message.expires - b.now + b.clock()) * 1000 if message.expires else 0.0
     message.seq = b.store.insert(queue.name, message.id, message.headers, message.body, expires_ms)
-    b.store.log(message.destination, message.id, message.headers, message.body)
+    if log:
+        b.store.log(message.destination, message.id, message.headers, message.body)
 
 
 def discard(b, queue: Queue, message: Message) -> None:
@@ -138,6 +145,7 @@ def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) 
     still_blocked = []
     delivered = parked = 0
     now = b.now
+    chooser = queue.chooser
     while source:
         if budget <= 0:
             if parked:
@@ -149,8 +157,10 @@ def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) 
         rr = queue.rr
         chosen = None
         any_room = False
+        if chooser is not None:  # exclusive consumers, consumer priority, message groups (choosing.py)
+            chosen, any_room = chooser.choose(subs, message, avoid)
         # A NACKed message goes to another subscriber if any: a first pass skips the one it avoids.
-        for skip in (avoid, None) if avoid is not None else (None,):
+        for skip in () if chooser is not None else (avoid, None) if avoid is not None else (None,):
             for i in range(n):
                 sub = subs[(rr + i) % n]
                 if sub.prefetch and len(sub.unacked) >= sub.prefetch:  # (Subscription.has_room, inlined)

@@ -4,24 +4,36 @@ TTL stale queue when nobody takes it)."""
 
 from __future__ import annotations
 
+import logging
+
 from ..diag.stats import QUERIES
 from ..protocol.stomp import ProtocolError
-from . import diagnostics, permissions, replies, temporary
+from . import dedup, diagnostics, lastvalue, permissions, priority, replies, schedule, scheduling, temporary
 from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
-from .queues import deliver, deliver_tracked, discard, enqueue, persist, pump
+from .choosing import GROUP, Chooser
+from .queues import deliver, deliver_tracked, discard, drop_if_idle, enqueue, get_queue, persist, pump
+
+log = logging.getLogger("stompbroker.broker")
+
+
+# Headers of a SEND that ask for more than a plain publish: one set test finds them all.
+SPECIAL = frozenset(("reply-to", "expires", "expiration", "priority", GROUP, *lastvalue.NAMES, *schedule.NAMES,
+                     scheduling.ACTION))
+SCHEDULED = frozenset(schedule.NAMES)
 
 
 def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
-    # The common SEND (no temporary destination, no permissions, memory store, no expiry) costs
-    # one test per rule here: each rule's function runs only when it can apply.
+    # The common SEND (no temporary destination, no permissions, memory store, no special header)
+    # costs one test per rule here: each rule's function runs only when it can apply.
     receipt = headers.get("receipt")
     destination = check_send(headers, receipt)
     temp = destination.startswith(TEMP_PREFIXES)
+    special = not SPECIAL.isdisjoint(headers)
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
         permissions.allowed(b, session, destination, write=True, receipt=receipt)
-    if temp or "reply-to" in headers:
+    if temp or (special and "reply-to" in headers):
         destination = temporary.temporaries(b, session, headers, destination, receipt)
     if destination.startswith(DIAG_PREFIX) and b.diag is not None:
         query = body.decode(errors="replace").strip()
@@ -36,10 +48,118 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
-    expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
-    publish(b, destination, headers, body, expires, sender=session)
+    if special:
+        send_special(b, session, destination, headers, body, receipt)
+    else:
+        publish(b, destination, headers, body, sender=session)
     if receipt is not None:
         replies.send_receipt(b, session, receipt)
+
+
+def send_special(b, session: Session, destination: str, headers: dict, body: bytes, receipt) -> None:
+    """A SEND with an expiry, a priority, a message group, a last-value key, a schedule, or a
+    scheduler management action: checked, then applied."""
+    expires = expiry(b, headers, receipt) if "expires" in headers or "expiration" in headers else 0.0
+    level, spec = check_special(b, session, destination, headers, receipt)
+    apply_special(b, session, destination, headers, body, expires, level, spec, receipt)
+
+
+def check_special(b, session: Session, destination: str, headers: dict, receipt) -> tuple:
+    """(priority level, schedule or None) of a SEND with special headers; what is wrong with them,
+    or what cluster mode cannot keep, is an ERROR. Also run when a transaction holds the SEND."""
+    level = priority.check(headers, receipt) if "priority" in headers else priority.DEFAULT
+    if b.backplane is not None:
+        cluster_refuses(headers, destination, level, receipt)
+    spec = scheduling.accept(b, session, destination, headers, receipt) if not SCHEDULED.isdisjoint(headers) \
+        else None
+    return level, spec
+
+
+def apply_special(b, session: Session, destination: str, headers: dict, body: bytes, expires: float, level: int,
+                  spec, receipt) -> None:
+    """Scheduled (scheduling.py), a scheduler management action, or published (``publish_special``)."""
+    if scheduling.ACTION in headers and scheduling.is_management(destination):
+        for reply_to, reply, content in scheduling.manage(b, session, headers, receipt):
+            publish(b, reply_to, reply, content)
+    elif spec is not None:
+        scheduling.add(b, destination, headers, body, spec, scheduling.ttl_of(b, headers, expires))
+    else:
+        publish_special(b, destination, headers, body, expires, level, session)
+
+
+def publish_held(b, session: Session, headers: dict, body: bytes, expires: float) -> None:
+    """A SEND a transaction held (checked then), at its COMMIT."""
+    destination = headers["destination"]
+    if SPECIAL.isdisjoint(headers):
+        publish(b, destination, headers, body, expires, sender=session)
+    else:
+        level, spec = check_special(b, session, destination, headers, None)
+        apply_special(b, session, destination, headers, body, expires, level, spec, None)
+
+
+def cluster_refuses(headers: dict, destination: str, level: int, receipt) -> None:
+    """The features cluster mode cannot keep get an ERROR naming them (docs/cluster.md)."""
+    if level != priority.DEFAULT:
+        raise ProtocolError("priority not supported in cluster mode", "a cluster's queues are JetStream "
+                            "streams, delivered in stream order: send without priority (or priority:4)", receipt)
+    if destination.startswith(QUEUE_PREFIX) and GROUP in headers:
+        raise ProtocolError("message groups not supported in cluster mode", "a cluster's queue is read "
+                            "by every node's consumers: send without JMSXGroupID", receipt)
+    if destination.startswith(QUEUE_PREFIX) and lastvalue.key_of(headers) is not None:
+        raise ProtocolError("last-value queues not supported in cluster mode", "a cluster's queue is a "
+                            "JetStream stream: send without _AMQ_LVQ_NAME or last-value-key", receipt)
+
+
+def publish_special(b, destination: str, headers: dict, body: bytes, expires: float, level: int,
+                    sender=None) -> None:
+    """Publish a message with a priority, a group or a last-value key (or only an expiry). A
+    priority other than 4 ranks the queues it may wait in (after the publish); a group gives its
+    queue a chooser first, so it goes to the group's consumer; a key gives its queue the
+    last-value index first, so it replaces its key's waiting message."""
+    made = None
+    if destination.startswith(QUEUE_PREFIX):
+        if GROUP in headers:
+            made = choosing_queue(b, destination)
+        if lastvalue.key_of(headers) is not None:
+            made = get_queue(b, destination)
+            if made.last_values is None:
+                made.last_values = lastvalue.index(made)
+    publish(b, destination, headers, body, expires, sender=sender)
+    if level != priority.DEFAULT:
+        priority.rank_destination(b, destination)
+    if made is not None and not b.unfinished:
+        drop_if_idle(b, made)  # (nothing stayed in it: expired, say)
+
+
+def fire_due(b, now_ms: float) -> int:
+    """Publish the scheduled messages due by ``now_ms`` (at most ``scheduled_batch`` at a time:
+    the dispatcher comes back for the rest); returns how many fired. Not while an earlier step
+    is unfinished: a firing and its job's next state go to the store together."""
+    if b.unfinished:
+        return 0
+    jobs = b.jobs.due(now_ms, b.config.scheduled_batch)
+    for i, job in enumerate(jobs):
+        if b.unfinished:  # a delivery filled an outbox: the rest wait for the next round, still due
+            for later in jobs[i:]:
+                b.jobs.again(later)
+            return i
+        try:
+            headers, expires = scheduling.firing(b, job)
+            publish_special(b, job.destination, headers, job.body, expires, priority.level_of(headers))
+        except Exception:  # a bug costs this job, never the dispatcher (nor a crash at every start after)
+            log.exception("scheduled message %s to %s dropped: delivering it failed", job.id, job.destination)
+            scheduling.cancel(b, job)
+            continue
+        scheduling.fired(b, job)
+    return len(jobs)
+
+
+def choosing_queue(b, name: str):
+    """The queue ``name``, made if need be, with a chooser (choosing.py)."""
+    queue = get_queue(b, name)
+    if queue.chooser is None:
+        queue.chooser = Chooser(b.config.max_message_groups)
+    return queue
 
 
 def check_send(headers: dict, receipt) -> str:
@@ -77,7 +197,8 @@ def store_refuses(b, destination: str, headers: dict) -> bool:
         return False
     if b.now - store.failing_since < b.config.store_error_timeout_ms / 1000:
         return False
-    return destination.startswith(QUEUE_PREFIX) or bool(b.durables and b.durable_index.match(destination))
+    return destination.startswith(QUEUE_PREFIX) or headers.get("persistent") == "true" \
+        or bool(b.durables and b.durable_index.match(destination))
 
 
 def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
@@ -93,6 +214,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
         b.unfinished.append((publish, (destination, headers, body, expires, origin, sender)))
         return 0
     if origin is None:
+        if dedup.HEADER in headers and dedup.repeated(b, destination, headers):
+            return 0  # stored once already within dedup_window (cluster mode: JetStream de-duplicates)
         b.stats["messages_published"] += 1
     message = Message(origin or f"{b.token}-{next(b.message_ids)}", destination, headers, body, expires)
     if expires and message.expired(b.now):
@@ -107,10 +230,14 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
     if destination.startswith(QUEUE_PREFIX):
         return enqueue(b, destination, message)
     kept = 0
+    persistent = headers.get("persistent")
+    if b.store is not None and (persistent == "true" or (persistent != "false" and b.durables
+                                                         and b.durable_index.match(destination))):
+        b.store.log(destination, message.id, headers, body)  # once, for replay-from and replay-from-seq
     if b.durables and b.backplane is None:  # (in cluster mode durables read JetStream)
         for durable in b.durable_index.match(destination):
             copy = Message(message.id, destination, headers, body, expires)
-            persist(b, durable.queue, copy)
+            persist(b, durable.queue, copy, log=False)
             durable.queue.messages.append(copy)
             durable.queue.enqueued += 1
             if durable.queue.depth() > b.config.max_queue_messages:

@@ -4,7 +4,7 @@ what a new subscription takes (parked queue messages, the stale queue, replay)."
 from __future__ import annotations
 
 from ..protocol.stomp import ProtocolError
-from . import bounds, durables, permissions, queues, replies, temporary
+from . import bounds, browsing, choosing, durables, permissions, queues, replayseq, replies, temporary
 from .model import NO_ENTRIES, Queue, Session, Subscription, Temp
 from .names import ACK_MODES, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, short
 from .selector import SelectorError, compile_selector
@@ -28,6 +28,13 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
         raise ProtocolError("invalid ack mode", f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}",
                             receipt)
     temp = None
+    if headers.get("browser") == "true":  # (a copy of what waits, then nothing: no subscription is kept)
+        if destination.startswith(TEMP_PREFIXES + REPLY_PREFIXES):
+            raise ProtocolError("cannot browse a temporary destination", f"{destination} cannot be browsed",
+                                receipt)
+        permissions.allowed(b, session, destination, write=False, receipt=receipt)
+        browsing.browse(b, session, sub_id, destination, make_filter(b, headers, receipt), receipt)
+        return
     if destination.startswith(TEMP_PREFIXES):
         temp = temp_for_subscribe(b, session, destination, receipt)
     elif destination.startswith(REPLY_PREFIXES):
@@ -41,7 +48,10 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
     prefetch = parse_prefetch(b, headers, ack, receipt)
     accepts = make_filter(b, headers, receipt)
     replay_from = durables.replay_from(b, headers, receipt)
+    replay_seq = replayseq.parse(b, headers, receipt)
     sub = Subscription(session, sub_id, destination, ack, prefetch, accepts)
+    if "activemq.exclusive" in headers or "activemq.priority" in headers or "x-priority" in headers:
+        consumer_options(b, sub, headers, temp, receipt)
     durable_name = None if temp is not None else durables.durable_key(b, session, headers, sub_id, destination,
                                                                       receipt)
     if b.backplane is not None:
@@ -63,7 +73,31 @@ def subscribe(b, session: Session, command: str, headers: dict, body: bytes) -> 
             b.backplane.queues.replay(b, sub, replay_from)
         else:
             durables.replay(b, sub, replay_from)
+    if replay_seq is not None:
+        replayseq.replay(b, sub, replay_seq)
     take_waiting(b, sub)
+
+
+def consumer_options(b, sub: Subscription, headers: dict, temp, receipt) -> None:
+    """Exclusive consumer and consumer priority (choosing.py), for one named queue. On a topic every
+    subscription gets every message: the options change nothing there and are accepted."""
+    options = choosing.options(headers, next(b.sub_seq), receipt)
+    destination = sub.destination
+    temp_queue = temp is not None and temp.queue is not None
+    if options is None or not (destination.startswith(QUEUE_PREFIX) or temp_queue):
+        return
+    feature = "exclusive consumers" if options.exclusive else "consumer priority"
+    if SubscriptionIndex.wildcard_prefix(destination) is not None or temp_queue:
+        raise ProtocolError(f"{feature} {'need' if options.exclusive else 'needs'} one queue",
+                            "activemq.exclusive, activemq.priority and x-priority apply to a subscription to "
+                            "one named queue", receipt)
+    if b.backplane is not None:
+        raise ProtocolError(f"{feature} not supported in cluster mode", "a cluster's queue is read by every "
+                            "node's consumers, each node choosing among its own", receipt)
+    sub.options = options
+    queue = queues.get_queue(b, destination)
+    if queue.chooser is None:
+        queue.chooser = choosing.Chooser(b.config.max_message_groups)
 
 
 def temp_for_subscribe(b, session: Session, destination: str, receipt) -> Temp:

@@ -24,6 +24,8 @@ def hold(b, session: Session, transaction: str, command: str, headers: dict, bod
             permissions.allowed(b, session, destination, write=True, receipt=receipt)
         temporary.temporaries(b, session, headers, destination, receipt)
         expires = routing.expiry(b, headers, receipt)
+        if not routing.SPECIAL.isdisjoint(headers):  # (a bad priority or schedule is refused now)
+            routing.check_special(b, session, destination, headers, receipt)
     else:
         acks.find_delivery(b, session, command, headers, receipt)  # an id not held is refused now
     cost = bounds.frame_cost(headers, body)
@@ -71,11 +73,14 @@ def commit(b, session: Session, command: str, headers: dict, body: bytes) -> Non
         if queue is not None and queue.depth() + n > b.config.max_queue_messages:
             raise ProtocolError("queue full", f"committing would put more than max_queue_messages in {name}",
                                 receipt)
+    scheduled = sum(1 for cmd, h, *_ in frames if cmd == "SEND" and not routing.SCHEDULED.isdisjoint(h))
+    if scheduled and len(b.jobs) + scheduled > b.config.max_scheduled_messages:
+        raise ProtocolError("too many scheduled messages", "committing would pass max_scheduled_messages", receipt)
     end(b, session, headers["transaction"])
     for cmd, h, frame_body, expires, _ in frames:
         h.pop("receipt", None)  # already answered when the frame was accepted
         if cmd == "SEND":
-            routing.publish(b, h["destination"], h, frame_body, expires, sender=session)
+            routing.publish_held(b, session, h, frame_body, expires)
         else:
             acks.ack(b, session, cmd, h, frame_body, committed=True)
     replies.send_receipt(b, session, receipt)

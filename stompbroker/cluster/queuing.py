@@ -29,8 +29,9 @@ message; ``commands`` hands them over packed.
 
 Rules:
 - A node pulls only what its local subscriptions have room for: each subscription's prefetch
-  room (``AUTO_WINDOW`` for auto-ack ones and prefetch 0, less what its connection has not
-  written yet), less what waits locally, less credit already given.
+  room (``window``: for auto-ack ones and prefetch 0, ``AUTO_WINDOW`` or ``WINDOW_PACKS`` packs,
+  whichever is more, less what its connection has not written yet), less what waits locally, less
+  credit already given.
 - A pulled message is a plain ``Message`` in the local queue of its destination, delivered by the
   broker's usual pump; ``redelivered`` when JetStream delivered it before (to any node).
 - It is acknowledged to JetStream when it leaves the node for good: ACK (``client`` cumulative or
@@ -67,12 +68,18 @@ from ..protocol.stomp import ProtocolError
 from . import packs, shards
 
 SETTLE_NAMES = {packs.ACK: "ack", packs.NAK: "nak", packs.TERM: "term"}
-AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0)
+AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0) ...
+WINDOW_PACKS = 4     # ... at least this many full packs: a pull of fewer packs leaves JetStream idle between
 PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offered again
 # Seconds before a message a node gives back after letting its queue go is offered again: the
 # stream's leader may be on another server and learn a little later that this node's pull is gone;
 # offered at once it could go to that pull, and nowhere, until ack_wait.
 GIVE_BACK_DELAY = 0.25
+
+
+def window(pack: int) -> int:
+    """Messages pulled ahead for an auto-ack subscription when JetStream messages hold up to ``pack``."""
+    return max(AUTO_WINDOW, WINDOW_PACKS * pack)
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -166,6 +173,7 @@ class ClusterQueues:
         self.name = config.cluster_name
         self.shards = config.cluster_streams   # this node's layout: it publishes into these shards
         self.pack = packs.size(config)         # ... of queue messages packed by up to this many
+        self.window = window(self.pack)
         self.out: list = []
         self.run = os.urandom(6).hex()    # Nats-Msg-Id prefix: unique per node and start
         self.tokens = 0
@@ -518,7 +526,7 @@ class ClusterQueues:
             if sub.tracked and sub.prefetch:
                 room += max(sub.prefetch - len(sub.unacked), 0)
             else:
-                room += max(AUTO_WINDOW - len(sub.session.inflight) - len(sub.unacked), 0)
+                room += max(self.window - len(sub.session.inflight) - len(sub.unacked), 0)
         return room
 
     def refill(self, b, queues) -> None:

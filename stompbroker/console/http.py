@@ -18,14 +18,14 @@ import math
 import os
 import time
 from typing import NamedTuple
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
 from .. import __version__
+from ..broker import vhosts
 from ..diag import answers
 from ..protocol.websocket import http_response
-from ..broker import vhosts
 from . import manage
 from .audit import AuditLog
 from .metrics import exposition
@@ -47,15 +47,15 @@ STATIC = {
     "/console/vendor/stompjs.LICENSE.txt": ("vendor/stompjs.LICENSE.txt", "text/plain; charset=utf-8"),
 }
 PAGES = ("/", "/index.html")
-API = ("/api/overview", "/api/queues", "/api/connections", "/api/subscriptions", "/api/vhosts")
+API = ("/api/overview", "/api/queues", "/api/connections", "/api/subscriptions", "/api/vhosts", "/api/scheduled")
 QUEUE_SORTS = ("name", "depth", "enqueued", "dequeued", "unacked", "consumers")  # ?sort= of /api/queues
 METRICS = "/metrics"
 TOKEN = "/console/token"  # POST (with logins checked): a STOMP passcode for the page (security/console_tokens.py)
 ALLOWED_METHODS = ("GET", "HEAD")
+SCHEDULED = "/api/scheduled"  # GET lists, GET /api/scheduled/<id> shows one; cancelling is an action (manage.py)
 REALM = "stompbroker"
 SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
 PAGE_SIZE = 100       # items per /api page unless ?page_size= says (RabbitMQ's management API's default)
-MAX_PAGE_SIZE = 500   # and at most (RabbitMQ's limit too)
 SUBSCRIPTIONS_SHARE = 16  # a connection lists its subscriptions in at most 1/16 of the answer budget
 
 SECURITY_HEADERS = {
@@ -123,6 +123,18 @@ def basic_credentials(authorization: str) -> tuple[str, str] | None:
 
 
 # -- responses -------------------------------------------------------------------------------------
+def one_job(path: str) -> bool:
+    """/api/scheduled/<id> (one segment: ids hold no slash)."""
+    return path.startswith(SCHEDULED + "/") and "/" not in path[len(SCHEDULED) + 1:]
+
+
+def job_info(job) -> dict:
+    """A scheduled message as the API shows it: its destination as its virtual host's clients name
+    it, and that virtual host."""
+    vhost, destination = vhosts.split(job.destination)
+    return {**job.info(), "destination": destination, "vhost": vhost}
+
+
 def text_response(status: int, reason: str, text: str, headers: dict | None = None) -> bytes:
     return http_response(status, reason, (text + "\n").encode(),
                          {"Content-Type": "text/plain; charset=utf-8", **SECURITY_HEADERS, **(headers or {})})
@@ -154,14 +166,27 @@ def internal_error() -> bytes:
     return text_response(500, "Internal Server Error", "internal error (see the broker's log)")
 
 
+def failed(logger: logging.Logger, method: str, target: str, exc: Exception) -> bytes:
+    """A 500 for a request the broker failed to answer (the caller counts it), and one log line:
+    where it failed, not a traceback."""
+    where = exc.__traceback__
+    while where is not None and where.tb_next is not None:
+        where = where.tb_next
+    place = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
+    logger.error("internal error answering %s %s: %s: %s%s", method[:16], target[:200], type(exc).__name__,
+                 str(exc)[:200], place)
+    return internal_error()
+
+
 class BadRequest(Exception):
     """A request the site cannot serve as asked: 400 with the reason."""
 
 
-def paging(query: dict) -> tuple[int, int]:
-    """(page, page_size) from ``?page=&page_size=`` (1 and PAGE_SIZE when absent)."""
+def paging(query: dict, max_page_size: int) -> tuple[int, int]:
+    """(page, page_size) from ``?page=&page_size=`` (1 and PAGE_SIZE, at most ``max_page_size``,
+    when absent)."""
     values = []
-    for name, default, most in (("page", 1, 10 ** 9), ("page_size", PAGE_SIZE, MAX_PAGE_SIZE)):
+    for name, default, most in (("page", 1, 10 ** 9), ("page_size", min(PAGE_SIZE, max_page_size), max_page_size)):
         text = query.get(name, [str(default)])[0]
         if not (text.isascii() and text.isdigit()) or len(text) > 10 or not 1 <= int(text) <= most:
             raise BadRequest(f"{name} must be a whole number from 1 to {most}, not {text[:40]!r}")
@@ -184,6 +209,40 @@ def page_of(items: list, page: int, page_size: int, budget: int, make=None, tota
                 "total_count": filtered if total is None else total, "filtered_count": filtered,
                 "truncated": end < len(chunk)}
     return b'{"items":' + text + b"," + orjson.dumps(envelope)[1:]
+
+
+OVERVIEW = ("broker", "session", "totals", "stale", "ws_buffer", "writers", "process", "latency")
+
+
+def overview(snapshot: dict, budget: int) -> bytes:
+    """/api/overview as JSON of at most ``budget`` bytes. Its lists grow with the settings (writers
+    and processes with ``processors``, a cluster's streams with ``cluster_streams``): when the whole
+    would not fit, each list keeps the whole items that fit in an equal share of what the rest
+    leaves, and ``truncated`` names each list cut with its full length."""
+    value = {key: snapshot[key] for key in OVERVIEW}
+    if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
+        value["cluster"] = dict(snapshot["cluster"])
+    body = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    if len(body) <= budget:
+        return body
+    holders = [(value, "writers"), (value, "process")]
+    if isinstance(value.get("cluster", {}).get("streams"), list):
+        holders.append((value["cluster"], "streams"))
+    lists = {name: holder[name] for holder, name in holders}
+    for holder, name in holders:
+        holder[name] = []
+    value["truncated"] = {name: 10 ** 12 for name in lists}  # (the widest counts, for the share)
+    share = (budget - len(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))) // len(holders) - 2
+    value["truncated"] = {}
+    for holder, name in holders:
+        items = lists[name]
+        text, end = answers.json_items(items, 0, share) if share > 2 else (b"[]", 0)
+        if end and len(text) > share:  # (json_items keeps one item whatever its size)
+            text, end = b"[]", 0
+        holder[name] = orjson.Fragment(text)
+        if end < len(items):
+            value["truncated"][name] = len(items)
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
 
 
 def too_many_requests(retry_after: float) -> bytes:
@@ -219,7 +278,8 @@ class Site:
         self._files: dict[str, bytes] = {}
         self._snapshot: dict | None = None
         self._snapshot_at = 0.0
-        self.errors = 0  # requests answered 500 (failed)
+        self.errors = 0       # HTTP answers 5xx but 503: failed, quarantined, or too large to send
+        self.unavailable = 0  # HTTP answers 503: a login not checked in time
         self.audit = AuditLog(config.audit_log, config.audit_log_max_bytes, config.audit_log_files)
         self.limiter = manage.RateLimiter(config.manage_rate_limit)
         self.actions: dict[tuple[str, int], int] = {}  # (action, HTTP status) -> requests, for /metrics
@@ -241,7 +301,7 @@ class Site:
             kind = "page"
         elif path in STATIC and self.config.console:
             kind = "static"
-        elif (path in API or path == METRICS) and self.config.http_api:
+        elif (path in API or path == METRICS or one_job(path)) and self.config.http_api:
             kind = "metrics" if path == METRICS else "api"
         elif path.startswith("/api/") and self.config.http_api:
             action, allow = manage.action_of(method, path)
@@ -266,17 +326,18 @@ class Site:
             response = self.failed(method, target, exc)
         return _head_only(response) if method == "HEAD" else response
 
+    def answered(self, status: int) -> None:
+        """Count an HTTP answer's status in /metrics when it is a 5xx (the dispatcher passes every
+        HTTP answer it sends here: stompbroker_http_internal_errors_total, _unavailable_total)."""
+        if status == 503:
+            self.unavailable += 1
+        elif 500 <= status < 600:
+            self.errors += 1
+
     def failed(self, method: str, target: str, exc: Exception) -> bytes:
         """A 500 for a request the broker failed to answer: one log line (where it failed, not a
-        traceback), counted in /metrics (stompbroker_http_internal_errors_total)."""
-        self.errors += 1
-        where = exc.__traceback__
-        while where is not None and where.tb_next is not None:
-            where = where.tb_next
-        place = f" at {os.path.basename(where.tb_frame.f_code.co_filename)}:{where.tb_lineno}" if where else ""
-        log.error("internal error answering %s %s: %s: %s%s", method[:16], target[:200], type(exc).__name__,
-                  str(exc)[:200], place)
-        return internal_error()
+        traceback); counted when it is sent (answered)."""
+        return failed(log, method, target, exc)
 
     def _respond(self, target: str, accept: str) -> bytes:
         parts = urlsplit(target)
@@ -301,13 +362,9 @@ class Site:
             return http_response(200, "OK", body, {"Content-Type": content_type, "Cache-Control": "no-store",
                                                    **SECURITY_HEADERS})
         if path == "/api/overview":
-            value = {key: snapshot[key] for key in ("broker", "session", "totals", "stale", "ws_buffer",
-                                                     "writers", "process", "latency")}
-            if snapshot.get("cluster"):  # cluster mode: the node, its NATS server, the streams and their leaders
-                value["cluster"] = snapshot["cluster"]
-            return json_response(value)
+            return json_response(overview(snapshot, budget))
         query = parse_qs(parts.query)
-        page, page_size = paging(query)
+        page, page_size = paging(query, self.config.api_max_page_size)
         if path == "/api/vhosts":
             return json_response(page_of([{"name": name} for name in self.config.vhosts], page, page_size, budget))
         vhost = query.get("vhost", [manage.DEFAULT_VHOST])[0]
@@ -317,6 +374,12 @@ class Site:
             return json_response(self.queue_page(snapshot, query, page, page_size, vhost))
         if path == "/api/subscriptions":
             return json_response(page_of(self.subscriptions(vhost), page, page_size, budget))
+        if path.startswith(SCHEDULED + "/"):  # one job, by its id (ids are broker-wide)
+            job = self.stats.broker.jobs.by_id.get(unquote(path[len(SCHEDULED) + 1:]))
+            return json_response(job_info(job)) if job is not None else not_found()
+        if path == SCHEDULED:  # by time; ?destination= for one destination's
+            return json_response(page_of(self.scheduled(vhost, query.get("destination", [None])[0]),
+                                         page, page_size, budget, job_info))
         sessions = list(self.stats.broker.sessions.values())
         return json_response(page_of(sessions, page, page_size, budget, self.connection))
 
@@ -342,6 +405,14 @@ class Site:
         if name:
             queues = [q for q in queues if name in q["destination"]]
         return page_of(queues, page, page_size, self.config.answer_bytes, total=total)
+
+    def scheduled(self, vhost: str, destination: str | None) -> list:
+        """/api/scheduled: the scheduled messages of ``vhost`` (of its ``destination``, named as its
+        clients name it), by time."""
+        jobs = self.stats.broker.jobs
+        if destination is not None:
+            return jobs.of(vhosts.inside(vhost, destination))
+        return [job for job in jobs.of() if vhosts.split(job.destination)[0] == vhost]
 
     def subscriptions(self, vhost: str = "/") -> list[dict]:
         """/api/subscriptions: the durable subscriptions of ``vhost`` (attached or not) and its other
@@ -409,7 +480,8 @@ class Site:
         claimed = basic_credentials(request.authorization)
         self.audit.write({"user": user, "login": claimed[0] if claimed else None, "peer": peer,
                           "action": action.name, "method": request.method, "vhost": action.vhost,
-                          "target": action.target, "status": status, **result})
+                          "target": action.target, **({"id": action.item} if action.item else {}),
+                          "status": status, **result})
 
     def _file(self, name: str) -> bytes:
         data = self._files.get(name)
@@ -446,7 +518,8 @@ class Site:
             "latency": stats.latency(),
             "queues": stats.query("queues"),
             "cluster": stats.query("cluster"),  # {} on a single node
-            "http": {"internal_errors": self.errors, "audit_errors": self.audit.errors,
+            "http": {"internal_errors": self.errors + int(stats.resources.reader_stats.read()["http_errors"]),
+                     "unavailable": self.unavailable, "audit_errors": self.audit.errors,
                      "actions": [{"action": a, "status": s, "count": n} for (a, s), n in sorted(self.actions.items())]},
         }
         self._snapshot_at = now

@@ -37,13 +37,15 @@ REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
 
 
 class Action(NamedTuple):
-    """A management request: ``name`` (peek, purge, delete, move, publish, close, unsubscribe), the
-    virtual host and what it acts on (a destination, a connection id, a durable subscription's key;
-    "" for publish, whose destination is in its body)."""
+    """A management request: ``name`` (peek, purge, delete, move, publish, close, unsubscribe,
+    cancel), the virtual host and what it acts on (a destination, a connection id, a durable
+    subscription's key; "" for publish, whose destination is in its body); ``item``: the one
+    scheduled message of that destination a cancel names ("": all of them)."""
 
     name: str
     vhost: str
     target: str
+    item: str = ""
 
 
 # (path shape, with * for one segment) -> {method: action}
@@ -54,9 +56,11 @@ SHAPES = {
     ("api", "publish"): {"POST": "publish"},
     ("api", "connections", "*"): {"DELETE": "close"},
     ("api", "subscriptions", "*", "*"): {"DELETE": "unsubscribe"},
+    ("api", "scheduled", "*", "*"): {"DELETE": "cancel"},
+    ("api", "scheduled", "*", "*", "*"): {"DELETE": "cancel"},
 }
 # actions on one destination (a manage grant covering it allows them); the others need an admin
-ON_DESTINATION = ("peek", "purge", "delete", "move", "publish")
+ON_DESTINATION = ("peek", "purge", "delete", "move", "publish", "cancel")
 
 
 def action_of(method: str, path: str) -> tuple[Action | None, str]:
@@ -73,7 +77,7 @@ def action_of(method: str, path: str) -> tuple[Action | None, str]:
                 return Action(name, DEFAULT_VHOST, values[0]), ""
             if name == "publish":
                 return Action(name, DEFAULT_VHOST, ""), ""
-            return Action(name, values[0], values[1]), ""
+            return Action(name, *values), ""
     return None, ""
 
 
@@ -320,6 +324,11 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
         if not broker.manage(manage.close_connection, conn, reason, now=now):
             return 404, f"no open STOMP connection {target[:40]!r}", {"reason": reason}
         return 200, {"closed": conn}, {"reason": reason}
+    if name == "cancel":
+        cancelled = broker.manage(manage.cancel_scheduled, target, action.item or None, now=now)
+        if cancelled is None:
+            return 404, f"no scheduled message {action.item[:60]!r} for {action.target[:100]!r}", {}
+        return 200, {"cancelled": cancelled}, {}
     # unsubscribe
     dropped = broker.manage(manage.remove_durable, durable_key(action.vhost, target), now=now)
     if dropped is None:

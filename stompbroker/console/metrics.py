@@ -177,8 +177,11 @@ def families(s: dict, max_queues: int | None = None):
     yield GaugeMetricFamily(PREFIX + "delivery_latency_window_deliveries",
                             "deliveries measured over the last diag_interval", value=lat.get("count", 0))
 
-    yield CounterMetricFamily(PREFIX + "http_internal_errors", "HTTP requests answered 500: the broker failed "
-                              "to answer them (each logged in one line)", value=s.get("http", {}).get("internal_errors", 0))
+    yield CounterMetricFamily(PREFIX + "http_unavailable", "HTTP requests answered 503: their login was not "
+                              "checked in time (too many waiting)", value=s.get("http", {}).get("unavailable", 0))
+    yield CounterMetricFamily(PREFIX + "http_internal_errors", "HTTP requests answered 500 (or another 5xx "
+                              "but 503): the broker failed to answer them, refused a quarantined request, or "
+                              "had an answer too large to send (each logged in one line)", value=s.get("http", {}).get("internal_errors", 0))
     actions = CounterMetricFamily(PREFIX + "http_actions", "management actions asked over HTTP (docs/admin.md), "
                                   "by action and the HTTP status answered (each one a line of the audit log)",
                                   labels=["action", "status"])

@@ -20,7 +20,7 @@ log = logging.getLogger("stompbroker")
 
 WRITER_STATS = ("connections", "frames", "bytes", "batches", "fill", "slow_consumers", "pending_bytes")
 READER_STATS = ("connections", "accepted", "refused", "frames_in", "bytes_in", "bad_frames", "stalls",
-                "websockets", "ws_allocated", "ws_hits", "ws_misses")
+                "websockets", "ws_allocated", "ws_hits", "ws_misses", "http_errors")
 SUPERVISOR_STATS = ("dump_lines", "dump_errors", "dump_dropped", "restarts")
 
 # Set when the supervisor makes the Resources, before any fork: a child compares its parent with

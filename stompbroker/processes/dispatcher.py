@@ -49,9 +49,9 @@ class Dispatcher:
         limit = min(ring.capacity for ring in self.rings) // 2  # a batch is at most this plus one record
         self.outboxes = [Outbox(i, limit) for i in range(len(self.rings))]
         self.auth = self.logins = None
-        if config.auth != "off" or config.secret or config.acl_file:
+        if config.auth_required or config.acl_file:
             self.auth = Authenticator(config, load_users(config))
-            self.logins = LoginChecker(self.auth, config.auth_fail_delay_ms / 1000)
+            self.logins = LoginChecker(self.auth, config)
         self.backplane = None
         if config.cluster:  # the bridge process speaks to NATS; this side stays pure (cluster/backplane.py)
             from ..cluster.backplane import Backplane
@@ -91,6 +91,7 @@ class Dispatcher:
         marker = poison.fault_marker()
         if marker is not None:
             self.broker.on_frame = poison.die_on(marker, self.broker.on_frame)
+            self.http_request = poison.die_on_request(marker, self.http_request)
         self.store = None
         if config.store == "sqlite" and config.cluster:
             log.warning("store=sqlite is not used in cluster mode: JetStream keeps queues and durable subscriptions")
@@ -123,8 +124,8 @@ class Dispatcher:
             log.warning("store %s: quarantined %d stored messages whose destination is longer than "
                         "max_destination_length (%d bytes); stompbroker-store export --quarantined shows them, "
                         "release puts them back", config.store_path, moved, config.max_destination_length)
-        log.info("store %s: recovered %d queued messages and %d durable subscriptions",
-                 config.store_path, recovered, len(self.broker.durables))
+        log.info("store %s: recovered %d queued messages, %d durable subscriptions and %d scheduled messages",
+                 config.store_path, recovered, len(self.broker.durables), len(self.broker.jobs))
         return store
 
     def run(self) -> None:
@@ -141,6 +142,9 @@ class Dispatcher:
                 deadlines.append(self.http_delayed[0][0])
             if self.http_deadlines:
                 deadlines.append(self.http_deadlines[0][0])
+            timer = self.broker.next_timer()  # (epoch ms of the next scheduled message)
+            if timer is not None and not self.broker.unfinished:  # (unfinished: the writers wake it)
+                deadlines.append(time.monotonic() + timer / 1000 - self.broker.clock())
             if self.backplane is not None and self.bridge_backlog:
                 deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
@@ -181,6 +185,7 @@ class Dispatcher:
                     self.from_cluster()  # other nodes' messages are not kept waiting by a busy input ring
                 self.commit()
                 self.flush()
+                self.timers()  # (nor scheduled messages: a busy ring would keep them waiting past their time)
             now = time.monotonic()
             if now >= self.next_tick:
                 self.next_tick = now + self.tick
@@ -188,6 +193,7 @@ class Dispatcher:
                 self.drain()
                 self.commit()
                 self.flush()
+            self.timers()
             if self.http_delayed and now >= self.http_delayed[0][0]:
                 while self.http_delayed and now >= self.http_delayed[0][0]:
                     _, conn, response = heapq.heappop(self.http_delayed)
@@ -410,7 +416,7 @@ class Dispatcher:
             heapq.heappush(self.http_delayed, (now + delay, conn, http.unauthorized("access refused")))
         elif route == "action":  # admins, or a manage grant (console/manage.py); answered once on disk
             if session is not None and not session.closing:
-                self.broker.answer_http(session, self.site.act(self.broker, request, user, session.peer, now))
+                self.http_answer(conn, self.site.act(self.broker, request, user, session.peer, now), held=True)
         elif not self.auth.is_admin(user):
             self.http_answer(conn, http.forbidden())
         elif route == "token":  # the page's STOMP passcode: the browser keeps Basic credentials to itself
@@ -437,11 +443,17 @@ class Dispatcher:
             else:  # (or being checked right now: its verdict is ignored)
                 self.http_answer(conn, http.unavailable())
 
-    def http_answer(self, conn: int, response: bytes) -> None:
+    def http_answer(self, conn: int, response: bytes, held: bool = False) -> None:
+        """Every HTTP answer the dispatcher sends (the last guard's 500s aside: flush_one); ``held``:
+        an action's, which waits for the store's commit of what it wrote (Broker.answer_http)."""
         session = self.broker.sessions.get(conn)
         if session is not None and not session.closing:
+            self.site.answered(int(response[9:12]))
             if session.tls and self.config.hsts_max_age:  # browsers keep to https for this host
                 response = with_header(response, "Strict-Transport-Security", f"max-age={self.config.hsts_max_age}")
+            if held:
+                self.broker.answer_http(session, response)
+                return
             session.outbox.add(R.RAW, conn, response)
             self.broker.hang_up(session)
 
@@ -462,6 +474,15 @@ class Dispatcher:
             return
         self.auth.replace_users(users)
         auth_log.info("passwd reloaded: %d users", len(users))
+
+    def timers(self) -> None:
+        """Deliver the scheduled messages whose time has come (``Broker.next_timer``), if any."""
+        timer = self.broker.next_timer()
+        if timer is not None and timer <= self.broker.clock() * 1000 and not self.broker.unfinished:
+            self.broker.on_timers(time.monotonic())
+            self.drain()
+            self.commit()
+            self.flush()
 
     def commit(self) -> None:
         """End of a round: hand the store what the round wrote (group commit), without waiting."""
@@ -545,8 +566,12 @@ class Dispatcher:
         # half of it) fits the ring; more (many replies at once, e.g. receipts released by the
         # store, or one record too big for the ring) is cut first.
         if len(buf) > box.limit + (box.limit >> 1):
-            for piece, n in batches(buf, box.limit, self.rings[box.index].capacity):
+            replaced: list[int] = []
+            for piece, n in batches(buf, box.limit, self.rings[box.index].capacity, replaced):
                 self.write(box.index, piece, n)
+            for kind in replaced:
+                if kind == R.RAW:  # an HTTP answer became a 500
+                    self.site.answered(500)
         else:
             self.write(box.index, buf, count)
 
@@ -558,12 +583,13 @@ class Dispatcher:
         ring.notify()
 
 
-def batches(buf: bytearray, limit: int, capacity: int):
+def batches(buf: bytearray, limit: int, capacity: int, replaced: list | None = None):
     """Cut a batch of records into batches of at most ``limit`` bytes plus one record, so each fits
     the ring (whose capacity is at least twice the limit). A record that could never fit the ring
     (every answer is bounded to a quarter of it: this is the last guard, not the rule) is replaced
     by an error to its connection and a close: it costs that requester its answer, never the
-    dispatcher (an exception here would restart every process)."""
+    dispatcher (an exception here would restart every process). The kind of each record replaced
+    is appended to ``replaced``."""
     view = memoryview(buf)
     start = pos = count = 0
     end = len(buf)
@@ -574,6 +600,8 @@ def batches(buf: bytearray, limit: int, capacity: int):
             yield bytes(view[start:pos]), count
             start, count = pos, 0
         if length > most:
+            if replaced is not None:
+                replaced.append(kind)
             yield too_large(kind, conn, length, stamp, most), 2
             pos += length
             start = pos

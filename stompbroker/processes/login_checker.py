@@ -38,10 +38,11 @@ def load_users(config) -> passwd.Users:
 
 
 class LoginChecker:
-    def __init__(self, auth, backoff: float):
+    def __init__(self, auth, config):
         self.auth = auth  # the Authenticator: its check() runs on the threads
         self.done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._jobs = LoginQueue(backoff)
+        self._jobs = LoginQueue(config.auth_fail_delay_ms / 1000, config.auth_fail_delay_max_ms / 1000,
+                                config.auth_fail_window_ms / 1000, config.auth_fail_records)
         self._ready = threading.Condition()
         self._results: list = []
         self._lock = threading.Lock()

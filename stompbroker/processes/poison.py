@@ -18,7 +18,7 @@ its message at recovery) the broker would die again, and again: a crash loop. So
 A death while handling anything else (a tick, a connection closing, the writers' counts) is
 logged but not attributed to an input. For tests, ``STOMPBROKER_FAULT_DIE_ON=<text>`` makes the
 dispatcher kill itself (SIGKILL, as the OOM killer would) on a frame or a stored message whose body
-holds that text: no input kills it otherwise, and the machinery must be shown to work.
+holds that text, or an HTTP request whose target does: no input kills it otherwise, and the machinery must be shown to work.
 """
 
 from __future__ import annotations
@@ -164,6 +164,15 @@ def die_on(marker: bytes, on_frame):
         if marker in body:
             die()
         return on_frame(conn, head, body, now)
+    return dying
+
+
+def die_on_request(marker: bytes, http_request):
+    """The test fault for HTTP: ``http_request`` that kills its process on a request holding ``marker``."""
+    def dying(conn, payload, now):
+        if marker in payload:
+            die()
+        return http_request(conn, payload, now)
     return dying
 
 

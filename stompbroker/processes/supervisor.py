@@ -10,7 +10,8 @@ and unacknowledged queue messages go back to their queues) and has the writers c
 queues, durable subscriptions and the memory store are kept. The dispatcher holds all broker state,
 so if it dies the whole set is restarted (with store=memory its queued messages are lost; with
 store=sqlite everything receipted is recovered); the listening socket, held here, keeps queueing
-new connections meanwhile.
+new connections meanwhile. It never gives up: a process dying again and again is restarted after a
+back-off (restarts.py), and the others keep serving.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from setproctitle import setproctitle
 
 from .. import __version__
 from . import cluster, dispatcher, poison, reader, writer
+from .restarts import Restarts
 from ..diag.dump import DumpWriter
 from ..ipc import control
 from ..ipc.control import Control
@@ -41,8 +43,6 @@ from ..titles import title
 
 log = logging.getLogger("stompbroker.supervisor")
 
-RESTART_WINDOW = 10.0   # seconds
-RESTART_LIMIT = 10      # restarts within the window before the supervisor gives up
 READER_START_TIMEOUT = 30.0  # seconds; the dispatcher may take longer (it loads the store)
 
 
@@ -130,12 +130,14 @@ class Supervisor:
             self.tls_listener = open_listener(config, config.ssl_port)
         self.resources = Resources(config, self.listener, self.tls_listener)
         self.children: dict[str, multiprocessing.Process] = {}
-        self.restarts: list[float] = []
+        # when each dead process is restarted (restarts.py): at once, or after a back-off
+        self.restarts = Restarts(config.restart_budget, config.restart_delay_max_ms / 1000)
+        self.pending: dict[str, float] = {}  # role -> when it is restarted (monotonic)
         self.deaths = poison.Deaths()  # the dispatcher's deaths per input; what is quarantined
         self.stats = {"dump_lines": 0, "dump_errors": 0, "dump_dropped": 0, "restarts": 0}
         self.signal_r, self.signal_w = os.pipe()
         self.stopping = None  # None, "graceful" or "fast"
-        self.exit_code = 0  # 1: gave up restarting children; 2: a child could not start
+        self.exit_code = 0  # 2: a child could not start
         self.ready_written = False
         self.dump = DumpWriter(config.diag_dump, config.diag_dump_max_bytes, config.diag_dump_backups) \
             if config.diag_dump else None
@@ -184,13 +186,17 @@ class Supervisor:
 
     def died_loading(self) -> bool:
         """The dispatcher died while starting: True (start another) when it died loading a stored
-        message, which goes to quarantine once it has killed two, within the restart limit."""
+        message, which goes to quarantine once it has killed two (so the start gets further each
+        time), after the restart back-off."""
         if self.resources.dispatcher_note.slots[poison.WHAT] != poison.LOADING:
             return False
         self.deaths.died(self.resources.dispatcher_note, self.resources.input_ring)
-        now = time.monotonic()
-        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW] + [now]
-        return len(self.restarts) <= RESTART_LIMIT
+        delay = self.restarts.died("dispatcher", time.monotonic())
+        if delay:
+            log.warning("the dispatcher died %d times in a row: starting it again in %.1f s",
+                        self.restarts.streak("dispatcher"), delay)
+            wait([self.signal_r], timeout=delay)  # (a signal ends the wait: the start loop sees it)
+        return True
 
     def wait_ready(self, role: str, ready: int, timeout: float | None) -> bool:
         proc = self.children[role]
@@ -222,15 +228,24 @@ class Supervisor:
         code = proc.exitcode
         why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
         log.error("%s (pid %d) %s", role, proc.pid, why)
-        now = time.monotonic()
-        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW] + [now]
         self.stats["restarts"] += 1
         self.resources.supervisor_stats.update(self.stats)
-        if len(self.restarts) > RESTART_LIMIT:
-            log.critical("%d restarts within %.0f s: giving up", len(self.restarts), RESTART_WINDOW)
-            self.stopping = "fast"
-            self.exit_code = 1
-            return
+        if role == "dispatcher":  # what was it handling? An input that killed it twice is quarantined
+            self.deaths.died(self.resources.dispatcher_note, self.resources.input_ring)
+            log.error("restarting every process (the dispatcher holds shared state); open connections are closed")
+            self.kill_all()  # (at once: clients learn now, not after the back-off)
+            self.pending.clear()  # (every process starts with it)
+        else:
+            del self.children[role]
+        delay = self.restarts.died(role, time.monotonic())
+        if delay:
+            log.warning("%s died %d times in a row, each within %.0f s of its restart: restarting it in %.1f s "
+                        "(the others keep serving)", role, self.restarts.streak(role), self.restarts.window, delay)
+            self.pending[role] = time.monotonic() + delay
+        else:
+            self.restart(role)
+
+    def restart(self, role: str) -> None:
         if role == "cluster":
             # The bridge holds no broker state: a new one re-reads the interest bucket, takes the
             # dispatcher's records where the dead one stopped, and the dispatcher re-declares its interest.
@@ -242,7 +257,7 @@ class Supervisor:
             self.spawn(role)
             index = int(role.split("-")[1])
             os.write(self.resources.reader_control[1], control.encode(Control.WRITER_RESTARTED, index))
-        elif role == "reader" and self.children["dispatcher"].is_alive():
+        elif role == "reader":
             # The input ring stays: its published batches are whole (the tail moves after the bytes),
             # the new reader appends after them and announces itself, so the dispatcher ends the
             # dead reader's sessions in order. Everything the dispatcher holds is kept.
@@ -256,11 +271,7 @@ class Supervisor:
                 pass
             os.set_blocking(pipe, True)
             self.spawn("reader")
-        else:
-            if role == "dispatcher":  # what was it handling? An input that killed it twice is quarantined
-                self.deaths.died(self.resources.dispatcher_note, self.resources.input_ring)
-            log.error("restarting every process (the %s holds shared state); open connections are closed", role)
-            self.kill_all()
+        else:  # the dispatcher (the others were killed when it died)
             self.resources.reset()
             if not self.start_all():
                 self.stopping = self.stopping or "fast"
@@ -329,7 +340,8 @@ class Supervisor:
     def watch(self) -> None:
         """One wait: a signal, a statistics line to write, or a child that died."""
         sentinels = {proc.sentinel: role for role, proc in self.children.items()}
-        ready = wait(list(sentinels) + [self.signal_r, self.diag_in])
+        timeout = max(min(self.pending.values()) - time.monotonic(), 0.0) if self.pending else None
+        ready = wait(list(sentinels) + [self.signal_r, self.diag_in], timeout=timeout)
         if self.signal_r in ready:
             os.read(self.signal_r, 512)
             if os.getpid() == 1:
@@ -339,9 +351,16 @@ class Supervisor:
         for fd in ready:
             role = sentinels.get(fd)
             if role is not None and self.stopping is None:
-                proc = self.children[role]
+                proc = self.children.get(role)
+                if proc is None or proc.sentinel != fd:  # (killed with the dispatcher, which died too)
+                    continue
                 proc.join()
                 self.on_death(role, proc)
+        now = time.monotonic()
+        for role in [r for r, when in self.pending.items() if when <= now]:
+            del self.pending[role]
+            if self.stopping is None:
+                self.restart(role)
 
     def reap_orphans(self) -> None:
         """As PID 1 (a container) every orphan of the namespace becomes our child: reap the ones
@@ -391,7 +410,9 @@ class Supervisor:
         os.write(self.resources.reader_control[1], control.encode(Control.STOP))
         deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000 + 5
         for role in self.roles()[::-1]:  # reader first, then dispatcher, then writers
-            proc = self.children[role]
+            proc = self.children.get(role)
+            if proc is None:  # dead, its restart still waiting
+                continue
             proc.join(max(deadline - time.monotonic(), 0.1))
             if proc.is_alive():
                 log.warning("%s did not stop in time, killing it", role)

@@ -15,7 +15,6 @@ a decided connection costs nothing here.
 
 from __future__ import annotations
 
-from collections import deque
 
 # What a connection still undecided at its deadline gets.
 CONNECT_TIMEOUT = "connect timeout"  # nothing came: the port's own protocol, STOMP, says why it closes

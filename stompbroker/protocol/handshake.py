@@ -54,7 +54,7 @@ _VERSION_RE = re.compile(rb"HTTP/[0-9]\.[0-9]\Z")
 _BAD_IN_LINE_RE = re.compile(rb"[\x00\r\n]")
 
 
-def parse_http_request(buf: bytes, max_size: int = 8192) -> tuple[dict, int] | None:
+def parse_http_request(buf: bytes, max_size: int) -> tuple[dict, int] | None:
     """Parse an HTTP/1.x request head from the start of ``buf``: method, path (the request target as
     sent), version, headers and, for an absolute-form target, its authority (else None).
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import secrets
 from collections import OrderedDict
 
-__all__ = ["PREFIX", "PER_USER", "ConsoleTokens"]
+__all__ = ["PREFIX", "ConsoleTokens"]
 
 PREFIX = "console-"
-PER_USER = 8   # unused passcodes kept per user: a page holds one for a moment, before its STOMP login
 
 
 class ConsoleTokens:
-    def __init__(self, ttl: float, per_user: int = PER_USER):
+    def __init__(self, ttl: float, per_user: int):
+        """``per_user``: unused passcodes kept per user (console_tokens_per_user)."""
         self.ttl = ttl
         self.per_user = per_user
         self._by_user: dict[str, OrderedDict[str, tuple[str, float]]] = {}  # user -> passcode -> (address, expiry)

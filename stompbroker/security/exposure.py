@@ -26,13 +26,15 @@ def warnings(config, port: int | None = None) -> list[str]:
         return []
     where = f"{config.host}:{port or config.port}"
     http = config.console or config.http_api
-    if config.auth == "off":
+    if not config.auth_required:  # (a token secret checks logins even with auth=off)
         return [f"SECURITY: auth=off on {where}: anyone who can reach it may log in, publish, subscribe and "
                 f"read every queue{', the console, /api and /metrics' if http else ''}"
                 f"{'' if config.ws_origins else ', and any web page a browser on that network opens may do so over WebSocket'}; "
                 "set auth=passwd and a passwd_file (README.md, Security)"]
-    if http and not config.ssl_port:
-        return [f"SECURITY: HTTP Basic passwords for the console, /api and /metrics (and STOMP passcodes) cross "
-                f"the network in clear on {where}: serve TLS (ssl_port) and use https://, or put a TLS proxy "
-                "in front (console=false http_api=false turn the HTTP side off)"]
+    if http:  # port serves plain HTTP whether or not ssl_port also serves TLS
+        tls = (f"ssl_port {config.ssl_port} serves TLS, but port still takes them; " if config.ssl_port else
+               "serve TLS (ssl_port) and use https://, ")
+        return [f"SECURITY: HTTP Basic passwords for the console, /api and /metrics (and STOMP passcodes) may cross "
+                f"the network in clear on {where}: {tls}put a TLS proxy in front, or turn the HTTP side off "
+                "(console=false http_api=false)"]
     return []

@@ -16,7 +16,7 @@ and after a refusal of login L from address A it holds back
   in between does not speed up guessing at L;
 - further checks of **any login from A** once more than one login is failing there (password
   spraying: one guess at each of many logins): for ``backoff`` seconds doubling per further login
-  refused from A within the last ``FAILING_WINDOW`` seconds, up to ``max_backoff``. A success at
+  refused from A within the last ``window`` seconds, up to ``max_backoff``. A success at
   one login takes only that login off A's list: other failing logins keep counting.
 
 So guessing in parallel is no faster than guessing one after another, and one misconfigured client
@@ -25,7 +25,9 @@ back-off (:meth:`done` returns it), so a client that waits for its answer cannot
 check that took that long.
 
 Jobs are named by an id (the connection) so a connection that goes takes its check with it
-(:meth:`cancel`). Memory is bounded: at most ``MAX_PAIRS`` refusal records, the oldest forgotten.
+(:meth:`cancel`). Memory is bounded: at most ``max_records`` refusal records, the oldest forgotten.
+The four figures are settings (auth_fail_delay_ms, auth_fail_delay_max_ms, auth_fail_window_ms,
+auth_fail_records).
 """
 
 from __future__ import annotations
@@ -33,14 +35,15 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
-MAX_PAIRS = 100_000         # (address, login) refusal records kept; the least recent goes first
-FAILING_WINDOW = 600.0      # seconds a refused login counts towards its address's back-off
-
 
 class LoginQueue:
-    def __init__(self, backoff: float, max_backoff: float = 10.0):
+    def __init__(self, backoff: float, max_backoff: float, window: float, max_records: int):
+        """Seconds: the first back-off, the longest, and how long a refusal counts towards its
+        address's; ``max_records``: (address, login) refusal records kept, the least recent goes first."""
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.window = window
+        self.max_records = max_records
         # address -> login -> job id -> job: checks not started, logins in turn, jobs in arrival order
         self.waiting: dict[str, OrderedDict[str, dict]] = {}
         self.where: dict[object, tuple[str, str]] = {}    # job id -> (address, login), while waiting
@@ -136,15 +139,15 @@ class LoginQueue:
         pair[0] += 1
         pair[1] = now
         self.pairs[key] = pair  # (the most recent last)
-        while len(self.pairs) > MAX_PAIRS:
+        while len(self.pairs) > self.max_records:
             (old_address, old_login), _ = self.pairs.popitem(last=False)
             self._stop_failing(old_address, old_login)
         failing = self.failing.setdefault(address, OrderedDict())
         failing.pop(login, None)
         failing[login] = now
-        while failing and next(iter(failing.values())) < now - FAILING_WINDOW:
+        while failing and next(iter(failing.values())) < now - self.window:
             failing.popitem(last=False)
-        if len(self.address_rest) > MAX_PAIRS:
+        if len(self.address_rest) > self.max_records:
             self.address_rest = {a: until for a, until in self.address_rest.items() if until > now}
         own = self._delay(pair[0])
         shared = self._delay(len(failing) - 1)  # from the second failing login on

@@ -56,6 +56,14 @@ CREATE TABLE IF NOT EXISTS replay_log (
     body BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS replay_log_ts ON replay_log (ts);
+CREATE TABLE IF NOT EXISTS scheduled (     -- messages waiting for their time (AMQ_SCHEDULED_*)
+    job_id TEXT PRIMARY KEY,
+    destination TEXT NOT NULL,
+    headers BLOB NOT NULL,            -- JSON object, as sent (the scheduling headers included)
+    body BLOB NOT NULL,
+    state BLOB NOT NULL,              -- JSON: next time (epoch ms), deliveries left, cron base, ttl
+    created REAL NOT NULL             -- epoch ms
+);
 CREATE TABLE IF NOT EXISTS quarantine (   -- messages set aside at start, kept for the operator
     seq INTEGER PRIMARY KEY,
     queue TEXT NOT NULL,
@@ -188,6 +196,13 @@ class Store:
             raise
         return moved
 
+    def load_jobs(self):
+        """Every scheduled message: (job id, destination, headers, body, state), oldest first; the
+        headers and state as stored (JSON: the caller decodes them, and drops a row it cannot read)."""
+        for job_id, destination, headers, body, state in self.db.execute(
+                "SELECT job_id, destination, headers, body, state FROM scheduled ORDER BY created, rowid"):
+            yield job_id, destination, headers, bytes(body), state
+
     def load_durables(self) -> list[tuple[str, str]]:
         return list(self.db.execute("SELECT name, pattern FROM durable_subscriptions ORDER BY created"))
 
@@ -198,6 +213,7 @@ class Store:
         self._delivered: set[int] = set()
         self._durable_ops: list = []
         self._log: list = []
+        self._jobs: dict[str, list | None] = {}  # job id -> its row to write, or None to delete
 
     def insert(self, queue: str, message_id: str, headers: dict, body: bytes, expires_ms: float) -> int:
         seq = self.next_seq
@@ -235,14 +251,25 @@ class Store:
             self.next_log += 1
             self.ops += 1
 
+    def put_job(self, job_id: str, destination: str, headers: dict, body: bytes, state: dict) -> None:
+        """A scheduled message, new or with its state moved on (a repeat fired): written whole."""
+        self._jobs[job_id] = [job_id, destination, orjson.dumps(headers), body, orjson.dumps(state),
+                              time.time() * 1000]
+        self.ops += 1
+
+    def drop_job(self, job_id: str) -> None:
+        self._jobs[job_id] = None
+        self.ops += 1
+
     def pending(self) -> bool:
-        return bool(self._inserts or self._deletes or self._delivered or self._durable_ops or self._log)
+        return bool(self._inserts or self._deletes or self._delivered or self._durable_ops or self._log
+                    or self._jobs)
 
     def submit(self) -> int:
         """Hand this round's operations to the store thread; returns their generation."""
         generation = self.generation
         batch = (generation, list(self._inserts.values()), list(self._deletes), list(self._delivered),
-                 self._durable_ops, self._log)
+                 self._durable_ops, self._log, self._jobs)
         self._reset_batch()
         self.generation += 1
         self._batches.put(batch)
@@ -271,6 +298,39 @@ class Store:
                 "AND substr(destination, 1, ?) = ? ORDER BY seq", (since_ms, len(prefix), prefix))
         for destination, message_id, headers, body in rows:
             yield destination, message_id, orjson.loads(headers), bytes(body)
+
+    def replay_seq(self, exact: str | None, prefix: str | None, start: int, stop: int | None, limit: int | None):
+        """Replay-log rows from sequence ``start`` (to ``stop``, excluded; at most ``limit``) and the
+        sequence to read from next. Rows are committed in sequence order, so everything up to the
+        log's highest committed sequence is there: the next read starts after it, or after the last
+        row returned when ``limit`` cut the read short. Also the log's lowest sequence (older ones
+        are past ``replay_retention``)."""
+        low, high = self.reader.execute("SELECT min(seq), max(seq) FROM replay_log").fetchone()
+        top = start if high is None else high + 1
+        stop = top if stop is None else min(stop, top)
+        where, args = ("destination = ?", (exact,)) if exact is not None else \
+            ("substr(destination, 1, ?) = ?", (len(prefix), prefix))
+        rows = self.reader.execute(
+            f"SELECT seq, ts, destination, message_id, headers, body FROM replay_log WHERE seq >= ? AND seq < ? "
+            f"AND {where} ORDER BY seq LIMIT ?", (start, stop, *args, -1 if limit is None else limit)).fetchall()
+        if limit and len(rows) >= limit:  # (limit 0: no rows, only where the log ends)
+            stop = rows[-1][0] + 1 if rows else start
+        return ([(seq, ts, d, m, orjson.loads(h), bytes(body)) for seq, ts, d, m, h, body in rows], max(stop, start),
+                low or top)
+
+    def dedup_ids(self, since_ms: float):
+        """(destination, dedup-id, epoch ms) of the messages kept since ``since_ms``, oldest first:
+        the replay log's (queue and persistent topic messages) and the queues' own. (The headers
+        are JSON in a BLOB: X'64656475702d6964' is b"dedup-id".)"""
+        rows = self.reader.execute(
+            "SELECT destination, headers, ts FROM replay_log WHERE ts >= ? AND instr(headers, X'64656475702d6964') > 0 "
+            "UNION ALL SELECT queue, headers, created FROM messages WHERE created >= ? AND queue LIKE '/queue/%' "
+            "AND instr(headers, X'64656475702d6964') > 0 "
+            "ORDER BY 3", (since_ms, since_ms))
+        for destination, headers, ts in rows:
+            dedup_id = orjson.loads(headers).get("dedup-id")
+            if isinstance(dedup_id, str):
+                yield destination, dedup_id, ts
 
     def sync(self, timeout: float) -> bool:
         """Submit what is pending and wait (up to ``timeout`` s) until everything is on disk."""
@@ -333,7 +393,8 @@ class Store:
             if batches and not self._write(batches):
                 failed = batches
                 if stopping and time.monotonic() >= (self._give_up_at or 0):
-                    self.unwritten = sum(len(b[1]) + len(b[2]) + len(b[3]) + len(b[4]) + len(b[5]) for b in failed)
+                    self.unwritten = sum(len(b[1]) + len(b[2]) + len(b[3]) + len(b[4]) + len(b[5]) + len(b[6])
+                                         for b in failed)
                     log.error("store still cannot write at shutdown: %d operations not written (their "
                               "senders got no receipt)", self.unwritten)
                     break
@@ -341,7 +402,9 @@ class Store:
                 next_trim = time.monotonic() + 60
                 cutoff = time.time() * 1000 - self.replay_retention * 1000
                 try:
-                    self.db.execute("DELETE FROM replay_log WHERE ts < ?", (cutoff,))
+                    # the newest row stays: sequences go on from it after a restart
+                    self.db.execute("DELETE FROM replay_log WHERE ts < ? AND seq < (SELECT max(seq) FROM replay_log)",
+                                    (cutoff,))
                 except sqlite3.Error as exc:
                     log.warning("replay log trim failed: %s", exc)
 
@@ -354,12 +417,13 @@ class Store:
         elided = {row[0] for b in batches for row in b[1]} & {seq for b in batches for seq in b[2]}
         if elided:
             batches = [(g, [r for r in ins if r[0] not in elided], [s for s in dels if s not in elided],
-                        [s for s in dlv if s not in elided], dur, lg) for g, ins, dels, dlv, dur, lg in batches]
+                        [s for s in dlv if s not in elided], dur, lg, jobs)
+                       for g, ins, dels, dlv, dur, lg, jobs in batches]
         try:
             db.execute("BEGIN")
             if self._fault is not None and os.path.exists(self._fault):
                 raise sqlite3.OperationalError(f"database or disk is full (injected: {self._fault} exists)")
-            for generation, inserts, deletes, delivered, durable_ops, log_rows in batches:
+            for generation, inserts, deletes, delivered, durable_ops, log_rows, jobs in batches:
                 db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?)", inserts)
                 db.executemany("DELETE FROM messages WHERE seq = ?", [(s,) for s in deletes])
                 db.executemany("UPDATE messages SET delivered = 1 WHERE seq = ?", [(s,) for s in delivered])
@@ -370,7 +434,11 @@ class Store:
                     else:
                         db.execute("DELETE FROM durable_subscriptions WHERE name = ?", (name,))
                 db.executemany("INSERT INTO replay_log VALUES (?, ?, ?, ?, ?, ?)", log_rows)
-                rows += len(inserts) + len(deletes) + len(delivered) + len(log_rows)
+                db.executemany("INSERT OR REPLACE INTO scheduled VALUES (?, ?, ?, ?, ?, ?)",
+                               [row for row in jobs.values() if row is not None])
+                db.executemany("DELETE FROM scheduled WHERE job_id = ?",
+                               [(job_id,) for job_id, row in jobs.items() if row is None])
+                rows += len(inserts) + len(deletes) + len(delivered) + len(log_rows) + len(jobs)
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             # Not reported as done: receipts stay held; the caller keeps the batches and retries.

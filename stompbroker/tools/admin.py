@@ -35,6 +35,8 @@ examples:
   stompbroker-admin --user admin queue move /queue/DLQ --to /queue/jobs --count 10 --selector "retries < 3"
   stompbroker-admin --user admin publish /topic/news 'hello' --header lang=en
   stompbroker-admin --user admin connection close 1099511627777 --reason maintenance
+  stompbroker-admin --user admin scheduled list /queue/jobs
+  stompbroker-admin --user admin scheduled cancel /queue/jobs 5kq1-j12    (one; without the id: all of /queue/jobs)
 
 The password is read from ${PASSWORD_ENV}, else asked for. --url defaults to ${URL_ENV}, else
 {DEFAULT_URL}; --user to ${USER_ENV}.
@@ -164,6 +166,17 @@ def run(args, api: Api, out) -> None:
         answer = api.call("DELETE", f"/api/subscriptions/{quote(api.vhost, safe='')}/{quote(args.key, safe='')}")
         return show(args, answer, out, lambda: print(f"removed {args.key} ({answer['dropped']} messages dropped)",
                                                       file=out))
+    if what == ("scheduled", "list"):
+        answer = api.call("GET", "/api/scheduled", query={"vhost": api.vhost, "destination": args.destination,
+                                                          "page": args.page, "page_size": args.page_size})
+        return show(args, answer, out, lambda: (table(answer["items"], ["id", "destination", "next", "left", "period",
+                                                                        "repeat", "cron", "bytes"], out),
+                                                page_note(answer, out)))
+    if what == ("scheduled", "cancel"):
+        path = f"/api/scheduled/{quote(api.vhost, safe='')}/{quote(args.destination, safe='')}"
+        answer = api.call("DELETE", path + (f"/{quote(args.id, safe='')}" if args.id else ""))
+        return show(args, answer, out, lambda: print(f"cancelled {answer['cancelled']} scheduled messages of "
+                                                      f"{args.destination}", file=out))
     if what == ("vhost", "list"):
         answer = api.call("GET", "/api/vhosts")
         return show(args, answer, out, lambda: table(answer["items"], ["name"], out))
@@ -236,6 +249,15 @@ def parser() -> argparse.ArgumentParser:
     verbs = subscription.add_subparsers(dest="verb", required=True)
     paged(verbs.add_parser("list", help="durable and live subscriptions"))
     verbs.add_parser("remove", help="remove a detached durable subscription").add_argument("key")
+
+    scheduled = nouns.add_parser("scheduled", help="list scheduled messages; cancel one, or all of a destination")
+    verbs = scheduled.add_subparsers(dest="verb", required=True)
+    listing = verbs.add_parser("list", help="scheduled messages by time (next: epoch ms)")
+    listing.add_argument("destination", nargs="?", help="only this destination's")
+    paged(listing)
+    cancel = verbs.add_parser("cancel", help="cancel the scheduled message ID of DESTINATION (no ID: all of it)")
+    cancel.add_argument("destination")
+    cancel.add_argument("id", nargs="?")
 
     vhost = nouns.add_parser("vhost", help="list virtual hosts")
     vhost.add_subparsers(dest="verb", required=True).add_parser("list")

@@ -170,10 +170,12 @@ def _close_reason(payload: bytes) -> str:
 class _TcpTransport:
     close_reason = ""
 
-    def __init__(self, host: str, port: int, timeout: float):
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None):
         self.name = f"{host}:{port}"
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
+            if tls is not None:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=host)
         except socket.gaierror as exc:
             raise ClientError(f"cannot resolve {host!r}: {exc.strerror or exc}") from None
         except TimeoutError:
@@ -215,7 +217,7 @@ class _WsTransport:
     """STOMP over WebSocket on a plain (or TLS) socket: the opening handshake here, frames built and
     split by ``protocol/websocket.py``'s client side. Pings are answered; one STOMP frame per message."""
 
-    def __init__(self, url: str, timeout: float):
+    def __init__(self, url: str, timeout: float, tls: ssl.SSLContext | None = None):
         self.name = url
         self.close_reason = ""
         self._buf = bytearray()
@@ -232,7 +234,7 @@ class _WsTransport:
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
             if tls:
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+                sock = (tls or ssl.create_default_context()).wrap_socket(sock, server_hostname=host)
         except socket.gaierror as exc:
             raise ClientError(f"cannot resolve the host of {url}: {exc.strerror or exc}") from None
         except TimeoutError:
@@ -370,13 +372,14 @@ class StompClient:
     @classmethod
     def connect(cls, host: str = "127.0.0.1", port: int = 61613, ws_url: str | None = None,
                 login: str | None = None, passcode: str | None = None, timeout: float = 5.0,
-                vhost: str | None = None) -> "StompClient":
-        """Open the transport, send CONNECT and wait for CONNECTED (an ERROR raises BrokerError)."""
+                vhost: str | None = None, tls: ssl.SSLContext | None = None) -> "StompClient":
+        """Open the transport, send CONNECT and wait for CONNECTED (an ERROR raises BrokerError).
+        ``tls``: TLS over TCP with this context (for wss:// URLs: the context instead of the default)."""
         if ws_url:
-            transport = _WsTransport(ws_url, timeout)
+            transport = _WsTransport(ws_url, timeout, tls)
             vhost = vhost or urlsplit(ws_url).hostname or "localhost"
         else:
-            transport = _TcpTransport(host, port, timeout)
+            transport = _TcpTransport(host, port, timeout, tls)
             vhost = vhost or host
         client = cls(transport)
         try:

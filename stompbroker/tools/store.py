@@ -165,6 +165,11 @@ def copy_readable(path: str, fresh: str) -> int:
                 db.execute("INSERT OR IGNORE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
         except sqlite3.OperationalError:  # a store written before the quarantine table
             pass
+        try:
+            for row in readable_rows(path, "scheduled", "job_id, destination, headers, body, state, created"):
+                db.execute("INSERT OR IGNORE INTO scheduled VALUES (?, ?, ?, ?, ?, ?)", row)
+        except sqlite3.OperationalError:  # a store written before scheduled messages
+            pass
         db.execute("COMMIT")
     finally:
         db.close()

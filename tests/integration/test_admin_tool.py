@@ -71,3 +71,31 @@ def test_admin_tool_end_to_end(start_broker, tmp_path):
         port = free.getsockname()[1]
     status, _, err = admin(b, "--url", f"http://127.0.0.1:{port}", "queue", "list")
     assert status == 3 and "no answer" in err
+
+
+def test_admin_tool_lists_and_cancels_scheduled_messages(start_broker, tmp_path):
+    (tmp_path / "passwd").write_text(f"root:{hash_secret('toor')}:admin\n"
+                                     f"bob:{hash_secret('bob')}:manage=/queue/jobs\n")
+    b = start_broker("auth=passwd", f"passwd_file={tmp_path / 'passwd'}")
+    producer = stomp.Connection([b.address])
+    producer.connect("root", "toor", wait=True)
+    for i, destination in enumerate(("/queue/jobs", "/queue/jobs", "/queue/jobs", "/queue/other")):
+        producer.send(destination, f"later{i}", headers={"AMQ_SCHEDULED_DELAY": "600000"}, receipt=f"r{i}")
+    producer.disconnect()
+
+    status, out, _ = admin(b, "scheduled", "list")
+    assert status == 0 and out.splitlines()[0].split() == ["id", "destination", "next", "left", "period", "repeat",
+                                                            "cron", "bytes"]
+    assert sorted(line.split()[1] for line in out.splitlines()[1:]) == ["/queue/jobs"] * 3 + ["/queue/other"]
+    status, out, _ = admin(b, "--json", "scheduled", "list", "/queue/jobs")
+    ids = [j["id"] for j in json.loads(out)["items"]]
+    assert status == 0 and len(ids) == 3
+    status, out, _ = admin(b, "scheduled", "cancel", "/queue/jobs", ids[0], user="bob", password="bob")
+    assert (status, out.strip()) == (0, "cancelled 1 scheduled messages of /queue/jobs")
+    status, _, err = admin(b, "scheduled", "cancel", "/queue/other", user="bob", password="bob")
+    assert status == 1 and "403" in err
+    status, _, err = admin(b, "scheduled", "cancel", "/queue/jobs", ids[0])
+    assert status == 1 and "404" in err
+    assert admin(b, "--json", "scheduled", "cancel", "/queue/jobs")[1:] == ('{\n  "cancelled": 2\n}\n', "")
+    status, out, _ = admin(b, "--json", "scheduled", "list")
+    assert [j["destination"] for j in json.loads(out)["items"]] == ["/queue/other"]

@@ -23,10 +23,8 @@ import pytest
 
 from pyspark.find_spark_home import _find_spark_home  # the analysis extra: ./build.sh installs it
 
+import diag_dump_fixture as fx  # (tests/ is on sys.path)
 from conftest import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "tests", "unit"))
-import diag_dump_fixture as fx  # noqa: E402
 
 SPARK_HOME = _find_spark_home()
 FAST_JVM = "-XX:TieredStopAtLevel=1"  # short-lived JVMs: less CPU spent compiling
@@ -51,6 +49,7 @@ def _env(tmp: Path) -> dict:
         SPARK_DAEMON_JAVA_OPTS=FAST_JVM,
         JAVA_TOOL_OPTIONS=FAST_JVM,
         PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p),
+        PYSPARK_PYTHON=sys.executable,  # the Python workers of the stomp source and sink need pyarrow and this package
     )
     return env
 
@@ -130,7 +129,9 @@ def cluster(tmp_path_factory, fleet_dumps):
     (tmp / "conf" / "spark-defaults.conf").write_text(
         "spark.master.rest.enabled false\nspark.ui.enabled false\nspark.ui.showConsoleProgress false\n"
         # three applications at once fit the worker: the Connect server's and two others
-        "spark.executor.memory 512m\nspark.cores.max 1\n")
+        "spark.executor.memory 512m\nspark.cores.max 1\n"
+        # a Python worker may take long to start on a loaded machine
+        "spark.python.authenticate.socketTimeout 120s\n")
     env = _env(tmp)
     spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
     port, connect_port = _free_port(), _free_port()
@@ -240,3 +241,48 @@ def test_report_through_spark_connect_equals_local(fleet_dumps, cluster, local_r
     # the tables were written by the server's executors, the report by the client
     assert list((cluster["tmp"] / "connect" / "nodes" / "parquet").glob("part-*.parquet"))
     assert "## Fleet (2 nodes)" in (cluster["tmp"] / "connect" / "report.md").read_text()
+
+
+# -- streaming: the stomp source and sink on the cluster and through Spark Connect ----------------
+STREAM_N = 500
+
+
+def _stream_copy(cluster, start_broker, tmp_path, *where: str) -> tuple[int, dict]:
+    """stompbroker-stream copy from a topic (read by sequence) to a queue, on the cluster; returns
+    the rows it says it copied and the queue's contents (body -> count)."""
+    import collections
+
+    from stompbroker.tools.client import StompClient
+    broker = start_broker("processors=3", "store=sqlite", f"store_path={tmp_path}/s.sqlite")
+    client = StompClient.connect(port=broker.port)
+    for i in range(STREAM_N):
+        client.send("/topic/in", str(i).encode(), [("persistent", "true")], receipt=i == STREAM_N - 1,
+                    flush=i % 100 == 99 or i == STREAM_N - 1)
+    cmd = [sys.executable, "-m", "stompbroker.analysis.stream", "copy", "--url", f"stomp://127.0.0.1:{broker.port}",
+           "--source", "/topic/in", "--sink", "/queue/out", "--checkpoint", str(tmp_path / "checkpoint"),
+           "--idle", "4", "-o", "startingOffsets=earliest", "-o", "numPartitions=2", *where]
+    done = subprocess.run(cmd, env=cluster["env"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    copied = json.loads(done.stdout.strip().splitlines()[-1])["copied"]
+    client.subscribe("/queue/out", "drain")
+    got = collections.Counter()
+    while (frame := client.read_frame(2.0)) is not None:
+        got[frame.body.decode()] += 1
+    return copied, got
+
+
+@pytest.mark.timeout(400)
+def test_stream_copy_on_standalone_cluster(cluster, start_broker, tmp_path):
+    copied, got = _stream_copy(cluster, start_broker, tmp_path, "--master", cluster["url"])
+    assert copied == STREAM_N
+    assert got == {str(i): 1 for i in range(STREAM_N)}
+    # the executors read the replay log and sent the rows: the worker ran the application's executor
+    assert re.search(r"Asked to launch executor app-[\d-]+/\d+ for stompbroker-stream-copy\b",
+                     (cluster["tmp"] / "worker.log").read_text(errors="replace"))
+
+
+@pytest.mark.timeout(400)
+def test_stream_copy_through_spark_connect(cluster, start_broker, tmp_path):
+    copied, got = _stream_copy(cluster, start_broker, tmp_path, "--remote", cluster["remote"])
+    assert copied == STREAM_N
+    assert got == {str(i): 1 for i in range(STREAM_N)}

@@ -23,7 +23,7 @@ from collections import Counter
 import pytest
 
 from stompbroker.cluster import shards
-from tests.natscluster import kill_node, stream_leaders
+from tests.natscluster import DEFAULT_PACK, kill_node, stream_leaders
 from tests.stompwire import Wire
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,7 +95,7 @@ def stream_state(nats_cluster, name: str) -> tuple[int, int]:
     return asyncio.run(main())
 
 
-def queue_stream(cluster_name: str, queue: str, pack: int = 16) -> str:
+def queue_stream(cluster_name: str, queue: str, pack: int = DEFAULT_PACK) -> str:
     return shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of(queue, 6), pack)
 
 

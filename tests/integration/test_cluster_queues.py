@@ -14,6 +14,7 @@ import pytest
 import stomp
 
 from stompbroker.cluster import shards
+from tests.natscluster import DEFAULT_PACK
 from tests.stompwire import Wire, drain
 
 pytestmark = pytest.mark.timeout(120)
@@ -120,7 +121,7 @@ def test_receipt_means_stored_and_an_unstorable_message_gets_an_error(start_node
 
     async def depth():
         nc = await nats.connect(nats_cluster.urls[1])
-        stream = shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of("/queue/kept", 6), 16)
+        stream = shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of("/queue/kept", 6), DEFAULT_PACK)
         info = await nc.jetstream(timeout=10).stream_info(stream)  # (the default 6 shards packed by 16: its shard's stream)
         await nc.close()
         return info.state.messages, info.config.num_replicas
@@ -354,4 +355,44 @@ def test_max_queue_messages_holds_across_the_cluster(start_nodes):
         time.sleep(0.2)
     assert (command, headers.get("receipt-id")) == ("RECEIPT", "again"), (command, headers)
     consumer.wait(lambda c: len(c.messages) == 6, what="the message sent after room was made")
+    consumer.close()
+
+
+def test_message_features_cluster_mode_cannot_keep_are_refused_by_name(start_nodes):
+    """Each message feature either works across nodes (priority:4, activemq.prefetchSize) or gets an
+    ERROR naming it, with the frame's receipt-id (docs/cluster.md, "Message features")."""
+    a, b = start_nodes(2)
+    refused = [
+        ("SEND", {"destination": "/queue/f", "priority": "9"}, "priority not supported in cluster mode"),
+        ("SEND", {"destination": "/queue/f", "JMSXGroupID": "g"}, "message groups not supported in cluster mode"),
+        ("SEND", {"destination": "/queue/f", "_AMQ_LVQ_NAME": "k"}, "last-value queues not supported in cluster mode"),
+        ("SEND", {"destination": "/topic/f", "AMQ_SCHEDULED_DELAY": "1000"},
+         "scheduled delivery not supported in cluster mode"),
+        ("SUBSCRIBE", {"destination": "/queue/f", "id": "1", "browser": "true"},
+         "browsing not supported in cluster mode"),
+        ("SUBSCRIBE", {"destination": "/queue/f", "id": "1", "activemq.exclusive": "true"},
+         "exclusive consumers not supported in cluster mode"),
+        ("SUBSCRIBE", {"destination": "/queue/f", "id": "1", "x-priority": "5"},
+         "consumer priority not supported in cluster mode"),
+    ]
+    for i, (command, headers, message) in enumerate(refused):
+        w = wire(a)
+        w.frame(command, {**headers, "receipt": f"r{i}"}, b"x")
+        kind, got, _ = w.read(timeout=10)
+        assert (kind, got.get("message"), got.get("receipt-id")) == ("ERROR", message, f"r{i}")
+        w.close()
+    consumer = Client(b)
+    consumer.conn.subscribe("/queue/works", id="1", ack="client-individual",
+                            headers={"activemq.prefetchSize": "1", "receipt": "s"})
+    consumer.wait(lambda c: "s" in c.receipts, what="SUBSCRIBE receipt")
+    producer = Client(a)
+    for i in range(3):
+        producer.conn.send("/queue/works", str(i), priority="4", receipt=f"p{i}")
+    producer.wait(lambda c: len(c.receipts) == 3, what="SEND receipts")
+    consumer.wait(lambda c: len(c.messages) == 1, what="one message (prefetch 1)")
+    time.sleep(0.5)
+    assert len(consumer.messages) == 1  # the alias of prefetch-count holds across nodes
+    consumer.conn.ack(consumer.messages[0].headers["ack"])
+    consumer.wait(lambda c: len(c.messages) == 2, what="the next after the ACK")
+    producer.close()
     consumer.close()

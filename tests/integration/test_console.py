@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stompbroker.security import hash_secret
-from stompwire import Wire
+from stompwire import Wire, connected
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -211,6 +211,23 @@ def test_http_errors_are_http_responses(broker):
         assert get(broker, src.decode())[0] == 200, src
 
 
+def test_the_head_limit_and_the_page_size_are_settings(start_broker):
+    """max_http_head and api_max_page_size, not their defaults (8 KB, 500), take effect."""
+    b = start_broker("max_http_head=16384", "api_max_page_size=2")
+    assert get(b, "/api/overview", headers={"X-Filler": "a" * 9000})[0] == 200  # over 8 KB, under 16 KB
+    with b.connect() as sock:
+        sock.sendall(b"GET /api/overview HTTP/1.1\r\nX-Filler: " + b"a" * 17000 + b"\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 431 ")
+    sessions = [connected(b) for _ in range(2)]  # with the request's own: three connections
+    status, _, body = get(b, "/api/connections")
+    page = json.loads(body)
+    assert status == 200 and page["page_size"] == 2 and len(page["items"]) == 2 and page["total_count"] == 3
+    status, _, body = get(b, "/api/connections?page_size=3")
+    assert status == 400 and b"page_size must be a whole number from 1 to 2" in body
+    for w in sessions:
+        w.close()
+
+
 def test_websocket_still_opens_on_the_console_path(broker):
     import websocket
     ws = websocket.create_connection(f"ws://{broker.host}:{broker.port}/", subprotocols=["v12.stomp"], timeout=5)
@@ -355,11 +372,11 @@ def test_a_console_token_is_a_read_only_single_use_session_of_its_user(secured):
 
 
 def test_console_tokens_are_a_bounded_pool_per_user_that_head_does_not_fill(start_broker, tmp_path):
-    from stompbroker.security.console_tokens import PER_USER
+    PER_USER = 3  # console_tokens_per_user, not its default (8)
     path = tmp_path / "passwd"
     path.write_text(f"root:{hash_secret('toor')}:admin\nops:{hash_secret('ops')}:admin\n")
     path.chmod(0o600)
-    b = start_broker("auth=passwd", f"passwd_file={path}")
+    b = start_broker("auth=passwd", f"passwd_file={path}", f"console_tokens_per_user={PER_USER}")
     _, kept = mint(b)
     for _ in range(1000):  # an open console's token outlives a flood of page loads
         assert get(b, "/", method="HEAD", headers=basic("root", "toor"))[0] == 200
@@ -499,3 +516,41 @@ def number(text: str) -> float:
     text = text.strip()
     scale = {"k": 1e3, "M": 1e6, "G": 1e9}.get(text[-1:], 1)
     return float(text.rstrip("kMG")) * scale
+
+
+def test_console_in_a_headless_browser_lists_and_cancels_scheduled_messages(secured):
+    """The buttons are management actions (DELETE /api/scheduled/VHOST/DEST[/ID]): the page's
+    fetch carries its Basic credentials and its own Origin, and each cancel is audited."""
+    from playwright import sync_api as playwright
+    assert os.path.exists(CHROMIUM), "the console test needs Debian's chromium (./build.sh test installs it)"
+    b = secured
+    producer = stomp(b, login="root", passcode="toor")
+    for i, destination in enumerate(("/queue/one", "/queue/two", "/queue/two")):
+        producer.frame("SEND", {"destination": destination, "AMQ_SCHEDULED_DELAY": "600000", "receipt": str(i)})
+        assert producer.read()[0] == "RECEIPT"
+
+    def jobs():
+        return [j["destination"] for j in json.loads(get(b, "/api/scheduled", headers=basic("root", "toor"))[2])["items"]]
+
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page(http_credentials={"username": "root", "password": "toor"})
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(f"http://{b.host}:{b.port}/")
+            until(lambda: page.locator("#scheduled tbody tr").count() == 3)
+            page.locator("#scheduled tbody tr", has_text="/queue/one").get_by_role(
+                "button", name="cancel", exact=True).click()
+            until(lambda: jobs() == ["/queue/two", "/queue/two"])
+            page.locator("#scheduled tbody tr", has_text="/queue/two").first.get_by_role(
+                "button", name="cancel all", exact=True).click()
+            until(lambda: jobs() == [])
+            until(lambda: page.inner_text("#scheduled tbody") == "none")
+            metrics = scrape(b, headers=basic("root", "toor"))
+            assert metrics[("stompbroker_http_actions_total", ("action", "cancel"), ("status", "200"))] == 2
+            assert not errors, errors
+        finally:
+            browser.close()

@@ -10,6 +10,7 @@ by the broker itself, through an ordinary SEND, before the fault was switched on
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import sqlite3
@@ -103,3 +104,29 @@ def test_a_stored_message_that_kills_the_dispatcher_twice_is_quarantined(start_b
     w = connected(b)
     subscribe(w, "/queue/s")
     assert w.read(10)[2] == b"a POISON message"
+
+
+def http_get(broker, path: str) -> tuple[int, bytes] | None:
+    """(status, body), or None when the connection was cut (the dispatcher died)."""
+    conn = http.client.HTTPConnection(broker.host, broker.port, timeout=20)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    except (ConnectionError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def test_an_http_request_that_kills_the_dispatcher_twice_gets_a_500_counted_in_metrics(start_broker):
+    b = start_broker("processors=3", env=FAULT)
+    for _ in range(2):
+        reconnect(b).close()  # the broker serves again
+        assert http_get(b, "/api/overview?POISON") is None
+    reconnect(b).close()
+    status, body = http_get(b, "/api/overview?POISON")
+    assert status == 500 and b"made the broker fail twice" in body
+    assert "the dispatcher died 2 times handling HTTP GET /api/overview?POISON" in b.log()
+    status, body = http_get(b, "/metrics")  # (failed before: the refusal's 500 was not counted)
+    assert status == 200 and b"stompbroker_http_internal_errors_total 1.0" in body

@@ -585,3 +585,40 @@ def test_writer_crash_requeues_what_it_had_not_sent(start_broker):
         time.sleep(0.05)
     drain(b, "/queue/wk", ledger, expect=n)
     ledger.report(allow_duplicates=True)
+
+
+def test_a_writer_killed_again_and_again_is_restarted_and_the_others_keep_serving(start_broker):
+    """kill -9 of writer-0 fifteen times in a row, each as soon as it is back: past restart_budget
+    (10) each restart waits a back-off, and the supervisor never gives up (failed before: the 11th
+    death within 10 s stopped the whole broker, exit status 1). Connections on writer-1 stay up."""
+    b = start_broker("processors=4")  # two writers
+    clients = [wire(b) for _ in range(2)]  # (one on each writer: connections go round-robin)
+    last = None
+    for _ in range(15):
+        deadline = time.monotonic() + 20
+        while (pid := role_pid(b, "writer-0")) == last:
+            assert time.monotonic() < deadline and b.proc.poll() is None, b.log()[-2000:]
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+        last = pid
+    deadline = time.monotonic() + 20
+    while role_pid(b, "writer-0") == last:  # the last restart waits its back-off
+        assert time.monotonic() < deadline and b.proc.poll() is None, b.log()[-2000:]
+        time.sleep(0.05)
+    log = b.log()
+    assert "writer-0 died 11 times in a row" in log and "giving up" not in log
+    served = 0
+    for i, w in enumerate(clients):
+        try:
+            w.frame("SEND", {"destination": "/queue/kept", "receipt": f"r{i}"}, b"x")
+            served += w.read(5)[:2] == ("RECEIPT", {"receipt-id": f"r{i}"})
+        except (OSError, ConnectionError, TimeoutError):
+            pass  # (the one on writer-0 was cut)
+    assert served == 1
+    w = wire(b)  # new connections are served on both writers
+    for i in range(2):
+        w2 = wire(b)
+        w2.frame("SEND", {"destination": "/queue/kept", "receipt": "n"}, b"y")
+        assert w2.read(10)[:2] == ("RECEIPT", {"receipt-id": "n"})
+    w.frame("SUBSCRIBE", {"id": "s", "destination": "/queue/kept"})
+    assert [w.read(10)[2] for _ in range(3)] == [b"x", b"y", b"y"]

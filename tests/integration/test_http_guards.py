@@ -93,6 +93,14 @@ def test_websocket_origin_is_same_origin_when_logins_are_checked(start_broker, t
     assert upgrade(open_broker, f"127.0.0.1:{open_broker.port}", "http://evil.example") == 101
 
 
+def test_a_token_secret_alone_makes_websocket_origin_same_origin(start_broker):
+    """auth=off with a token secret still checks logins: the same Origin rule as auth=passwd."""
+    b = start_broker("secret=s3cret")
+    own = f"127.0.0.1:{b.port}"
+    assert upgrade(b, own, "http://evil.example") == 403
+    assert upgrade(b, own, f"http://{own}") == 101
+
+
 def test_hsts_on_every_http_answer_of_the_tls_port_only(start_broker, tmp_path):
     import trustme
     ca = trustme.CA()

@@ -201,6 +201,53 @@ def test_a_page_of_a_foreign_origin_cannot_act(managed, tmp_path):
     assert len(refused) == 6 and all(e["user"] is None and e["login"] == "root" for e in refused)
 
 
+def test_scheduled_messages_are_cancelled_as_guarded_audited_actions(managed, tmp_path):
+    """DELETE /api/scheduled/VHOST/DEST[/ID]: an admin or a manage grant on DEST, the CSRF guard,
+    one audit line each, counted in /metrics; the old unguarded DELETE shapes are 405."""
+    b = managed()
+    api = Api(b)
+    conn = client(b)
+    for i, destination in enumerate(("/queue/jobs.a", "/queue/jobs.a", "/queue/jobs.a", "/queue/bin")):
+        conn.send(destination, f"later{i}", headers={"AMQ_SCHEDULED_DELAY": "600000"}, receipt=f"s{i}")
+    until_listed = time.monotonic() + 10
+    while len(api.ok("GET", "/api/scheduled")["items"]) < 4:
+        assert time.monotonic() < until_listed
+        time.sleep(0.05)
+    conn.disconnect()
+    first, second, third = [j["id"] for j in api.ok("GET", f"/api/scheduled?destination={q('/queue/jobs.a')}")["items"]]
+    path = f"/api/scheduled/%2F/{q('/queue/jobs.a')}"
+
+    for headers in ({"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}, {"Origin": "null"}):
+        status, value, _ = api.call("DELETE", f"{path}/{first}", headers=headers)
+        assert status == 403 and ("another" in value["reason"] or "origin" in value["reason"]), value
+    assert api.call("DELETE", f"/api/scheduled/{first}")[0] == 405  # (the list's own paths take GET only)
+    assert api.call("DELETE", f"/api/scheduled?destination={q('/queue/jobs.a')}")[0] == 405
+    assert Api(b, "user", "user").call("DELETE", f"{path}/{first}")[0] == 403
+    assert Api(b, "bob", "bob").call("DELETE", f"/api/scheduled/%2F/{q('/queue/bin')}")[0] == 403
+    assert Api(b, "bob", "bob").call("GET", "/api/scheduled")[0] == 403  # (a grant opens no lists)
+    assert len(api.ok("GET", "/api/scheduled")["items"]) == 4  # all refused: nothing cancelled
+
+    assert Api(b, "bob", "bob").ok("DELETE", f"{path}/{first}") == {"cancelled": 1}
+    assert api.call("DELETE", f"/api/scheduled/%2F/{q('/queue/bin')}/{second}")[0] == 404  # another's job
+    assert api.call("DELETE", f"{path}/{first}")[0] == 404  # gone
+    assert api.ok("DELETE", path) == {"cancelled": 2}
+    assert api.ok("DELETE", path) == {"cancelled": 0}  # a retry is safe
+    assert [j["destination"] for j in api.ok("GET", "/api/scheduled")["items"]] == ["/queue/bin"]
+    assert api.call("GET", f"/api/scheduled/{second}")[0] == 404
+
+    cancels = [e for e in audit(tmp_path) if e["action"] == "cancel"]
+    assert [(e["user"], e["status"], e["target"], e.get("id"), e.get("cancelled")) for e in cancels] == [
+        (None, 403, "/queue/jobs.a", first, None), (None, 403, "/queue/jobs.a", first, None),
+        ("user", 403, "/queue/jobs.a", first, None), ("bob", 403, "/queue/bin", None, None),
+        ("bob", 200, "/queue/jobs.a", first, 1), ("root", 404, "/queue/bin", second, None),
+        ("root", 404, "/queue/jobs.a", first, None), ("root", 200, "/queue/jobs.a", None, 2),
+        ("root", 200, "/queue/jobs.a", None, 0)]
+    metrics = api.call("GET", "/metrics")[1].decode()
+    assert 'stompbroker_http_actions_total{action="cancel",status="200"} 3.0' in metrics
+    assert 'stompbroker_http_actions_total{action="cancel",status="403"} 4.0' in metrics
+    assert 'stompbroker_http_actions_total{action="cancel",status="404"} 2.0' in metrics
+
+
 def test_limits_of_a_write_api(managed):
     b = managed("max_http_body=100", "manage_rate_limit=2")
     api = Api(b)

@@ -88,3 +88,16 @@ def test_an_interrupted_repair_leaves_no_partial_store(tmp_path, monkeypatch, ca
     assert sorted(os.listdir(tmp_path)) == ["store.sqlite"]
     assert code == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_repair_keeps_scheduled_messages(tmp_path):
+    path = tmp_path / "store.sqlite"
+    make_store(path)
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO scheduled VALUES ('j1', '/queue/later', '{}', x'78', '{\"due\": 1}', 0)")
+    db.commit()
+    db.close()
+    fresh = str(tmp_path / "fresh.sqlite")
+    assert tool.copy_readable(str(path), fresh) == 5
+    copied = sqlite3.connect(fresh).execute("SELECT job_id, destination, body FROM scheduled").fetchall()
+    assert copied == [("j1", "/queue/later", b"x")]

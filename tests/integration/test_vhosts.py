@@ -105,3 +105,21 @@ def test_vhosts_keep_clients_apart_and_the_api_acts_per_vhost(start_broker, tmp_
     assert [q["destination"] for q in json.loads(done.stdout)["items"]] == ["/queue/backlog"], done.stderr
     eu.disconnect()
     default.disconnect()
+
+
+def test_scheduled_messages_are_listed_and_cancelled_per_vhost(start_broker, tmp_path):
+    (tmp_path / "passwd").write_text(f"root:{hash_secret('root')}:admin\n")
+    b = start_broker("auth=passwd", f"passwd_file={tmp_path / 'passwd'}", "vhosts=eu")
+    for vhost in ("eu", "/", "eu"):
+        conn, _ = client(b, "root", vhost)
+        conn.send("/queue/later", vhost, headers={"AMQ_SCHEDULED_DELAY": "600000"}, receipt="r")
+        conn.disconnect()  # (stomp.py waits for the receipt of its DISCONNECT, after the SEND's)
+    listed = call(b, "GET", "/api/scheduled?vhost=eu")[1]["items"]
+    assert [(j["vhost"], j["destination"]) for j in listed] == [("eu", "/queue/later")] * 2
+    (default,) = call(b, "GET", "/api/scheduled")[1]["items"]
+    assert (default["vhost"], default["destination"]) == ("/", "/queue/later")
+    assert call(b, "DELETE", f"/api/scheduled/eu/%2Fqueue%2Flater/{default['id']}")[0] == 404  # (another vhost's)
+    assert call(b, "DELETE", "/api/scheduled/eu/%2Fqueue%2Flater")[1] == {"cancelled": 2}
+    assert call(b, "GET", "/api/scheduled?vhost=eu")[1]["items"] == []
+    assert [j["id"] for j in call(b, "GET", "/api/scheduled")[1]["items"]] == [default["id"]]
+    assert call(b, "GET", "/api/scheduled?vhost=us")[0] == 400

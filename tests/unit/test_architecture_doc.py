@@ -26,3 +26,9 @@ def test_every_broker_module_has_a_row():
     modules = {p.stem for p in BROKER.glob("*.py")} - {"__init__"}
     unnamed = sorted(modules - named)
     assert not unnamed, f"stompbroker/broker/ modules with no row in docs/architecture.md: {unnamed}"
+
+
+def test_the_reader_modules_named_are_the_reader_modules():
+    named = set(re.findall(r"`processes/(reader\w*)\.py`", _table()))
+    modules = {p.stem for p in (ROOT / "stompbroker" / "processes").glob("reader*.py")}
+    assert named == modules, f"docs/architecture.md names {sorted(named - modules)}, misses {sorted(modules - named)}"

@@ -1,8 +1,8 @@
-"""The load generator (stompbroker.bench): its pure parts, and one tiny run against a real broker."""
+"""The load generator (stompbroker.bench): its pure parts (a run against a real broker:
+tests/integration/test_bench_smoke.py)."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -147,23 +147,6 @@ def test_scenario_names():
         scenarios.scenario_names("nope")
 
 
-# -- one tiny run ------------------------------------------------------------------------------------
-def test_smoke_one2one_against_broker(start_broker, tmp_path, capsys):
-    broker = start_broker("processors=3")
-    out = tmp_path / "bench"
-    code = cli.main(["--port", str(broker.port), "--pid", str(broker.proc.pid), "--scenario", "one2one",
-                       "--duration", "1.5", "--no-ceiling", "--quiet", "--pause", "0", "--out", str(out)])
-    assert code == 0, capsys.readouterr()
-    doc = json.loads((out / "results.json").read_text())
-    (res,) = doc["results"]
-    assert report.validate_result(res) == []
-    assert res["status"] == "ok", res["notes"]
-    assert res["counts"]["delivered"] > 0
-    assert res["counts"]["delivered"] == res["counts"]["sent"]
-    assert res["broker"]["cpu_s"] is not None and res["broker"]["cpu_s"] > 0
-    assert (out / "bench.png").stat().st_size > 0
-
-
 # -- flow control ------------------------------------------------------------------------------------
 def test_burst_frames_fill_the_burst_with_the_receipt_frame_last():
     assert flowctl.burst_frames(175, 186, 16384) == 1 + (16384 - 186) // 175   # 93 frames
@@ -266,6 +249,16 @@ def test_profile_classifies_samples_innermost_first(tmp_path):
     assert profile.classify(_stack(w.format(2)), lines) == "send"    # by its source line
     assert profile.classify(_stack(w.format(3)), lines) == "send"    # by the function
     assert profile.classify(_stack("<module> (x.py:1)")) == "other"
+    loop = "Reader.run (stompbroker/processes/reader.py:130)"  # the reader's steps live in reader_*.py
+    read = "Framing.read (stompbroker/processes/reader_framing.py:40)"
+    received = "Framing.received (stompbroker/processes/reader_framing.py:61)"
+    assert profile.classify(_stack(loop, read)) == "recv"
+    assert profile.classify(_stack(loop, read, "receive (stompbroker/processes/reader_conns.py:50)")) == "recv"
+    stomp = "Framing.stomp (stompbroker/processes/reader_framing.py:125)"
+    assert profile.classify(_stack(loop, read, received, stomp)) == "parse"
+    frames = "Framing.frames (stompbroker/processes/reader_framing.py:140)"
+    assert profile.classify(_stack(loop, read, received, stomp, frames)) == "ring write"
+    assert profile.classify(_stack(loop, "Reader.push (stompbroker/processes/reader.py:170)")) == "ring write"
 
 
 def test_profile_per_frame_costs(tmp_path):
@@ -306,3 +299,13 @@ def test_profile_wake_up_and_wait_capped_by_counted_wake_ups():
                             counts={"dispatcher": {"wake-up": 10 ** 6, "wait": 10 ** 6}}, wake_us=5.0)
     assert out["dispatcher"]["wake-up"] == pytest.approx(4.0)
     assert out["dispatcher"]["routing"] == pytest.approx(5.0)
+
+
+def test_send_header_goes_on_every_producer_send():
+    from stompbroker.bench.runner import Runner
+    opts = cli.parse_args(["--spawn", "--send-header", "priority:7", "--send-header", "x-delay:1"])
+    assert opts.send_header == [("priority", "7"), ("x-delay", "1")]
+    spec = Runner.producer_spec(type("R", (), {"opts": opts, "run_id": "r", "flow_control": None})(), None, "tcp", "/q")
+    assert spec["headers"] == [("priority", "7"), ("x-delay", "1")]
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--send-header", "no-colon"])

@@ -147,7 +147,9 @@ def test_a_record_too_big_for_the_ring_becomes_an_error_to_its_connection_only()
     box.add(R.DATA, 4, b"MESSAGE\n\n" + b"z" * 2500 + b"\0")            # big, but fits alone
     box.add(R.DATA, 1, b"MESSAGE\n\nafter\0")
     buf, count = box.take()
-    pieces = list(batches(buf, 1000, 4000))
+    replaced = []
+    pieces = list(batches(buf, 1000, 4000, replaced))
+    assert replaced == [R.DATA, R.RAW]  # (the dispatcher counts the HTTP one in /metrics)
     assert all(len(piece) <= 4000 - 64 for piece, _ in pieces)
     records = [(kind, conn, payload) for piece, n in pieces for kind, conn, _, _, payload in R.iter_records(piece)]
     assert [(kind, conn) for kind, conn, _ in records] == [

@@ -522,7 +522,7 @@ def test_diag_topic_answers_reach_only_admins_when_diag_is_for_admins():
 class ConsoleAuth(FakeAuth):
     def __init__(self):
         super().__init__(admins=("root",))
-        self.console = ConsoleTokens(ttl=60.0)
+        self.console = ConsoleTokens(ttl=60.0, per_user=8)
 
     def console_login(self, login, passcode, address, now):
         return self.is_admin(login) and self.console.redeem(login, passcode, address, now)

@@ -104,6 +104,28 @@ def test_durables_and_dead_letters_are_per_vhost():
     assert back.headers["redriven-from"] == "/queue/DLQ"
 
 
+def test_scheduled_messages_and_their_stomp_management_stay_in_their_vhost():
+    """ActiveMQ.Scheduler.Management in a vhost is that vhost's: it browses and cancels its jobs only,
+    and its reply-to is a name of that vhost."""
+    rig = Rig(vhosts=["eu"])
+    join(rig, 1, "eu")
+    join(rig, 2, "/")
+    later = {"AMQ_SCHEDULED_DELAY": "60000"}  # (a dict: the harness turns _ into - in keywords)
+    rig.frame(1, "SEND", later, destination="/queue/later", body=b"eu")
+    rig.frame(2, "SEND", later, destination="/queue/later", body=b"default")
+    rig.subscribe(1, "/queue/replies", sub_id="r")
+    rig.frame(1, "SEND", {"AMQ_SCHEDULER_ACTION": "BROWSE", "reply-to": "/queue/replies"},
+              destination="/queue/ActiveMQ.Scheduler.Management")
+    got = rig.messages(1)
+    assert [m.body for m in got] == [b"eu", b""] and got[0]["original-destination"] == "/queue/later"
+    assert "/queue/ActiveMQ.Scheduler.Management" not in [vhosts.visible(q) for q in rig.broker.queues]
+    default_id = next(j.id for j in rig.broker.jobs.of() if j.body == b"default")
+    rig.frame(1, "SEND", {"AMQ_SCHEDULER_ACTION": "REMOVE", "scheduledJobId": default_id},
+              destination="/queue/ActiveMQ.Scheduler.Management")
+    rig.frame(1, "SEND", {"AMQ_SCHEDULER_ACTION": "REMOVEALL"}, destination="/topic/ActiveMQ.Scheduler.Management")
+    assert [j.body for j in rig.broker.jobs.of()] == [b"default"]
+
+
 def test_vhost_grants():
     perms = parse_acl("alice vhost eu\n* vhost us\nroot admin\n")
     assert perms["alice"].may_use_vhost("eu") and not perms["alice"].may_use_vhost("us")

@@ -547,3 +547,16 @@ def test_a_member_that_cannot_be_put_back_makes_its_pack_come_back_whole_marked_
     got = a.messages(1)                                      # the pack was nak'ed: both members again
     assert [(m.body, m["redelivered"]) for m in got] == [(b"m0", "true"), (b"m1", "true")]
     assert "nak" in js.log and js.depth() == 2
+
+
+def test_an_auto_ack_consumer_pulls_ahead_a_few_packs_whatever_the_pack_size():
+    """The credit of an auto-ack subscription covers WINDOW_PACKS full packs (at least AUTO_WINDOW
+    messages): with packs of 64 a window of 64 messages would be one pack in flight, and JetStream
+    idle while it crosses."""
+    for pack_max, window in ((1, 64), (16, 64), (64, 256)):
+        js = FakeJetStream()
+        a = js.join(cluster_pack_max=pack_max)
+        a.connect(1)
+        a.subscribe(1, "/queue/w")
+        js.run()
+        assert a.want == {"/queue/w": window}, pack_max

@@ -67,9 +67,9 @@ def site(console=True, http_api=True, auth_required=False):
 
 def config(**settings):
     return types.SimpleNamespace(**{"console": True, "http_api": True, "max_connections": 10, "auth_required": False,
-                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, "audit_log": "",
-                                    "audit_log_max_bytes": 1 << 20, "audit_log_files": 1, "manage_rate_limit": 10.0,
-                                    "http_manage": True, "vhosts": ["/"], **settings})
+                                    "answer_bytes": 1 << 20, "metrics_max_queues": 1000, "api_max_page_size": 500,
+                                    "audit_log": "", "audit_log_max_bytes": 1 << 20, "audit_log_files": 1,
+                                    "manage_rate_limit": 10.0, "http_manage": True, "vhosts": ["/"], **settings})
 
 
 @pytest.mark.parametrize("method, target, route, status", [
@@ -295,7 +295,8 @@ class Stats:
 
     def __init__(self, sessions=(), queues=()):
         self.broker = types.SimpleNamespace(sessions={s.conn: s for s in sessions})
-        self.resources = types.SimpleNamespace(writer_stats=[])
+        self.resources = types.SimpleNamespace(writer_stats=[], reader_stats=types.SimpleNamespace(
+            read=lambda: {"http_errors": 0.0}))
         self.started = 0.0
         self.queues = list(queues)
 
@@ -344,7 +345,7 @@ def test_api_pages_are_cut_at_the_answer_budget():
     assert body["truncated"] is True and 5 < body["item_count"] == len(body["items"]) < 13
 
 
-def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
+def test_a_failing_handler_is_one_500_and_one_log_line(caplog):
     s = site()
     s.snapshot = lambda: 1 / 0
     with caplog.at_level("ERROR", logger="stompbroker.http"):
@@ -353,4 +354,115 @@ def test_a_failing_handler_is_one_500_one_log_line_and_counted(caplog):
     (record,) = caplog.records
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert "ZeroDivisionError" in record.getMessage() and "test_console_http.py" in record.getMessage()
-    assert s.errors == 1
+    assert s.errors == 0  # counted once sent (answered, below), like every 5xx
+
+
+def test_every_5xx_answer_is_counted_in_metrics():
+    """The dispatcher tells the site every HTTP status it sends (failed requests, quarantined ones,
+    answers too large for the ring, logins not checked in time)."""
+    s = site()
+    for status in (200, 401, 404, 429, 500, 500, 502, 503):
+        s.answered(status)
+    assert (s.errors, s.unavailable) == (3, 1)
+    body, _ = exposition({**SNAPSHOT, "http": {"internal_errors": s.errors, "unavailable": s.unavailable}})
+    assert b"stompbroker_http_internal_errors_total 3.0" in body
+    assert b"stompbroker_http_unavailable_total 1.0" in body
+
+
+class BigStats(Stats):
+    """A broker with many processes and, in cluster mode, many streams."""
+
+    def processes(self):
+        return [{"role": f"writer-{i}", "pid": 100_000 + i, "rss": 30_000_000, "cpu_seconds": 1.5}
+                for i in range(5000)]
+
+    def query(self, name):
+        if name == "cluster":
+            return {**SNAPSHOT["cluster"], "streams": [
+                {"name": f"c_QUEUES_64_{i}", "messages": i, "bytes": 600, "stored": 9, "leader": "nats2",
+                 "replicas": 3, "shard": f"{i}/64"} for i in range(3000)]}
+        return super().query(name)
+
+
+def test_api_overview_is_cut_at_the_answer_budget():
+    budget = 64 * 1024
+    s = http.Site(config(answer_bytes=budget), BigStats())
+    raw = s.respond("GET", "/api/overview").partition(b"\r\n\r\n")[2]
+    assert len(raw) <= budget  # (failed before: 686 KB)
+    status, body = page(s, "/api/overview")
+    assert body["truncated"] == {"process": 5000, "streams": 3000}
+    assert 100 < len(body["process"]) < 5000 and 100 < len(body["cluster"]["streams"]) < 3000
+    assert body["process"][0]["role"] == "writer-0" and body["totals"] == SNAPSHOT["totals"]
+    status, body = page(http.Site(config(), Stats()), "/api/overview")  # a broker that fits: nothing cut
+    assert status == 200 and "truncated" not in body and body["process"] == []
+
+
+def test_api_scheduled_lists_jobs_by_time_and_by_destination():
+    from stompbroker.broker.schedule import Jobs, Job, Spec
+    jobs = Jobs()
+    for i, destination in enumerate(("/queue/b", "/queue/a", "/topic/c")):
+        job = Job(f"j{i}", destination, {}, b"xy", Spec(1000 * (3 - i), 0, 0, 0, None), 0.0, False)
+        job.start(1_000_000)
+        jobs.add(job)
+    stats = Stats()
+    stats.broker.jobs = jobs
+    s = http.Site(config(), stats)
+    status, body = page(s, "/api/scheduled")
+    assert status == 200 and [j["id"] for j in body["items"]] == ["j2", "j1", "j0"]
+    assert body["items"][0] == {"id": "j2", "destination": "/topic/c", "next": 1_001_000, "left": 1, "period": 0,
+                                "repeat": 0, "cron": "", "delay": 1000, "bytes": 2, "vhost": "/"}
+    status, body = page(s, "/api/scheduled?destination=/queue/a")
+    assert [j["id"] for j in body["items"]] == ["j1"] and body["total_count"] == 1
+
+
+def test_api_scheduled_shows_one_virtual_host_at_a_time():
+    from stompbroker.broker.schedule import Jobs, Job, Spec
+    from stompbroker.broker.vhosts import inside
+    jobs = Jobs()
+    for i, (vhost, destination) in enumerate((("/", "/queue/a"), ("eu", "/queue/a"), ("eu", "/topic/t"))):
+        job = Job(f"j{i}", inside(vhost, destination), {}, b"", Spec(1000 * (i + 1), 0, 0, 0, None), 0.0, False)
+        job.start(0)
+        jobs.add(job)
+    stats = Stats()
+    stats.broker.jobs = jobs
+    s = http.Site(config(vhosts=["/", "eu"]), stats)
+    _, body = page(s, "/api/scheduled")
+    assert [(j["id"], j["vhost"], j["destination"]) for j in body["items"]] == [("j0", "/", "/queue/a")]
+    _, body = page(s, "/api/scheduled?vhost=eu")
+    assert [(j["id"], j["vhost"], j["destination"]) for j in body["items"]] == [("j1", "eu", "/queue/a"),
+                                                                              ("j2", "eu", "/topic/t")]
+    _, body = page(s, "/api/scheduled?vhost=eu&destination=/topic/t")
+    assert [j["id"] for j in body["items"]] == ["j2"]
+    assert page(s, "/api/scheduled?vhost=us")[0] == 400
+
+
+def test_scheduled_messages_are_cancelled_as_management_actions_only():
+    """DELETE under /api/scheduled is an action (guarded, audited: console/manage.py) naming the
+    virtual host and destination; the listing's old DELETE forms are refused."""
+    from broker_harness import Rig
+    from stompbroker.console.http import Request
+    rig = Rig()
+    rig.connect(1)
+    for destination in ("/queue/a", "/queue/a", "/queue/b"):
+        rig.frame(1, "SEND", {"AMQ_SCHEDULED_DELAY": "60000"}, destination=destination)
+    stats = Stats()
+    stats.broker = rig.broker
+    s = http.Site(config(), stats)
+    assert s.route("DELETE", "/api/scheduled/x")[1].startswith(b"HTTP/1.1 405")
+    assert s.route("DELETE", "/api/scheduled?destination=/queue/a")[1].startswith(b"HTTP/1.1 405")
+    assert s.route("DELETE", "/api/scheduled/%2F/%2Fqueue%2Fa") == ("action", None)
+    first = rig.broker.jobs.of("/queue/a")[0].id
+    status, one = page(s, f"/api/scheduled/{first}")
+    assert status == 200 and one["destination"] == "/queue/a" and one["vhost"] == "/"
+
+    def cancel(path):
+        response = s.act(rig.broker, Request("DELETE", path), None, "127.0.0.1:1", rig.now)
+        return int(response[9:12]), json.loads(response.partition(b"\r\n\r\n")[2])
+
+    assert cancel(f"/api/scheduled/%2F/%2Fqueue%2Fb/{first}")[0] == 404  # (another destination's)
+    assert cancel(f"/api/scheduled/%2F/%2Fqueue%2Fa/{first}") == (200, {"cancelled": 1})
+    assert cancel(f"/api/scheduled/%2F/%2Fqueue%2Fa/{first}")[0] == 404
+    assert cancel("/api/scheduled/%2F/%2Fqueue%2Fa") == (200, {"cancelled": 1})
+    assert cancel("/api/scheduled/nowhere/%2Fqueue%2Fb")[0] == 404  # no such virtual host
+    assert [j.destination for j in rig.broker.jobs.of()] == ["/queue/b"]
+    assert s.actions == {("cancel", 404): 3, ("cancel", 200): 2}

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import signal
+import logging
+import selectors
 import socket
 
-import pytest
-
+from inprocess import resources  # noqa: F401 (a fixture)
 from stompbroker.ipc import records as R
-from stompbroker.processes import dispatcher, reader
-from stompbroker.processes.common import Resources
-from stompbroker.settings import make_config
-
-
-@pytest.fixture
-def resources():
-    config = make_config(processors=3, input_queue_bytes=1 << 20, output_queue_bytes=1 << 20,
-                         max_frame_size=65536)
-    listener = socket.socket()
-    res = Resources(config, listener)
-    yield config, res
-    signal.set_wakeup_fd(-1)  # the dispatcher installs its own for SIGHUP
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    res.close()
-    listener.close()
+from stompbroker.console.http import encode_request
+from stompbroker.processes import dispatcher, reader, reader_conns
+from stompbroker.protocol import websocket as ws
 
 
 def outbox_records(d):
@@ -59,5 +46,34 @@ def test_reader_bug_reports_a_bad_frame_and_goes_on(resources, monkeypatch):
     r.serve(conn, 0, 0.0, set())
     (kind, conn_id, _, _, payload), = R.iter_records(bytes(r.out))
     assert (kind, conn_id) == (R.BAD_FRAME, 7) and payload.startswith(b"internal error\0")
-    assert conn.mode == reader.DEAD
+    assert conn.mode == reader_conns.DEAD
     conn.sock.close()
+
+
+def test_a_reader_bug_on_an_http_request_is_answered_500_logged_once_and_counted(resources, monkeypatch, caplog):
+    """Failed before: the HTTP client got a STOMP ERROR, the log a traceback, and no metric counted it."""
+    config, res = resources
+    r = reader.Reader(config, res)
+    client, server = socket.socketpair()
+    server.setblocking(False)
+    conn = reader.Conn(7, server, 0)
+    r.conns[server.fileno()] = conn
+    client.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    monkeypatch.setattr(ws, "wants_upgrade", lambda headers: 1 / 0)  # a bug in the reader's HTTP step
+    with caplog.at_level(logging.INFO, logger="stompbroker"):
+        r.serve(conn, selectors.EVENT_READ, 1.0, set())
+    (kind, conn_id, _, _, payload), = R.iter_records(bytes(r.out))
+    assert (kind, conn_id) == (R.HTTP, 7)
+    assert payload.startswith(b"HTTP/1.1 500 ") and b"ZeroDivision" not in payload
+    (line,) = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert line.exc_info is None and line.getMessage().startswith(
+        "internal error answering GET /metrics: ZeroDivisionError: division by zero at ")
+    r.shared.update(r.stats)  # as the reader's loop does after each pass
+    monkeypatch.undo()
+    d = dispatcher.Dispatcher(config, res)
+    request = {"method": "GET", "path": "/metrics", "headers": {}}
+    d.handle(R.record(R.OPEN, 8, b"127.0.0.1:2") + R.record(R.HTTP_REQUEST, 8, encode_request(request)), 2.0)
+    (answer,) = [payload for kind, c, payload in outbox_records(d) if c == 8 and kind != R.CLOSE]
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"\nstompbroker_http_internal_errors_total 1.0\n" in answer
+    client.close()
+    server.close()

@@ -7,7 +7,7 @@ import json
 
 import orjson
 
-import diag_dump_fixture as fx  # (tests/unit is on sys.path)
+import diag_dump_fixture as fx  # (tests/ is on sys.path)
 from broker_harness import Rig
 from stompbroker.diag import schema
 from stompbroker.diag.stats import Statistics

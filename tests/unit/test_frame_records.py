@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import re
-import signal
 import socket
 
-import pytest
-
+from inprocess import resources  # noqa: F401 (a fixture)
 from stompbroker.ipc import records as R
 from stompbroker.processes import dispatcher, reader
-from stompbroker.processes.common import Resources
 from stompbroker.protocol.stomp import FrameParser
-from stompbroker.settings import make_config
 
 READ = (b"CONNECT\naccept-version:1.2\nhost:/\n\n\0"
         b"SUBSCRIBE\nid:s\ndestination:/topic/a\nreceipt:r1\n\n\0\n"
         b"SEND\r\ndestination:/topic/a\r\ncontent-length:3\r\n\r\na\0b\0"
         b"SEND\ndestination:/topic/a\nreceipt:r2\n\nplain\0")
-
-
-@pytest.fixture
-def resources():
-    config = make_config(processors=3, input_queue_bytes=1 << 20, output_queue_bytes=1 << 20,
-                         max_frame_size=65536)
-    listener = socket.socket()
-    res = Resources(config, listener)
-    yield config, res
-    signal.set_wakeup_fd(-1)  # the dispatcher installs its own for SIGHUP
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    res.close()
-    listener.close()
 
 
 def read_once(config, res, data: bytes):

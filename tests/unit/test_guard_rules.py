@@ -69,7 +69,7 @@ def upgrade(origin=None, host="127.0.0.1:61613") -> dict:
              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"]
     if origin:
         lines.append(f"Origin: {origin}")
-    return parse_http_request(("\r\n".join(lines) + "\r\n\r\n").encode())[0]
+    return parse_http_request(("\r\n".join(lines) + "\r\n\r\n").encode(), 8192)[0]
 
 
 def test_the_handshake_allows_same_origin_only_when_asked_and_ws_origins_overrides():
@@ -89,14 +89,14 @@ def test_the_handshake_allows_same_origin_only_when_asked_and_ws_origins_overrid
 def test_request_targets_the_routing_could_not_split_are_400(target):
     # Found by the edge fuzzer: the first was an internal error in the dispatcher's routing.
     with pytest.raises(HandshakeError) as info:
-        parse_http_request(f"GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+        parse_http_request(f"GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode(), 8192)
     assert (info.value.status, info.value.reason) == (400, "malformed request target")
 
 
 def test_an_absolute_form_target_names_its_host_too():
-    request = parse_http_request(b"GET http://evil.example:8080/api/overview HTTP/1.1\r\nHost: localhost\r\n\r\n")[0]
+    request = parse_http_request(b"GET http://evil.example:8080/api/overview HTTP/1.1\r\nHost: localhost\r\n\r\n", 8192)[0]
     assert request["authority"] == "evil.example:8080" and not HostPolicy(["localhost"]).allows(request["authority"])
-    assert parse_http_request(b"GET /api/overview?x=] HTTP/1.1\r\n\r\n")[0]["authority"] is None
+    assert parse_http_request(b"GET /api/overview?x=] HTTP/1.1\r\n\r\n", 8192)[0]["authority"] is None
 
 
 def test_with_header_goes_after_the_status_line():
@@ -127,5 +127,20 @@ def test_start_up_warnings():
     assert "any web page" not in quiet and "/metrics" not in quiet
     (basic,) = warnings(make_config(host="10.0.0.5", auth="passwd"))
     assert "HTTP Basic passwords" in basic and "in clear on 10.0.0.5:61613" in basic
-    assert warnings(make_config(host="10.0.0.5", auth="passwd", ssl_port="61614", ssl_cert="c", ssl_key="k")) == []
     assert warnings(make_config(host="10.0.0.5", auth="passwd", console="false", http_api="false")) == []
+
+
+def test_a_token_secret_checks_logins_so_auth_off_with_one_is_not_called_open():
+    (basic,) = warnings(make_config(host="0.0.0.0", auth="off", secret="s3cret"))
+    assert "anyone who can reach it may log in" not in basic
+    assert "HTTP Basic passwords" in basic and "in clear on 0.0.0.0:61613" in basic
+    assert warnings(make_config(host="0.0.0.0", auth="off", secret="s3cret", console="false", http_api="false")) == []
+
+
+def test_plain_http_basic_off_loopback_is_warned_about_with_ssl_port_too():
+    """ssl_port adds a TLS port; port still serves plain HTTP, so Basic logins may come in clear."""
+    (basic,) = warnings(make_config(host="10.0.0.5", auth="passwd", ssl_port="61614", ssl_cert="c", ssl_key="k"))
+    assert "HTTP Basic passwords" in basic and "in clear on 10.0.0.5:61613" in basic
+    assert "ssl_port 61614 serves TLS, but port still takes them" in basic
+    assert warnings(make_config(host="10.0.0.5", auth="passwd", ssl_port="61614", ssl_cert="c", ssl_key="k",
+                                console="false", http_api="false")) == []

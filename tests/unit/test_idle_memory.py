@@ -14,14 +14,12 @@ import socket
 import time
 import tracemalloc
 
-import pytest
-
+from inprocess import resources  # noqa: F401 (a fixture)
 from stompbroker.broker import model
 from stompbroker.broker.core import Broker
 from stompbroker.ipc import records as R
 from stompbroker.ipc.outbox import Outbox
 from stompbroker.processes import common, reader, writer
-from stompbroker.processes.common import Resources
 from stompbroker.protocol.stomp import render_frame
 from stompbroker.settings import make_config
 
@@ -82,18 +80,6 @@ def test_a_session_gives_back_its_containers_once_empty():
     assert session.subs is shared and session.transactions is shared and session.inflight == ()
     buf, count = broker.outboxes[0].take()
     assert count == 2 and b"ERROR" not in buf  # CONNECTED and the MESSAGE
-
-
-@pytest.fixture
-def resources():
-    config = make_config(processors=3, input_queue_bytes=1 << 22, output_queue_bytes=1 << 20)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1024)
-    res = Resources(config, listener)
-    yield config, res
-    res.close()
-    listener.close()
 
 
 def test_reader_connection_of_an_idle_client_is_small(resources):

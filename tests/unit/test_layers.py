@@ -24,7 +24,8 @@ PACKAGE_LAYERS = [
     ["broker"],
     ["cluster", "console"],
     ["processes"],
-    ["tools", "analysis"],
+    ["tools"],
+    ["analysis"],
     ["bench", "cli"],
     ["__main__"],
 ]
@@ -33,11 +34,11 @@ PACKAGE_LAYERS = [
 # below its own.
 BROKER_LAYERS = [
     ["vhosts"],
-    ["names", "model", "subscriptions", "stale", "selector_lexer", "auth"],
-    ["selector_like", "selector_eval", "permissions", "replies"],
+    ["names", "model", "subscriptions", "stale", "selector_lexer", "auth", "priority", "choosing", "lastvalue", "schedule"],
+    ["selector_like", "selector_eval", "permissions", "replies", "dedup"],
     ["selector", "bounds"],
     ["queues"],
-    ["confirmations", "durables", "temporary", "diagnostics", "acks"],
+    ["confirmations", "durables", "temporary", "diagnostics", "acks", "replayseq", "browsing", "scheduling"],
     ["routing"],
     ["subscribing", "transactions", "manage"],
     ["sessions"],

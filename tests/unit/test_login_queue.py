@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from stompbroker.security.logins import FAILING_WINDOW, LoginQueue
+from stompbroker.security import logins
+
+WINDOW = 600.0
+
+
+def LoginQueue(backoff: float, max_backoff: float = 10.0, window: float = WINDOW, max_records: int = 100_000):
+    """The queue with the default settings' figures unless a test says otherwise."""
+    return logins.LoginQueue(backoff, max_backoff, window, max_records)
 
 
 def run(q: LoginQueue, until: float, verdict) -> list[tuple[float, str, str]]:
@@ -101,7 +108,7 @@ def test_failing_logins_count_for_the_address_only_for_a_while():
     q.add("x", "d", 9, None)
     assert q.done(*q.take(300.0)[:2], False, 300.0) == 4.0   # a, b, c, d failing: 2 ** (4 - 2)
     q.add("x", "e", 10, None)
-    later = 250.0 + FAILING_WINDOW
+    later = 250.0 + WINDOW
     assert q.done(*q.take(later)[:2], False, later) == 1.0   # only d and e within the window (not 8 s)
 
 
@@ -128,10 +135,8 @@ def test_retry_at_says_when_a_waiting_check_may_start():
     assert q.retry_at("a", "alice") == 14.0
 
 
-def test_refusal_records_are_bounded(monkeypatch):
-    from stompbroker.security import logins
-    monkeypatch.setattr(logins, "MAX_PAIRS", 100)
-    q = LoginQueue(backoff=0.001, max_backoff=0.001)
+def test_refusal_records_are_bounded():
+    q = LoginQueue(backoff=0.001, max_backoff=0.001, max_records=100)
     for i in range(1000):
         q.add(f"10.0.{i // 250}.{i % 250}", f"u{i}", i, None)
         taken = q.take(float(i))
@@ -142,3 +147,15 @@ def test_refusal_records_are_bounded(monkeypatch):
 @pytest.mark.parametrize("refusals,delay", [(1, 0.25), (2, 0.5), (6, 8.0), (7, 10.0), (100, 10.0)])
 def test_the_back_off_doubles_up_to_its_most(refusals, delay):
     assert LoginQueue(backoff=0.25, max_backoff=10.0)._delay(refusals) == delay
+
+
+def test_the_window_and_the_cap_are_the_queues_own():
+    """auth_fail_window_ms and auth_fail_delay_max_ms reach the queue: a shorter window forgets
+    the first failing login sooner, a lower cap stops the doubling sooner."""
+    q = LoginQueue(backoff=1.0, max_backoff=3.0, window=50.0)
+    for n, login in enumerate(("a", "b", "c")):
+        q.add("x", login, n, None)
+        q.done(*q.take(30.0 * n)[:2], False, 30.0 * n)   # at 0, 30, 60: a is out of the window at 60
+    q.add("x", "d", 9, None)
+    assert q.done(*q.take(70.0)[:2], False, 70.0) == 2.0  # b, c, d failing: 2 ** (3 - 2); with a, 3 (the cap)
+    assert q._delay(5) == 3.0

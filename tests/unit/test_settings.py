@@ -97,3 +97,15 @@ def test_diag_before_connect_is_off_and_cannot_be_on_with_logins(capsys):
         with pytest.raises(SystemExit):
             parse_config(words)
         assert "diag_before_connect=true needs auth=off" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, low, high", [
+    ("max_http_head", 1024, 1024 * 1024), ("api_max_page_size", 1, 100_000), ("auth_fail_delay_max_ms", 0, 3_600_000),
+    ("auth_fail_window_ms", 0, 86_400_000), ("auth_fail_records", 1, 10_000_000), ("console_tokens_per_user", 1, 1000),
+    ("restart_budget", 1, 1000), ("restart_delay_max_ms", 100, 60_000)])
+def test_limits_have_bounds(name, low, high):
+    assert getattr(make_config(**{name: str(low)}), name) == low
+    assert getattr(make_config(**{name: str(high)}), name) == high
+    for bad in (low - 1, high + 1):
+        with pytest.raises(ValueError, match=f"{name} must be {low} to {high}"):
+            make_config(**{name: str(bad)})

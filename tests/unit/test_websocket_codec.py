@@ -35,7 +35,7 @@ def request_bytes(extra=(), drop=(), path="/ws", first_line=None):
 
 
 def handshake(raw, **kw):
-    request, consumed = parse_http_request(raw)
+    request, consumed = parse_http_request(raw, 8192)
     assert consumed == len(raw)
     return handshake_response(request, **kw)
 
@@ -90,7 +90,7 @@ def test_rfc6455_sample_key():
 
 def test_parse_request_fields_and_leftover():
     raw = request_bytes(path="/ws?x=1", extra=[("X-Twice", " first "), ("x-twice", "second")])
-    request, consumed = parse_http_request(raw + b"\x81\x80")
+    request, consumed = parse_http_request(raw + b"\x81\x80", 8192)
     assert consumed == len(raw)  # frame bytes after the head are left to the caller
     assert (request["method"], request["path"], request["version"]) == ("GET", "/ws?x=1", "HTTP/1.1")
     assert request["headers"]["x-twice"] == "first"  # first wins, stripped
@@ -100,8 +100,8 @@ def test_parse_request_fields_and_leftover():
 def test_request_split_into_one_byte_pieces():
     raw = request_bytes()
     for i in range(len(raw)):
-        assert parse_http_request(raw[:i]) is None
-    assert parse_http_request(raw)[1] == len(raw)
+        assert parse_http_request(raw[:i], 8192) is None
+    assert parse_http_request(raw, 8192)[1] == len(raw)
 
 
 def test_header_names_case_insensitive():
@@ -121,7 +121,7 @@ def test_header_names_case_insensitive():
 ])
 def test_malformed_request_is_400(raw):
     with pytest.raises(HandshakeError) as info:
-        parse_http_request(raw)
+        parse_http_request(raw, 8192)
     assert info.value.status == 400
 
 
@@ -255,7 +255,7 @@ def test_close_events():
     assert dec.feed(b"\xff\xff") == []  # nothing is read after a close
 
 
-@pytest.mark.parametrize("data,code", [
+PROTOCOL_ERRORS = [
     (client_frame(b"x", masked=False), 1002),
     (client_frame(b"x", rsv=0x40), 1002),                      # RSV1 without an extension
     (client_frame(b"x", opcode=0x3), 1002),                    # reserved data opcode
@@ -272,7 +272,11 @@ def test_close_events():
     (client_frame(struct.pack("!H", 5000), OP_CLOSE), 1002),
     (client_frame(struct.pack("!H", 1000) + b"\xff", OP_CLOSE), 1002),
     (b"\x82\xff" + struct.pack("!Q", 1 << 63), 1002),           # 64-bit length with MSB set
-])
+]
+
+
+# (ids by position: the frames carry random masks, and parallel workers must collect the same names)
+@pytest.mark.parametrize("data,code", PROTOCOL_ERRORS, ids=[f"case{i}" for i in range(len(PROTOCOL_ERRORS))])
 def test_protocol_errors(data, code):
     assert ws_error(data) == code
     with pytest.raises(WsProtocolError) as info:
@@ -432,7 +436,7 @@ def test_interop_with_wsproto_client():
     import wsproto
     from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Ping, Request, TextMessage
     client = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
-    request, _ = parse_http_request(client.send(Request(host="h", target="/ws", subprotocols=["v11.stomp"])))
+    request, _ = parse_http_request(client.send(Request(host="h", target="/ws", subprotocols=["v11.stomp"])), 8192)
     response, proto = handshake_response(request)
     client.receive_data(response)
     assert [type(e) for e in client.events()] == [AcceptConnection] and proto == "v11.stomp"

@@ -16,7 +16,7 @@ import matplotlib  # noqa: F401  (the analysis extra: ./build.sh installs it)
 import pandas  # noqa: F401
 import pyspark  # noqa: F401
 
-import diag_dump_fixture as fx  # noqa: E402  (tests/unit is on sys.path)
+import diag_dump_fixture as fx  # noqa: E402  (tests/ is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[2]
 try:

@@ -6,7 +6,7 @@ exactly the RATES below; line spacing jitters (1.2 s, 0.8 s, 1.0 s, ...) while
 interval_ms stays 1000, so rates are only exact when computed from ts.
 Also: an unknown field (must be ignored), a truncated last line (crash).
 
-    python tests/unit/diag_dump_fixture.py /tmp/diag.jsonl
+    python tests/diag_dump_fixture.py /tmp/diag.jsonl
 """
 
 from __future__ import annotations
