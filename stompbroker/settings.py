@@ -144,7 +144,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown_timeout_ms", _int, 5_000, "on SIGTERM, time writers have to flush before connections are cut"),
     Setting("auth", str, "off", "off: any login is accepted; passwd: logins are checked against passwd_file"),
     Setting("passwd_file", str, "stompbroker.passwd", "users, as login:secret[:permissions] lines (stompbroker-passwd writes them); re-read on SIGHUP"),
-    Setting("acl_file", str, "", "optional per-user read/write/admin rules (lines: login read|write PATTERN,...; login admin)"),
+    Setting("acl_file", str, "", "optional per-user read/write/manage/admin rules (lines: login read|write|manage PATTERN,...; login admin)"),
     Setting("secret", str, "", "xtomp token logins: passcode = base64(sha1(login + secret)), login = '<user> <unix-seconds> <random>'; never logged (prefer STOMPBROKER_SECRET or a config file to the command line)", secret=True),
     Setting("secret_timeout", _float, 60.0, "seconds a token login stays valid"),
     Setting("token_mode", str, "sha1", "sha1 (xtomp's) or hmac (HMAC-SHA256: prefer it)"),
@@ -174,6 +174,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections, /api/scheduled (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
+    Setting("vhosts", _list, ["/"], "virtual hosts: a CONNECT's host header picks one (RabbitMQ's rule), each with its own destinations, durable subscriptions and dead-letter queue; / is always one of them, and with / alone the host header is not looked at (see docs/admin.md, Virtual hosts)"),
+    Setting("vhost_fallback", _bool, False, "with several vhosts: a CONNECT whose host names none of them (many clients send the server's host name) joins / instead of getting an ERROR"),
+    Setting("http_manage", _bool, True, "with logins checked: serve the management actions of docs/admin.md (purge, move, peek, publish, close a connection...) to admin users and to logins with a manage grant; without logins checked they are refused"),
+    Setting("max_http_body", _int, 1 * MB, "largest body of an HTTP request (a management action's JSON; at most max_frame_size): a longer one gets 413"),
+    Setting("manage_rate_limit", _float, 10.0, "management actions per second per login (bursts of as many); more get 429 (0 = no limit)"),
+    Setting("audit_log", str, "", "file of the management audit log: one JSON line per action (who, from where, what, the result), rotated at audit_log_max_bytes (empty = the lines go to the broker's log)"),
+    Setting("audit_log_max_bytes", _int, 10 * MB, "size at which the audit log is rotated (audit_log.1 ... audit_log.N)"),
+    Setting("audit_log_files", _int, 5, "rotated audit log files kept besides the current one"),
     Setting("console_token_ttl_ms", _int, 300_000, "with logins checked: how long a web console's STOMP passcode (single-use, for the address and user it was issued to) and the read-only session it opens last; the page renews both before then"),
     Setting("console_tokens_per_user", _int, 8, "with logins checked: unused console passcodes kept per user (1 to 1,000; a page holds one for a moment, before its STOMP login); minting one more forgets that user's oldest"),
     Setting("monitor_interval", _int, 5_000, "milliseconds between /queue/monitor status messages"),
@@ -219,6 +227,12 @@ class Config:
         frames in flight."""
         margin = 4 * self.values["max_frame_size"] + MB
         return max(self.values["input_queue_bytes"], margin), max(self.values["output_queue_bytes"], margin)
+
+    @property
+    def http_body_bytes(self) -> int:
+        """The largest HTTP request body read: max_http_body, at most max_frame_size (it crosses the
+        input ring as one record, as a frame does)."""
+        return min(self.values["max_http_body"], self.values["max_frame_size"])
 
     @property
     def answer_bytes(self) -> int:
@@ -289,14 +303,14 @@ def validate(values: dict) -> None:
                  "max_queue_messages", "queue_scan_budget", "max_browse_messages", "max_message_groups", "max_scheduled_messages",
                  "max_scheduled_per_destination", "scheduled_batch", "max_selector_length", "max_transaction_frames", "max_transactions",
                  "max_held_bytes", "max_held_bytes_total", "max_durables", "diag_interval", "monitor_interval",
-                 "diag_dump_max_bytes"):
+                 "diag_dump_max_bytes", "max_http_body", "audit_log_max_bytes"):
         if values[name] <= 0:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     for name in ("processors", "port", "TTL", "max_stale_queue_size", "heartbeat_grace_ms", "metrics_max_queues",
                  "max_scheduled_repeat",
                  "client_prefetch", "max_redeliveries", "diag_dump_backups",
                  "connect_timeout_ms", "shutdown_timeout_ms", "store_error_timeout_ms", "cluster_replicas",
-                 "hsts_max_age"):
+                 "hsts_max_age", "manage_rate_limit", "audit_log_files"):
         if values[name] < 0:
             raise ValueError(f"{name} must not be negative, got {values[name]}")
     for name, low, high in (("max_http_head", KB, MB), ("api_max_page_size", 1, 100_000),
@@ -329,6 +343,14 @@ def validate(values: dict) -> None:
     if values["diag_before_connect"] and auth_on(values):
         raise ValueError("diag_before_connect=true needs auth=off and no secret: before CONNECT nobody has "
                          "logged in, and with logins checked only a session may ask DIAG")
+    for vhost in values["vhosts"]:
+        if len(vhost) > 100 or not vhost.isprintable() or any(c in vhost for c in " :;"):
+            raise ValueError(f"vhosts: a name of at most 100 printable characters without spaces, ':' or ';', "
+                             f"not {vhost[:40]!r}")
+    if "/" not in values["vhosts"]:
+        values["vhosts"] = ["/", *values["vhosts"]]
+    if values["cluster"] and len(values["vhosts"]) > 1:
+        raise ValueError("vhosts: cluster mode serves the default virtual host / only")
     if values["console_token_ttl_ms"] <= 0:
         raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
     if values["checkpoint"] < 0 or values["replay_retention"] < 0 or values["dedup_window"] < 0:

@@ -51,7 +51,7 @@ from stompbroker.protocol.websocket import encode_client_frame, parse_frame
 TRUSTED = "127.0.0.1"  # the proxy_trusted address; inputs from 127.0.0.2-254 are direct clients
 BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # pick the port at connect
 HTTP_METHODS = {b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"}
-HTTP_STATUSES = {101, 200, 400, 401, 403, 404, 405, 406, 408, 421, 426, 429, 431, 503}
+HTTP_STATUSES = {101, 200, 400, 401, 403, 404, 405, 406, 408, 409, 411, 413, 421, 426, 429, 431, 503}
 PASSWD = {"root": ("toor", "admin"), "bob": ("builder", "")}  # the auth=passwd broker's users
 # right, wrong, not an admin, nobody, malformed; root's are the most (the others cost a scrypt check each,
 # and the broker's two checkers would spend the run on them)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..protocol.stomp import ProtocolError
-from . import bounds, priority, queues, replies
+from . import bounds, priority, queues, replies, vhosts
 from .model import Delivery, Message, Session, Subscription
 
 log = logging.getLogger("stompbroker.broker")
@@ -84,13 +84,14 @@ def dead_letter(b, message: Message, reason: str) -> None:
     if message.seq:
         b.store.delete(message.seq)
         message.seq = 0
-    dlq = b.config.dead_letter_queue
+    vhost, visible = vhosts.split(message.destination) if b.vhosts_on else (vhosts.DEFAULT, message.destination)
+    dlq = vhosts.inside(vhost, b.config.dead_letter_queue)  # each virtual host has its own
     if message.destination == dlq:
         b.stats["messages_dropped"] += 1  # never loop in the dead-letter queue itself
         return
     log.info("message %s from %s to %s: %s", message.id, message.destination, dlq, reason)
     headers = dict(message.headers)
-    headers["original-destination"] = message.destination
+    headers["original-destination"] = visible
     headers["dead-letter-reason"] = reason
     queue = queues.get_queue(b, dlq)
     if queue.depth() >= b.config.max_queue_messages:

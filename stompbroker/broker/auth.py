@@ -55,3 +55,12 @@ class Authenticator:
 
     def is_admin(self, login: str | None) -> bool:
         return self.users.is_admin(login)
+
+    def can_manage(self, login: str | None, destination: str) -> bool:
+        return self.users.can_manage(login, destination)
+
+    def may_use_vhost(self, login: str | None, vhost: str) -> bool:
+        return self.users.may_use_vhost(login, vhost)
+
+    def manages_some(self, login: str | None) -> bool:
+        return self.users.manages_some(login)

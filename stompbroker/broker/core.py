@@ -26,7 +26,7 @@ import time
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError, parse_head_cached
 from . import (acks, bounds, confirmations, dedup, diagnostics, durables, permissions, priority, queues, replies,
-               routing, scheduling, sessions, subscribing, transactions)
+               routing, scheduling, sessions, subscribing, transactions, vhosts)
 from ..ipc.outbox import Outbox
 from .model import Message, Queue, Session
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
@@ -48,6 +48,18 @@ HANDLERS = {
 }
 
 
+def in_vhost(session: Session, headers: dict) -> dict:
+    """A frame's destination as the broker names it in the session's virtual host (vhosts.py); a
+    destination holding the vhosts' mark is refused (no client may reach into another vhost)."""
+    destination = headers["destination"]
+    if vhosts.MARK in destination:
+        raise ProtocolError("invalid destination", "a destination may not hold the character U+001E",
+                            headers.get("receipt"))
+    if not session.vhost:
+        return headers
+    return {**headers, "destination": vhosts.inside(session.vhost, destination)}
+
+
 class Broker:
     def __init__(self, config, outboxes: list[Outbox], clock=time.time, *, auth=None, logins=None, diag=None,
                  store=None, backplane=None):
@@ -56,10 +68,13 @@ class Broker:
         self.clock = clock               # wall clock, for the absolute `expires` header
         self.now = 0.0                   # monotonic time of the event being handled
         self.sessions: dict[int, Session] = {}
-        self.index = SubscriptionIndex()
+        self.vhosts_on = len(config.vhosts) > 1  # several virtual hosts: destinations are translated (vhosts.py)
+        vhosts.rendering = self.vhosts_on
+        self.index = SubscriptionIndex(self.vhosts_on)
         self.queues: dict[str, Queue] = {}
         self.worker_rr: dict[str, int] = {}
-        self.stale = StaleQueue(config.TTL / 1000, config.max_stale_queue_size) if config.TTL > 0 else None
+        self.stale = (StaleQueue(config.TTL / 1000, config.max_stale_queue_size, self.vhosts_on) if config.TTL > 0
+                      else None)
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
         if config.cluster:  # message ids travel between nodes: the node's name keeps them apart there
             self.token = f"{config.node_id}.{self.token}"
@@ -86,7 +101,7 @@ class Broker:
         self.unfinished: collections.deque = collections.deque()
         self.ending: list[Session] = []      # closed during the current event, their state still to drop
         self.examined = 0                    # messages looked at by queues.scan (a cost measure for tests)
-        self.durable_index = SubscriptionIndex()
+        self.durable_index = SubscriptionIndex(self.vhosts_on)
         self.temps = {}                      # temporary destinations by reply name (temporary.py)
         self.temp_ids = itertools.count(1)
         self.sub_seq = itertools.count(1)    # the age of subscriptions with consumer options (choosing.py)
@@ -187,6 +202,8 @@ class Broker:
             if not session.connected and command not in CONNECT_COMMANDS and not (
                     command == "DIAG" and self.config.diag_before_connect):
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
+            if self.vhosts_on and "destination" in headers:
+                headers = in_vhost(session, headers)
             if session.console_until:
                 permissions.console_scope(command, headers)
             transaction = headers.get("transaction")
@@ -274,6 +291,25 @@ class Broker:
         """The store has committed up to ``generation``: send the replies that waited for it."""
         replies.release(self, generation)
 
+    def manage(self, action, *args, now: float):
+        """An operator's action (a function of ``broker/manage.py``), as one event: what it writes
+        to the store is marked from here, so ``answer_http`` holds the answer until it is on disk."""
+        self.now = now
+        if self.store is not None:
+            self.ops_mark = self.store.ops
+        try:
+            return action(self, *args)
+        finally:
+            if self.ending:
+                sessions.end_closed(self)
+
+    def answer_http(self, session: Session, response: bytes) -> None:
+        """An HTTP answer, then close; after an action (``manage``) it waits for the store's commit of
+        what that action wrote, as a receipt does."""
+        if not session.closing:
+            replies.emit(self, session, R.RAW, response)
+            self.hang_up(session)
+
     def hang_up(self, session: Session) -> None:
         """Close after a transport-level reply (HTTP response, WebSocket close) already written."""
         if not session.closing:
@@ -299,7 +335,7 @@ class Broker:
         for seq, name, message_id, headers, body, expires_ms, delivered in store.load():
             if loading is not None:
                 loading(seq, body)
-            if len(name) > limit and not name.startswith("durable:") and len(name.encode()) > limit:
+            if len(name) > limit and not name.startswith("durable:") and len(vhosts.rendered(name).encode()) > limit:
                 too_long.append(seq)
                 continue
             queue = self.queues.get(name) or queues.get_queue(self, name)
@@ -334,10 +370,18 @@ class Broker:
         its budget, so only what it holds is made): id, address (the client's, from a PROXY header
         behind a proxy), login, protocol, tls, subscriptions."""
         return ({"id": s.conn, "address": s.peer, "login": s.login, "protocol": s.protocol, "tls": s.tls,
-                 "subscriptions": len(s.subs)}
+                 "subscriptions": len(s.subs), **({"vhost": s.vhost} if s.vhost else {})}
                 for s in itertools.islice(self.sessions.values(), start, None))
 
     def queue_stats(self) -> list[dict]:
-        return [{"destination": q.name, "depth": q.depth(), "enqueued": q.enqueued,
-                 "dequeued": q.dequeued, "unacked": q.unacked, "consumers": len(self.index.match(q.name))}
-                for q in self.queues.values()]
+        """Every queue's figures; a virtual host's queues are shown ``VHOST:destination`` and say their
+        ``vhost`` (vhosts.py)."""
+        stats = [{"destination": q.name, "depth": q.depth(), "enqueued": q.enqueued,
+                  "dequeued": q.dequeued, "unacked": q.unacked, "consumers": len(self.index.match(q.name))}
+                 for q in self.queues.values()]
+        if self.vhosts_on:
+            for entry in stats:
+                if vhosts.MARK in entry["destination"]:
+                    entry["vhost"] = vhosts.split(entry["destination"])[0]
+                    entry["destination"] = vhosts.shown(entry["destination"])
+        return stats

@@ -8,6 +8,7 @@ from . import queues
 from .model import Durable, Message, Session, Subscription
 from .names import OWNER_SEP, QUEUE_PREFIX, millis, short
 from .subscriptions import SubscriptionIndex
+from .vhosts import MARK, split
 
 
 def durable_key(b, session: Session, headers: dict, sub_id: str, destination: str, receipt) -> str | None:
@@ -31,8 +32,10 @@ def durable_key(b, session: Session, headers: dict, sub_id: str, destination: st
         raise ProtocolError("durable queue subscription", "queues keep their messages already; "
                             "durable subscriptions are for topics", receipt)
     key = f"{session.login}{OWNER_SEP}{name}"
+    if session.vhost:  # each virtual host has its own (vhosts.py)
+        key = MARK + session.vhost + MARK + key
     durable = b.durables.get(key)
-    if durable is None and name in b.durables:
+    if durable is None and name in b.durables and not session.vhost:
         key, durable = name, b.durables[name]
     if durable is None and len(b.durables) >= b.config.max_durables:
         raise ProtocolError("too many durable subscriptions", f"the broker keeps at most {b.config.max_durables} "
@@ -97,6 +100,8 @@ def replay(b, sub: Subscription, since_ms: float) -> None:
 def replay_rest(b, sub: Subscription, rows) -> None:
     """Deliver from the store's rows until an outbox is over its limit; the rest is unfinished."""
     for destination, message_id, headers, body in rows:
+        if b.vhosts_on and MARK in destination and split(destination)[0] != split(sub.destination)[0]:
+            continue  # another virtual host's, under a wildcard of the default one
         if sub.accepts is None or sub.accepts(headers):
             message = Message(message_id, destination, {**headers, "replayed": "true"}, body)
             if queues.deliver(b, sub, message, None):

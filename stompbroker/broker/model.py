@@ -6,6 +6,7 @@ from collections import deque
 
 from ..ipc.outbox import Outbox
 from ..protocol.stomp import escape
+from . import vhosts
 
 # Headers of a SEND meant for the broker, not copied into the MESSAGE.
 NOT_FORWARDED = frozenset(("destination", "message-id", "subscription", "content-length", "receipt",
@@ -31,7 +32,7 @@ class Session:
     __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
                  "subs", "acks", "transactions", "hb_in", "closing", "protocol", "token", "login", "client_id",
                  "held", "pending", "backlog", "temps", "inflight", "written", "written_final", "console_until",
-                 "tls", "kept")
+                 "tls", "kept", "vhost")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
@@ -69,7 +70,7 @@ class Session:
         # Bytes held for it (bounds.py): frames waiting for its login's verdict, then the frames
         # of its open transactions and its unacknowledged topic deliveries.
         self.kept = 0
-
+        self.vhost = ""              # its virtual host, when not the default one (CONNECT's host: vhosts.py)
 
     @property
     def websocket(self) -> bool:
@@ -158,7 +159,7 @@ _BLOCKS: tuple[dict, dict] = ({}, {})  # per escaping style: (destination, body 
 def _header_block(destination: str, headers: dict, length: int, escaped: bool) -> bytes:
     """A MESSAGE's header lines after message-id, through the blank line."""
     esc = escape if escaped else _no_newlines
-    lines = [f"destination:{esc(destination)}"]
+    lines = [f"destination:{esc(vhosts.rendered(destination))}"]  # (as the clients of its vhost name it)
     for name, value in headers.items():
         if name not in NOT_FORWARDED:
             lines.append(f"{esc(name)}:{esc(value)}")

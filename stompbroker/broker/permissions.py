@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..protocol.stomp import ProtocolError
 from .model import Session
 from .names import CONSOLE_COMMANDS, DIAG_PREFIX, MONITOR, short
+from .vhosts import visible
 
 
 def allowed(b, session: Session, destination: str, write: bool, receipt) -> None:
@@ -15,6 +16,8 @@ def allowed(b, session: Session, destination: str, write: bool, receipt) -> None
         raise ProtocolError(f"permission denied for {destination}", "diagnostics are for admin users", receipt)
     if b.auth is None or not b.auth.required:
         return
+    if b.vhosts_on:
+        destination = visible(destination)  # rules name destinations as clients do, in any virtual host
     may = b.auth.can_write if write else b.auth.can_read
     if not may(session.login, destination):
         verb = "write to" if write else "read from"

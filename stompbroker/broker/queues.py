@@ -14,6 +14,7 @@ from .lastvalue import take_over
 from .model import Delivery, Message, Queue, Subscription
 from .names import REDELIVERED
 from .subscriptions import SubscriptionIndex
+from .vhosts import reaches
 
 
 def deliver(b, sub: Subscription, message: Message, queue: Queue | None) -> bool:
@@ -232,7 +233,8 @@ def queues_for(b, pattern: str) -> list[Queue]:
     if prefix is None:
         queue = b.queues.get(pattern)
         return [queue] if queue is not None else []
-    return [q for name, q in b.queues.items() if name.startswith(prefix)]
+    return [q for name, q in b.queues.items()
+            if name.startswith(prefix) and (not b.vhosts_on or reaches(prefix, name))]
 
 
 def sub_queues(b, sub: Subscription) -> list[Queue]:

@@ -11,7 +11,7 @@ import logging
 import orjson
 
 from ..protocol.stomp import ProtocolError
-from . import schedule
+from . import schedule, vhosts
 from .model import Session
 
 log = logging.getLogger("stompbroker.broker")
@@ -116,25 +116,42 @@ def load(b, store) -> int:
 
 # -- ActiveMQ.Scheduler.Management ------------------------------------------------------------------
 def is_management(destination: str) -> bool:
-    """ActiveMQ matches the name without its kind, ignoring case: /queue/ and /topic/ alike."""
+    """ActiveMQ matches the name without its kind, ignoring case: /queue/ and /topic/ alike (in a
+    virtual host, as its clients name it)."""
+    destination = vhosts.rendered(destination)
     name = destination.rpartition("/")[2] if destination.startswith(("/queue/", "/topic/")) else destination
     return name.lower().startswith(MANAGEMENT)
 
 
+def _session_jobs(b, session: Session, destination: str | None = None) -> list[schedule.Job]:
+    """The jobs a management SEND sees: those of its session's virtual host (by time)."""
+    if not b.vhosts_on:
+        return b.jobs.of(destination)
+    vhost = session.vhost or vhosts.DEFAULT
+    if destination is not None:
+        return b.jobs.of(vhosts.inside(vhost, destination))
+    return [job for job in b.jobs.of() if vhosts.split(job.destination)[0] == vhost]
+
+
 def manage(b, session: Session, headers: dict, receipt) -> list[tuple[str, dict, bytes]]:
     """A management SEND (its write permission checked by the caller): BROWSE returns the copies to
-    send to its ``reply-to``, the end marker last; REMOVE and REMOVEALL cancel and return nothing."""
+    send to its ``reply-to``, the end marker last; REMOVE and REMOVEALL cancel and return nothing.
+    Each sees only the jobs of its session's virtual host."""
     action = headers.get(ACTION, "").upper()
     window = _window(headers, receipt)
     if action == "BROWSE":
         reply_to = headers.get("reply-to")
         if not reply_to:
             raise ProtocolError("missing reply-to", "AMQ_SCHEDULER_ACTION:BROWSE sends the jobs to reply-to", receipt)
+        if b.vhosts_on:  # (a name of the session's virtual host, as its destination header's)
+            if vhosts.MARK in reply_to:
+                raise ProtocolError("invalid reply-to", "a destination may not hold the character U+001E", receipt)
+            reply_to = vhosts.inside(session.vhost, reply_to)
         out = []
-        for job in b.jobs.of()[:b.config.max_browse_messages]:
+        for job in _session_jobs(b, session)[:b.config.max_browse_messages]:
             if window is None or window[0] <= job.due <= window[1]:
                 copy = schedule.delivered_headers(job.headers, job.id)
-                copy["original-destination"] = job.destination
+                copy["original-destination"] = vhosts.rendered(job.destination)
                 copy["scheduled-time"] = str(int(job.due))
                 copy.pop("reply-to", None)
                 copy["persistent"] = "false"
@@ -143,12 +160,12 @@ def manage(b, session: Session, headers: dict, receipt) -> list[tuple[str, dict,
         return out
     if action == "REMOVE":
         job = b.jobs.by_id.get(headers.get(schedule.CLASSIC_JOB_ID, headers.get(schedule.JOB_ID, "")))
-        if job is not None:
+        if job is not None and (not b.vhosts_on or vhosts.split(job.destination)[0] == (session.vhost or vhosts.DEFAULT)):
             cancel(b, job)
         return []
     if action == "REMOVEALL":
         destination = headers.get("original-destination")
-        for job in b.jobs.of(destination):
+        for job in _session_jobs(b, session, destination):
             if window is None or window[0] <= job.due <= window[1]:
                 cancel(b, job)
         return []

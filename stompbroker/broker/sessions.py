@@ -12,6 +12,7 @@ from ..security.console_tokens import PREFIX as CONSOLE_PREFIX
 from . import bounds, confirmations, replies, subscribing, temporary, transactions
 from .model import Session
 from .names import MAX_HEART_BEAT, SERVER, VERSIONS, short
+from .vhosts import DEFAULT as DEFAULT_VHOST
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -37,6 +38,8 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
         raise ProtocolError("heart-beat out of range",
                             f"the client heart-beats every {cx} ms; the broker needs at least every "
                             f"{b.config.heartbeat_max_ms} ms", receipt)
+    if b.vhosts_on:
+        session.vhost = choose_vhost(b, headers.get("host"), receipt)
     if b.auth is not None and b.auth.required:
         login, passcode = headers.get("login"), headers.get("passcode")
         if passcode and passcode.startswith(CONSOLE_PREFIX) and b.auth.console_login(login, passcode,
@@ -51,6 +54,17 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
         b.logins.submit(session.conn, login, passcode, session.address)
         return
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
+
+
+def choose_vhost(b, host: str | None, receipt) -> str:
+    """The virtual host a CONNECT's ``host`` names ("" for the default one): RabbitMQ's rule. One
+    that names none of them is refused, or joins the default one with vhost_fallback."""
+    if host in b.config.vhosts:
+        return "" if host == DEFAULT_VHOST else host
+    if host is None or b.config.vhost_fallback:
+        return ""
+    raise ProtocolError("unknown virtual host", f"this broker serves the virtual hosts {', '.join(b.config.vhosts)} "
+                        f"(vhosts), not {short(host)!r}", receipt)
 
 
 def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list[tuple[bytes, bytes]]:
@@ -75,6 +89,10 @@ def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list[
 
 def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict, login: str) -> None:
     receipt = headers.get("receipt")
+    if session.vhost and b.auth is not None and b.auth.required and not b.auth.may_use_vhost(login, session.vhost):
+        replies.error(b, session, "access refused", f"{short(login)!r} may not use the virtual host "
+                      f"{session.vhost!r}", receipt)
+        return
     hb_min = b.config.heartbeat_min_ms
     sx = hb_min if cy else 0           # the broker can send every hb_min ms
     sy = max(cx, hb_min) if cx else 0  # and wants the client's beats at the client's pace

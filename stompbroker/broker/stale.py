@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 
+from .vhosts import reaches
+
 
 class StaleQueue:
-    def __init__(self, ttl: float, max_size: int):
+    def __init__(self, ttl: float, max_size: int, vhosts: bool = False):
         self.ttl = ttl
+        self.vhosts = vhosts  # several virtual hosts: a wildcard takes only its own vhost's (vhosts.py)
         self.max_size = max_size
         self._order: deque = deque()                 # [deadline, seq, message, alive] in send order
         self._by_destination: dict[str, deque] = {}  # the same entries, per destination
@@ -46,7 +49,8 @@ class StaleQueue:
         if exact is not None:
             names = [exact] if exact in self._by_destination else []
         else:
-            names = [d for d in self._by_destination if d.startswith(prefix)]
+            names = [d for d in self._by_destination
+                     if d.startswith(prefix) and (not self.vhosts or reaches(prefix, d))]
         taken = []
         for name in names:
             keep = deque()

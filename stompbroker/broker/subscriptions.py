@@ -8,9 +8,12 @@ subscriptions. Results are cached per destination until the next subscribe or un
 
 from __future__ import annotations
 
+from .vhosts import MARK, shown
+
 
 class SubscriptionIndex:
-    def __init__(self):
+    def __init__(self, vhosts: bool = False):
+        self.vhosts = vhosts  # several virtual hosts: a pattern reaches into one only from inside it
         self.exact: dict[str, list] = {}
         self.prefixed: dict[str, list] = {}
         self._prefix_lengths: dict[int, int] = {}  # prefix length -> number of patterns of that length
@@ -55,8 +58,9 @@ class SubscriptionIndex:
         found = self._cache.get(destination)
         if found is None:
             found = list(self.exact.get(destination, ()))
+            mark = destination.find(MARK) if self.vhosts else -1  # (vhosts.py)
             for length in self._prefix_lengths:
-                if length <= len(destination):
+                if mark < length <= len(destination):
                     found.extend(self.prefixed.get(destination[:length], ()))
             found = tuple(found)
             if len(self._cache) > 100_000:  # destinations are client-chosen: keep the cache bounded
@@ -65,4 +69,6 @@ class SubscriptionIndex:
         return found
 
     def patterns(self) -> list[str]:
-        return list(self.exact) + [p + "*" for p in self.prefixed]
+        """The patterns subscribed to (a virtual host's shown ``VHOST:pattern``), for DIAG."""
+        patterns = list(self.exact) + [p + "*" for p in self.prefixed]
+        return [shown(p) for p in patterns] if self.vhosts else patterns

@@ -17,14 +17,17 @@ import logging
 import math
 import os
 import time
+from typing import NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
 from .. import __version__
-from ..broker import scheduling
+from ..broker import vhosts
 from ..diag import answers
 from ..protocol.websocket import http_response
+from . import manage
+from .audit import AuditLog
 from .metrics import exposition
 
 log = logging.getLogger("stompbroker.http")
@@ -36,6 +39,7 @@ STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
 STATIC = {
     "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "/console/console.css": ("console.css", "text/css; charset=utf-8"),
+    "/console/manage.js": ("manage.js", "text/javascript; charset=utf-8"),
     "/console/vendor/uPlot.iife.min.js": ("vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
     "/console/vendor/uPlot.min.css": ("vendor/uPlot.min.css", "text/css; charset=utf-8"),
     "/console/vendor/stomp.umd.min.js": ("vendor/stomp.umd.min.js", "text/javascript; charset=utf-8"),
@@ -43,11 +47,12 @@ STATIC = {
     "/console/vendor/stompjs.LICENSE.txt": ("vendor/stompjs.LICENSE.txt", "text/plain; charset=utf-8"),
 }
 PAGES = ("/", "/index.html")
-API = ("/api/overview", "/api/queues", "/api/connections", "/api/scheduled")
+API = ("/api/overview", "/api/queues", "/api/connections", "/api/subscriptions", "/api/vhosts", "/api/scheduled")
+QUEUE_SORTS = ("name", "depth", "enqueued", "dequeued", "unacked", "consumers")  # ?sort= of /api/queues
 METRICS = "/metrics"
 TOKEN = "/console/token"  # POST (with logins checked): a STOMP passcode for the page (security/console_tokens.py)
 ALLOWED_METHODS = ("GET", "HEAD")
-SCHEDULED = "/api/scheduled"  # GET lists; DELETE /api/scheduled/<id>, or ?destination=, cancels
+SCHEDULED = "/api/scheduled"  # GET lists, GET /api/scheduled/<id> shows one; cancelling is an action (manage.py)
 REALM = "stompbroker"
 SNAPSHOT_TTL = 0.25   # seconds a statistics snapshot serves further requests (bounds the cost of a scrape flood)
 PAGE_SIZE = 100       # items per /api page unless ?page_size= says (RabbitMQ's management API's default)
@@ -69,19 +74,37 @@ PAGE_HEADERS = {
 
 
 # -- the request record (reader -> dispatcher) ----------------------------------------------------
-def encode_request(request: dict) -> bytes:
-    """What the dispatcher needs of a request head: method, target, Authorization, Accept.
+class Request(NamedTuple):
+    """What the dispatcher needs of a request: its head's method, target and a few headers (empty
+    when absent), and its body (a management action's JSON)."""
 
-    Header values never hold NUL (the parser refuses it), so NUL separates them.
-    """
+    method: str
+    target: str
+    authorization: str = ""
+    accept: str = ""
+    origin: str = ""
+    host: str = ""
+    content_type: str = ""
+    fetch_site: str = ""   # Sec-Fetch-Site: browsers say where the request comes from
+    body: bytes = b""
+
+
+REQUEST_HEADERS = ("authorization", "accept", "origin", "host", "content-type", "sec-fetch-site")
+
+
+def encode_request(request: dict, body: bytes = b"") -> bytes:
+    """A parsed request head (protocol/handshake.py) and its body as one record.
+
+    Header values never hold NUL (the parser refuses it), so NUL separates them; the body comes
+    last, whatever it holds."""
     h = request["headers"]
-    return "\0".join((request["method"], request["path"], h.get("authorization", ""), h.get("accept", ""))).encode(
-        "latin-1", "replace")
+    fields = (request["method"], request["path"], *(h.get(name, "") for name in REQUEST_HEADERS))
+    return "\0".join(fields).encode("latin-1", "replace") + b"\0" + body
 
 
-def decode_request(payload: bytes) -> tuple[str, str, str, str]:
-    method, target, authorization, accept = payload.decode("latin-1").split("\0")
-    return method, target, authorization, accept
+def decode_request(payload: bytes) -> Request:
+    parts = payload.split(b"\0", len(REQUEST_HEADERS) + 2)
+    return Request(*(p.decode("latin-1") for p in parts[:-1]), parts[-1])
 
 
 def basic_credentials(authorization: str) -> tuple[str, str] | None:
@@ -100,6 +123,18 @@ def basic_credentials(authorization: str) -> tuple[str, str] | None:
 
 
 # -- responses -------------------------------------------------------------------------------------
+def one_job(path: str) -> bool:
+    """/api/scheduled/<id> (one segment: ids hold no slash)."""
+    return path.startswith(SCHEDULED + "/") and "/" not in path[len(SCHEDULED) + 1:]
+
+
+def job_info(job) -> dict:
+    """A scheduled message as the API shows it: its destination as its virtual host's clients name
+    it, and that virtual host."""
+    vhost, destination = vhosts.split(job.destination)
+    return {**job.info(), "destination": destination, "vhost": vhost}
+
+
 def text_response(status: int, reason: str, text: str, headers: dict | None = None) -> bytes:
     return http_response(status, reason, (text + "\n").encode(),
                          {"Content-Type": "text/plain; charset=utf-8", **SECURITY_HEADERS, **(headers or {})})
@@ -159,18 +194,20 @@ def paging(query: dict, max_page_size: int) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def page_of(items: list, page: int, page_size: int, budget: int, make=None) -> bytes:
+def page_of(items: list, page: int, page_size: int, budget: int, make=None, total: int | None = None) -> bytes:
     """One page of a list as JSON, in the RabbitMQ management API's envelope (``items``, ``page``,
     ``page_size``, ``page_count``, ``item_count``, ``total_count``, ``filtered_count``), cut to
     ``budget`` bytes (whole items; ``truncated`` says so: ask for smaller pages). ``make`` turns
-    the page's items into what is shown (made only for the page, not for the whole list)."""
-    total = len(items)
+    the page's items into what is shown (made only for the page, not for the whole list); ``total``:
+    the items before a filter kept ``items`` (``total_count``; ``filtered_count`` is ``len(items)``)."""
+    filtered = len(items)
     chunk = items[(page - 1) * page_size:page * page_size]
     if make is not None:
         chunk = [make(item) for item in chunk]
     text, end = answers.json_items(chunk, 0, budget - 300)  # (300: the envelope)
-    envelope = {"page": page, "page_size": page_size, "page_count": -(-total // page_size), "item_count": end,
-                "total_count": total, "filtered_count": total, "truncated": end < len(chunk)}
+    envelope = {"page": page, "page_size": page_size, "page_count": -(-filtered // page_size), "item_count": end,
+                "total_count": filtered if total is None else total, "filtered_count": filtered,
+                "truncated": end < len(chunk)}
     return b'{"items":' + text + b"," + orjson.dumps(envelope)[1:]
 
 
@@ -243,6 +280,9 @@ class Site:
         self._snapshot_at = 0.0
         self.errors = 0       # HTTP answers 5xx but 503: failed, quarantined, or too large to send
         self.unavailable = 0  # HTTP answers 503: a login not checked in time
+        self.audit = AuditLog(config.audit_log, config.audit_log_max_bytes, config.audit_log_files)
+        self.limiter = manage.RateLimiter(config.manage_rate_limit)
+        self.actions: dict[tuple[str, int], int] = {}  # (action, HTTP status) -> requests, for /metrics
 
     # -- routing ---------------------------------------------------------------------------------
     def route(self, method: str, target: str) -> tuple[str | None, bytes | None]:
@@ -261,12 +301,17 @@ class Site:
             kind = "page"
         elif path in STATIC and self.config.console:
             kind = "static"
-        elif (path in API or path == METRICS or path.startswith(SCHEDULED + "/")) and self.config.http_api:
+        elif (path in API or path == METRICS or one_job(path)) and self.config.http_api:
             kind = "metrics" if path == METRICS else "api"
+        elif path.startswith("/api/") and self.config.http_api:
+            action, allow = manage.action_of(method, path)
+            if action is not None:
+                return "action", None
+            if allow:
+                return None, text_response(405, "Method Not Allowed", f"{path[:100]} takes {allow}", {"Allow": allow})
+            return None, not_found()
         else:
             return None, not_found()
-        if method == "DELETE" and path.startswith(SCHEDULED):
-            return kind, None  # (no form or cross-site page can send a DELETE without the broker's CORS)
         if method not in ALLOWED_METHODS:
             return None, method_not_allowed()
         return kind, None
@@ -274,7 +319,7 @@ class Site:
     def respond(self, method: str, target: str, accept: str = "") -> bytes:
         """The response to a routed request (not ``"token"``: the dispatcher mints those)."""
         try:
-            response = self._cancel(target) if method == "DELETE" else self._respond(target, accept)
+            response = self._respond(target, accept)
         except BadRequest as exc:
             response = bad_request(str(exc))
         except Exception as exc:  # a bug costs this request a 500, never the broker
@@ -306,7 +351,8 @@ class Site:
             ws_path = (getattr(self.config, "ws_paths", None) or ["/"])[0]  # an allowed WebSocket path
             # With logins checked the page asks for a STOMP passcode (POST /console/token) before each login.
             auth = "token" if self.config.auth_required else ""
-            for name, value in (("auth", auth), ("ws_path", ws_path)):
+            dlq = getattr(self.config, "dead_letter_queue", "")
+            for name, value in (("auth", auth), ("ws_path", ws_path), ("dlq", dlq)):
                 page = page.replace("{{%s}}" % name, html.escape(value))
             return http_response(200, "OK", page.encode(), {"Content-Type": "text/html; charset=utf-8", **PAGE_HEADERS})
         snapshot = self.snapshot()
@@ -317,43 +363,125 @@ class Site:
                                                    **SECURITY_HEADERS})
         if path == "/api/overview":
             return json_response(overview(snapshot, budget))
-        page, page_size = paging(parse_qs(parts.query), self.config.api_max_page_size)
+        query = parse_qs(parts.query)
+        page, page_size = paging(query, self.config.api_max_page_size)
+        if path == "/api/vhosts":
+            return json_response(page_of([{"name": name} for name in self.config.vhosts], page, page_size, budget))
+        vhost = query.get("vhost", [manage.DEFAULT_VHOST])[0]
+        if vhost not in self.config.vhosts:
+            raise BadRequest(manage.no_vhost(vhost, self.config))
         if path == "/api/queues":
-            queues = snapshot.get("sorted_queues")
-            if queues is None:  # by name, so pages follow one another (sorted once per snapshot)
-                queues = snapshot["sorted_queues"] = sorted(snapshot["queues"], key=lambda q: q["destination"])
-            return json_response(page_of(queues, page, page_size, budget))
-        if path.startswith(SCHEDULED + "/"):
+            return json_response(self.queue_page(snapshot, query, page, page_size, vhost))
+        if path == "/api/subscriptions":
+            return json_response(page_of(self.subscriptions(vhost), page, page_size, budget))
+        if path.startswith(SCHEDULED + "/"):  # one job, by its id (ids are broker-wide)
             job = self.stats.broker.jobs.by_id.get(unquote(path[len(SCHEDULED) + 1:]))
-            return json_response(job.info()) if job is not None else not_found()
+            return json_response(job_info(job)) if job is not None else not_found()
         if path == SCHEDULED:  # by time; ?destination= for one destination's
-            destination = parse_qs(parts.query).get("destination", [None])[0]
-            jobs = self.stats.broker.jobs.of(destination)
-            return json_response(page_of(jobs, page, page_size, budget, lambda job: job.info()))
+            return json_response(page_of(self.scheduled(vhost, query.get("destination", [None])[0]),
+                                         page, page_size, budget, job_info))
         sessions = list(self.stats.broker.sessions.values())
         return json_response(page_of(sessions, page, page_size, budget, self.connection))
 
-    def _cancel(self, target: str) -> bytes:
-        """DELETE /api/scheduled/<job id>: that job; DELETE /api/scheduled?destination=D: every job
-        of D (a DELETE of them all names no destination and is refused)."""
-        parts = urlsplit(target)
+    def queue_page(self, snapshot: dict, query: dict, page: int, page_size: int, vhost: str = "/") -> bytes:
+        """/api/queues: the queues of ``vhost`` (named as its clients name them); ``name`` keeps the
+        queues whose name holds that text, ``sort`` orders them (QUEUE_SORTS; ``sort_reverse=true``
+        for the largest first), then one page."""
+        sort = query.get("sort", ["name"])[0]
+        if sort not in QUEUE_SORTS:
+            raise BadRequest(f"sort must be one of {', '.join(QUEUE_SORTS)}")
+        reverse = query.get("sort_reverse", ["false"])[0] == "true"
+        key = "destination" if sort == "name" else sort
+        cache = snapshot.setdefault("sorted_queues", {})  # sorted once per snapshot, vhost and order
+        queues = cache.get((vhost, key, reverse))
+        if queues is None:
+            # (queue_stats shows a vhost's queue as "VHOST:destination" and says its vhost)
+            mine = [q if vhost == "/" else {**q, "destination": q["destination"][len(vhost) + 1:]}
+                    for q in snapshot["queues"] if q.get("vhost", "/") == vhost]
+            queues = cache[(vhost, key, reverse)] = sorted(mine, key=lambda q: (q[key], q["destination"]),
+                                                           reverse=reverse)
+        total = len(queues)
+        name = query.get("name", [""])[0]
+        if name:
+            queues = [q for q in queues if name in q["destination"]]
+        return page_of(queues, page, page_size, self.config.answer_bytes, total=total)
+
+    def scheduled(self, vhost: str, destination: str | None) -> list:
+        """/api/scheduled: the scheduled messages of ``vhost`` (of its ``destination``, named as its
+        clients name it), by time."""
+        jobs = self.stats.broker.jobs
+        if destination is not None:
+            return jobs.of(vhosts.inside(vhost, destination))
+        return [job for job in jobs.of() if vhosts.split(job.destination)[0] == vhost]
+
+    def subscriptions(self, vhost: str = "/") -> list[dict]:
+        """/api/subscriptions: the durable subscriptions of ``vhost`` (attached or not) and its other
+        live ones, named as its clients name them."""
         broker = self.stats.broker
-        if parts.path.startswith(SCHEDULED + "/"):
-            job = broker.jobs.by_id.get(unquote(parts.path[len(SCHEDULED) + 1:]))
-            if job is None:
-                return not_found()
-            jobs = [job]
-        elif parts.path == SCHEDULED:
-            destination = parse_qs(parts.query).get("destination", [None])[0]
-            if not destination:
-                raise BadRequest("DELETE /api/scheduled cancels one job (/api/scheduled/<id>) or one "
-                                 "destination's (?destination=)")
-            jobs = broker.jobs.of(destination)
+        items = []
+        for d in broker.durables.values():
+            their_vhost, key = vhosts.split(d.name) if broker.vhosts_on else (vhosts.DEFAULT, d.name)
+            if their_vhost == vhost:
+                items.append({"durable": True, "key": key, "destination": vhosts.rendered(d.pattern),
+                              "attached": d.sub is not None, "connection": d.sub.session.conn if d.sub else None,
+                              "id": d.sub.id if d.sub is not None else None, "waiting": d.queue.depth()})
+        own = "" if vhost == "/" else vhost
+        for session in broker.sessions.values():
+            if session.vhost != own:
+                continue
+            for sub in session.subs.values():
+                if sub.durable is None:
+                    items.append({"durable": False, "key": None, "destination": vhosts.rendered(sub.destination),
+                                  "attached": True,
+                                  "connection": session.conn, "id": sub.id, "waiting": None})
+        return items
+
+    # -- management actions (console/manage.py, broker/manage.py) -----------------------------------
+    def precheck(self, request, peer: str) -> bytes | None:
+        """The answer to an action refused before its login is checked (actions off or without
+        logins, a forged request), else None."""
+        action, _ = manage.action_of(request.method, urlsplit(request.target).path)
+        if not (self.config.http_manage and self.config.auth_required):
+            response = manage.refusal(403, "management actions are off: they need logins checked (passwd_file "
+                                           "or secret) and http_manage=true")
         else:
-            return method_not_allowed()
-        for job in jobs:
-            scheduling.cancel(broker, job)
-        return json_response({"cancelled": len(jobs)})
+            reason = manage.forgery(request)
+            if not reason:
+                return None
+            response = manage.refusal(403, reason)
+        self.noted(action, request, peer, None, 403, {})
+        return response
+
+    def act(self, broker, request, user: str | None, peer: str, now: float) -> bytes:
+        """An action asked by ``user`` (its login checked): the permission, the rate limit, then the
+        action; each is audited and counted."""
+        action, _ = manage.action_of(request.method, urlsplit(request.target).path)
+        if not manage.allowed(broker.auth, user, action, request):
+            status, response, noted = 403, manage.refusal(403, f"{user} may not {action.name} here: an admin or "
+                                                               "a manage grant covering it is needed"), {}
+        else:
+            wait = self.limiter.take(user or "", now)
+            if wait:
+                status, response, noted = 429, manage.too_many(wait), {}
+            else:
+                try:
+                    status, response, noted = manage.perform(broker, self.config, action, request, now)
+                except Exception as exc:  # a bug costs this request a 500, never the broker
+                    status, response, noted = 500, self.failed(request.method, request.target, exc), {}
+        self.noted(action, request, peer, user, status, noted)
+        return response
+
+    def noted(self, action, request, peer: str, user: str | None, status: int, result: dict) -> None:
+        """One action in the audit log and the counts of /metrics."""
+        self._snapshot = None  # the next look shows what the action did, and its count
+        key = (action.name, status)
+        if key in self.actions or len(self.actions) < 1000:
+            self.actions[key] = self.actions.get(key, 0) + 1
+        claimed = basic_credentials(request.authorization)
+        self.audit.write({"user": user, "login": claimed[0] if claimed else None, "peer": peer,
+                          "action": action.name, "method": request.method, "vhost": action.vhost,
+                          "target": action.target, **({"id": action.item} if action.item else {}),
+                          "status": status, **result})
 
     def _file(self, name: str) -> bytes:
         data = self._files.get(name)
@@ -390,9 +518,9 @@ class Site:
             "latency": stats.latency(),
             "queues": stats.query("queues"),
             "cluster": stats.query("cluster"),  # {} on a single node
-            # failed here, or in the reader (before the request reached the dispatcher)
             "http": {"internal_errors": self.errors + int(stats.resources.reader_stats.read()["http_errors"]),
-                     "unavailable": self.unavailable},
+                     "unavailable": self.unavailable, "audit_errors": self.audit.errors,
+                     "actions": [{"action": a, "status": s, "count": n} for (a, s), n in sorted(self.actions.items())]},
         }
         self._snapshot_at = now
         return self._snapshot
@@ -401,7 +529,8 @@ class Site:
         """One connection as /api/connections shows it; its subscriptions as many as fit in a share
         of the answer budget (``subscription_count`` counts them all)."""
         now = self.clock()
-        subs = [{"id": sub.id, "destination": sub.destination, "ack": sub.ack, "unacked": len(sub.unacked)}
+        subs = [{"id": sub.id, "destination": vhosts.rendered(sub.destination), "ack": sub.ack,
+                 "unacked": len(sub.unacked)}
                 for sub in session.subs.values()]
         listed, end = answers.json_items(subs, 0, self.config.answer_bytes // SUBSCRIPTIONS_SHARE)
         return {
@@ -413,6 +542,7 @@ class Site:
             "connected": session.connected,
             "version": session.version if session.connected else None,
             "login": session.login,
+            "vhost": session.vhost or "/",
             "client_id": session.client_id,
             "age_seconds": round(now - session.opened, 3),
             "idle_seconds": round(now - session.last_seen, 3),

@@ -182,6 +182,14 @@ def families(s: dict, max_queues: int | None = None):
     yield CounterMetricFamily(PREFIX + "http_internal_errors", "HTTP requests answered 500 (or another 5xx "
                               "but 503): the broker failed to answer them, refused a quarantined request, or "
                               "had an answer too large to send (each logged in one line)", value=s.get("http", {}).get("internal_errors", 0))
+    actions = CounterMetricFamily(PREFIX + "http_actions", "management actions asked over HTTP (docs/admin.md), "
+                                  "by action and the HTTP status answered (each one a line of the audit log)",
+                                  labels=["action", "status"])
+    for entry in s.get("http", {}).get("actions", ()):
+        actions.add_metric([entry["action"], str(entry["status"])], entry["count"])
+    yield actions
+    yield CounterMetricFamily(PREFIX + "audit_log_errors", "audit log lines that could not be written (audit_log)",
+                              value=s.get("http", {}).get("audit_errors", 0))
 
     cluster = s.get("cluster")
     if cluster:  # cluster mode (docs/cluster.md)

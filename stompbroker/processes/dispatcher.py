@@ -378,41 +378,48 @@ class Dispatcher:
     def http_request(self, conn: int, payload: bytes, now: float) -> None:
         method = target = "?"
         try:
-            method, target, authorization, accept = http.decode_request(payload)
-            self.http_route(conn, method, target, authorization, accept)
+            request = http.decode_request(payload)
+            method, target = request.method, request.target
+            self.http_route(conn, request, now)
         except Exception as exc:  # an HTTP client gets an HTTP answer, never a STOMP ERROR
             self.http_answer(conn, self.site.failed(method, target, exc))
 
-    def http_route(self, conn: int, method: str, target: str, authorization: str, accept: str) -> None:
-        route, response = self.site.route(method, target)
+    def http_route(self, conn: int, request, now: float) -> None:
+        route, response = self.site.route(request.method, request.target)
+        session = self.broker.sessions.get(conn)
+        if session is None:
+            return  # (gone already)
+        if route == "action":  # refused before any login is checked: actions off, a forged request
+            response = self.site.precheck(request, session.peer)
         if response is None and route != "static" and self.auth is not None and self.auth.required:
-            credentials = http.basic_credentials(authorization)
-            session = self.broker.sessions.get(conn)
-            if session is None:
-                return  # (gone already)
+            credentials = http.basic_credentials(request.authorization)
             if credentials is None:
                 response = http.unauthorized()
             else:
                 # Checked off this thread in the same queue as CONNECTs (its back-offs, one check in
                 # flight per address); the answer comes in http_checked, or http_late says why not.
-                self.http_pending[conn] = (method, target, accept, route)
+                self.http_pending[conn] = (request, route)
                 timeout = self.config.connect_timeout_ms / 1000
                 if timeout:
                     heapq.heappush(self.http_deadlines, (session.opened + timeout, conn))
                 self.logins.submit(conn, *credentials, session.address)
                 return
         if response is None:
-            response = self.site.respond(method, target, accept)
+            response = self.site.respond(request.method, request.target, request.accept)
         self.http_answer(conn, response)
 
     def http_checked(self, conn: int, user: str | None, delay: float, now: float) -> None:
-        method, target, accept, route = self.http_pending.pop(conn)
+        request, route = self.http_pending.pop(conn)
+        method, target = request.method, request.target
+        session = self.broker.sessions.get(conn)
         if user is None:  # told after the login's back-off, as a refused CONNECT is
             heapq.heappush(self.http_delayed, (now + delay, conn, http.unauthorized("access refused")))
+        elif route == "action":  # admins, or a manage grant (console/manage.py); answered once on disk
+            if session is not None and not session.closing:
+                self.http_answer(conn, self.site.act(self.broker, request, user, session.peer, now), held=True)
         elif not self.auth.is_admin(user):
             self.http_answer(conn, http.forbidden())
         elif route == "token":  # the page's STOMP passcode: the browser keeps Basic credentials to itself
-            session = self.broker.sessions.get(conn)
             if session is not None:
                 try:
                     passcode = self.auth.console.mint(user, session.address, now)
@@ -421,7 +428,7 @@ class Dispatcher:
                     response = self.site.failed(method, target, exc)
                 self.http_answer(conn, response)
         else:
-            self.http_answer(conn, self.site.respond(method, target, accept))
+            self.http_answer(conn, self.site.respond(method, target, request.accept))
 
     def http_late(self, now: float) -> None:
         """HTTP logins not checked within connect_timeout_ms: 429 when a back-off held them, 503
@@ -436,13 +443,17 @@ class Dispatcher:
             else:  # (or being checked right now: its verdict is ignored)
                 self.http_answer(conn, http.unavailable())
 
-    def http_answer(self, conn: int, response: bytes) -> None:
-        """Every HTTP answer the dispatcher sends (the last guard's 500s aside: flush_one)."""
+    def http_answer(self, conn: int, response: bytes, held: bool = False) -> None:
+        """Every HTTP answer the dispatcher sends (the last guard's 500s aside: flush_one); ``held``:
+        an action's, which waits for the store's commit of what it wrote (Broker.answer_http)."""
         session = self.broker.sessions.get(conn)
         if session is not None and not session.closing:
             self.site.answered(int(response[9:12]))
             if session.tls and self.config.hsts_max_age:  # browsers keep to https for this host
                 response = with_header(response, "Strict-Transport-Security", f"max-age={self.config.hsts_max_age}")
+            if held:
+                self.broker.answer_http(session, response)
+                return
             session.outbox.add(R.RAW, conn, response)
             self.broker.hang_up(session)
 

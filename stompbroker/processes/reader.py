@@ -73,9 +73,12 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         self.tls_context = tls_context(config) if self.tls_listener is not None else None
         self.alive_every = R.alive_every(config)
         self.proxies = proxy.TrustedProxies(config.proxy_trusted) if config.proxy_protocol else None
-        # connections whose HTTP request head is incomplete -> deadline: answered 408 at half of
-        # connect_timeout_ms
+        # connections whose HTTP request (head, then body) is incomplete -> deadline: answered 408 at
+        # half of connect_timeout_ms
         self.http_waiting: dict[Conn, float] = {}
+        # connections whose request head came and whose body (Content-Length) is still arriving:
+        # the head as its record starts, and the body's length
+        self.http_bodies: dict[Conn, tuple[bytes, int]] = {}
         self.http_head_timeout = config.connect_timeout_ms / 2000
         # connections whose protocol is not known yet: the reader ends them at connect_timeout_ms
         # (the dispatcher's connect timeout is for those the reader said speak STOMP; undecided.py)

@@ -81,6 +81,7 @@ class Accepting:
 
     def drop(self, conn: Conn) -> None:
         self.http_waiting.pop(conn, None)
+        self.http_bodies.pop(conn, None)
         self.undecided.discard(conn)
         if conn.ws is not None:
             self.stats["websockets"] -= 1

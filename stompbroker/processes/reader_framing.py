@@ -73,13 +73,16 @@ class Framing:
                 self.release(conn)
             return
         held = (conn.parser.buffered if conn.parser is not None else 0) + (
-            conn.ws.allocated if conn.ws is not None else 0)
+            conn.ws.allocated if conn.ws is not None else 0) + (len(conn.buf) if conn.mode == HTTP else 0)
         self.partial += held - conn.held
         conn.held = held
         if not held:
             return
         config = self.config
-        if not conn.greeted and held > config.max_first_frame:
+        if conn.mode == HTTP:  # a request head or body (bounded by max_http_head, max_http_body) on its way
+            if self.partial > config.max_partial_bytes:
+                self.http_over_budget(conn)  # reader_http.py
+        elif not conn.greeted and held > config.max_first_frame:
             self.bad_frame(conn, "frame too large", f"a frame before CONNECTED may have at most "
                            f"{config.max_first_frame} bytes (max_first_frame)", receipt_of(conn))
             self.release(conn)

@@ -20,7 +20,7 @@ STOMP_SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp", "stomp")
 _REASONS = {
     101: "Switching Protocols", 200: "OK", 400: "Bad Request", 403: "Forbidden",
     404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 421: "Misdirected Request",
-    426: "Upgrade Required",
+    411: "Length Required", 413: "Content Too Large", 426: "Upgrade Required",
     431: "Request Header Fields Too Large", 500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -96,6 +96,22 @@ def parse_http_request(buf: bytes, max_size: int) -> tuple[dict, int] | None:
         if key not in headers:  # first wins
             headers[key] = value.strip(b" \t").decode("latin-1")
     return {"method": method, "path": target, "version": version, "headers": headers, "authority": authority}, consumed
+
+
+def body_length(headers: dict, limit: int) -> int:
+    """The length of a plain request's body (its Content-Length; 0 without one). A chunked body is
+    not read (411), nor one over ``limit`` bytes (413)."""
+    if "transfer-encoding" in headers:
+        raise HandshakeError(411, "send the body with a Content-Length (chunked bodies are not read)")
+    text = headers.get("content-length")
+    if text is None:
+        return 0
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise HandshakeError(400, "malformed Content-Length")
+    length = int(text)
+    if length > limit:
+        raise HandshakeError(413, f"the body may have at most {limit} bytes (max_http_body)")
+    return length
 
 
 def _tokens(value: str | None) -> list[str]:

@@ -28,7 +28,7 @@ import os
 import struct
 
 __all__ = [
-    "HandshakeError", "parse_http_request", "handshake_response", "http_response", "wants_upgrade", "with_header",
+    "HandshakeError", "body_length", "parse_http_request", "handshake_response", "http_response", "wants_upgrade", "with_header",
     "WsProtocolError", "WsDecoder", "encode_frame", "encode_message", "encode_close",
     "encode_client_frame", "parse_frame",
     "mask_bytes", "Opcode", "CloseCode", "WsEvent", "OP_CONT", "OP_TEXT", "OP_BIN", "OP_CLOSE", "OP_PING", "OP_PONG",
@@ -84,7 +84,7 @@ OP_PING = Opcode.PING.value
 OP_PONG = Opcode.PONG.value
 _MESSAGE = WsEvent.MESSAGE  # one global lookup per message, not an enum attribute lookup
 
-from .handshake import (STOMP_SUBPROTOCOLS, WS_GUID, HandshakeError, accept_key, handshake_response,
+from .handshake import (STOMP_SUBPROTOCOLS, WS_GUID, HandshakeError, accept_key, body_length, handshake_response,
                         http_response, parse_http_request, wants_upgrade, with_header)
 
 

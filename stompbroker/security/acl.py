@@ -9,12 +9,16 @@ Permissions of one login:
 
 - ``read`` patterns: what it may SUBSCRIBE to;
 - ``write`` patterns: what it may SEND to;
-- ``admin``: a flag the broker gives meaning to (e.g. DIAG, /queue/monitor).
+- ``admin``: a flag the broker gives meaning to (e.g. DIAG, /queue/monitor, the HTTP API);
+- ``manage`` patterns: the destinations whose queues it may manage over the HTTP API (peek, purge,
+  delete, move, publish: docs/admin.md) without being an admin (an admin may manage everything);
+- ``vhost`` names: the virtual hosts besides ``/`` it may connect to (``*``: all; an admin may use
+  every one; every login may use ``/``).
 
 Rule: a login with **no read and no write rule may read and write everything**. As soon as it has
 at least one read or write rule, it may read only what its read rules allow and write only what its
 write rules allow (a login with only write rules cannot read anything). ``admin`` is not a
-read/write rule: ``admin`` alone leaves read and write unrestricted.
+read/write rule: ``admin`` alone leaves read and write unrestricted, and so does ``manage``.
 
 A subscription destination may itself be a wildcard (``/topic/*``); it is allowed only when one
 rule *covers* everything it can match: a wildcard rule whose prefix is a prefix of the
@@ -25,18 +29,20 @@ Two places can give rules, and they add up (union of patterns, admin if either s
 
 1. inline, as a third field of a passwd line (see ``passwd.py``)::
 
-       alice:scrypt$...:read=/topic/*,/queue/a;write=/queue/*;admin
+       alice:scrypt$...:read=/topic/*,/queue/a;write=/queue/*;manage=/queue/jobs*;admin
 
-   clauses separated by ``;``, each ``read=P[,P...]``, ``write=P[,P...]`` or ``admin``;
+   clauses separated by ``;``, each ``read=P[,P...]``, ``write=P[,P...]``, ``manage=P[,P...]`` or ``admin``;
 2. an ACL file, one rule per line (``#`` comment lines and blank lines ignored, whitespace trimmed)::
 
        alice read /topic/*,/queue/a
        alice write /queue/*
        alice admin
+       bob   manage /queue/jobs*,/queue/DLQ
+       bob   vhost  eu,us
        *     read /topic/public/*
 
    The login ``*`` gives the read/write rules of every login that has none of its own (anonymous
-   and token logins included). ``* admin`` is refused. A ``#`` only starts a comment at the start
+   and token logins included). ``* admin`` and ``* manage`` are refused. A ``#`` only starts a comment at the start
    of a line (``#jobs`` is a valid worker-queue destination), so there are no trailing comments.
 
 Patterns may not be empty and may not contain whitespace, control characters, ``,`` or ``;``.
@@ -117,6 +123,8 @@ class Permissions:
     read: tuple[str, ...] | None = None
     write: tuple[str, ...] | None = None
     admin: bool = False
+    manage: tuple[str, ...] | None = None
+    vhosts: tuple[str, ...] | None = None
 
     @property
     def restricted(self) -> bool:
@@ -134,6 +142,15 @@ class Permissions:
             return self.read is None
         return any(pattern_covers(rule, destination) for rule in self.write)
 
+    def can_manage(self, destination: str) -> bool:
+        """May manage ``destination`` over the HTTP API (an admin may manage every one)."""
+        return self.admin or (self.manage is not None and any(pattern_covers(rule, destination)
+                                                              for rule in self.manage))
+
+    def may_use_vhost(self, vhost: str) -> bool:
+        """May connect to the virtual host ``vhost`` (every login may use ``/``)."""
+        return vhost == "/" or self.admin or (self.vhosts is not None and (vhost in self.vhosts or "*" in self.vhosts))
+
     def to_inline(self) -> str:
         """The inline form (``read=...;write=...;admin``), empty for no rules."""
         parts = []
@@ -141,6 +158,10 @@ class Permissions:
             parts.append("read=" + ",".join(self.read))
         if self.write is not None:
             parts.append("write=" + ",".join(self.write))
+        if self.manage is not None:
+            parts.append("manage=" + ",".join(self.manage))
+        if self.vhosts is not None:
+            parts.append("vhost=" + ",".join(self.vhosts))
         if self.admin:
             parts.append("admin")
         return ";".join(parts)
@@ -159,7 +180,8 @@ def _union(a: tuple[str, ...] | None, b: tuple[str, ...] | None) -> tuple[str, .
 
 def merge(a: Permissions, b: Permissions) -> Permissions:
     """Rules from two places add up."""
-    return Permissions(_union(a.read, b.read), _union(a.write, b.write), a.admin or b.admin)
+    return Permissions(_union(a.read, b.read), _union(a.write, b.write), a.admin or b.admin,
+                       _union(a.manage, b.manage), _union(a.vhosts, b.vhosts))
 
 
 def _patterns(text: str, line: int, path: str | None, what: str) -> tuple[str, ...]:
@@ -175,8 +197,8 @@ def _patterns(text: str, line: int, path: str | None, what: str) -> tuple[str, .
 
 
 def parse_inline(spec: str, line: int = 0, path: str | None = None) -> Permissions:
-    """Parse ``read=P,P;write=P;admin`` (clauses in any order, repeatable; empty = no rules)."""
-    read = write = None
+    """Parse ``read=P,P;write=P;manage=P;admin`` (clauses in any order, repeatable; empty = no rules)."""
+    read = write = manage = vhosts = None
     admin = False
     for clause in spec.split(";"):
         clause = clause.strip()
@@ -188,17 +210,22 @@ def parse_inline(spec: str, line: int = 0, path: str | None = None) -> Permissio
             if eq:
                 raise PasswdError(line, "'admin' takes no value", path)
             admin = True
-        elif key in ("read", "write"):
+        elif key in ("read", "write", "manage", "vhost"):
             if not eq:
                 raise PasswdError(line, f"'{key}' needs '=' and destination patterns", path)
             patterns = _patterns(value, line, path, key)
             if key == "read":
                 read = _union(read, patterns)
-            else:
+            elif key == "write":
                 write = _union(write, patterns)
+            elif key == "manage":
+                manage = _union(manage, patterns)
+            else:
+                vhosts = _union(vhosts, patterns)
         else:
-            raise PasswdError(line, f"unknown permission {clause[:40]!r} (expected read=, write= or admin)", path)
-    return Permissions(read, write, admin)
+            raise PasswdError(line, f"unknown permission {clause[:40]!r} (expected read=, write=, manage=, vhost= or admin)",
+                              path)
+    return Permissions(read, write, admin, manage, vhosts)
 
 
 def parse_acl(text: str, path: str | None = None) -> dict[str, Permissions]:
@@ -215,7 +242,7 @@ def parse_acl(text: str, path: str | None = None) -> dict[str, Permissions]:
             if reason:
                 raise PasswdError(number, reason, path)
         if len(fields) < 2:
-            raise PasswdError(number, "expected 'LOGIN read|write PATTERN[,PATTERN...]' or 'LOGIN admin'", path)
+            raise PasswdError(number, "expected 'LOGIN read|write|manage PATTERN[,PATTERN...]', 'LOGIN vhost NAME[,NAME...]' or 'LOGIN admin'", path)
         verb = fields[1]
         if verb == "admin":
             if len(fields) != 2:
@@ -223,13 +250,16 @@ def parse_acl(text: str, path: str | None = None) -> dict[str, Permissions]:
             if login == "*":
                 raise PasswdError(number, "'admin' cannot be given to every login ('*')", path)
             perms = Permissions(admin=True)
-        elif verb in ("read", "write"):
+        elif verb in ("read", "write", "manage", "vhost"):
             if len(fields) < 3:
                 raise PasswdError(number, f"'{verb}' needs destination patterns", path)
+            if verb == "manage" and login == "*":
+                raise PasswdError(number, "'manage' cannot be given to every login ('*')", path)
             patterns = _patterns(" ".join(fields[2:]), number, path, verb)
-            perms = Permissions(read=patterns) if verb == "read" else Permissions(write=patterns)
+            perms = Permissions(**{"vhosts" if verb == "vhost" else verb: patterns})
         else:
-            raise PasswdError(number, f"unknown permission {verb[:40]!r} (expected read, write or admin)", path)
+            raise PasswdError(number, f"unknown permission {verb[:40]!r} (expected read, write, manage, vhost or admin)",
+                              path)
         acl[login] = merge(acl.get(login, UNRESTRICTED), perms)
     return acl
 

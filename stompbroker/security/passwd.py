@@ -273,7 +273,8 @@ class Users:
         own = self._own.get(login, UNRESTRICTED)
         if own.restricted or self._default is None:
             return own
-        return Permissions(self._default.read, self._default.write, own.admin)
+        return Permissions(self._default.read, self._default.write, own.admin, own.manage,
+                           own.vhosts if own.vhosts is not None else self._default.vhosts)
 
     def permissions(self, login: str | None) -> Permissions:
         """Permissions of any login (unknown ones and ``""``, anonymous, included)."""
@@ -291,6 +292,19 @@ class Users:
 
     def is_admin(self, login: str | None) -> bool:
         return self.permissions(login).admin
+
+    def can_manage(self, login: str | None, destination: str) -> bool:
+        """May ``login`` manage ``destination`` over the HTTP API (docs/admin.md)?"""
+        return self.permissions(login).can_manage(destination)
+
+    def may_use_vhost(self, login: str | None, vhost: str) -> bool:
+        """May ``login`` connect to the virtual host ``vhost``?"""
+        return self.permissions(login).may_use_vhost(vhost)
+
+    def manages_some(self, login: str | None) -> bool:
+        """Has ``login`` a manage grant (or is it an admin)?"""
+        perms = self.permissions(login)
+        return perms.admin or bool(perms.manage)
 
     # -- reporting -----------------------------------------------------------------------------
     def warnings(self) -> list[str]:

@@ -518,24 +518,26 @@ def number(text: str) -> float:
     return float(text.rstrip("kMG")) * scale
 
 
-def test_console_in_a_headless_browser_lists_and_cancels_scheduled_messages(start_broker):
+def test_console_in_a_headless_browser_lists_and_cancels_scheduled_messages(secured):
+    """The buttons are management actions (DELETE /api/scheduled/VHOST/DEST[/ID]): the page's
+    fetch carries its Basic credentials and its own Origin, and each cancel is audited."""
     from playwright import sync_api as playwright
     assert os.path.exists(CHROMIUM), "the console test needs Debian's chromium (./build.sh test installs it)"
-    b = start_broker()
-    producer = stomp(b)
+    b = secured
+    producer = stomp(b, login="root", passcode="toor")
     for i, destination in enumerate(("/queue/one", "/queue/two", "/queue/two")):
         producer.frame("SEND", {"destination": destination, "AMQ_SCHEDULED_DELAY": "600000", "receipt": str(i)})
         assert producer.read()[0] == "RECEIPT"
 
     def jobs():
-        return [j["destination"] for j in json.loads(get(b, "/api/scheduled")[2])["items"]]
+        return [j["destination"] for j in json.loads(get(b, "/api/scheduled", headers=basic("root", "toor"))[2])["items"]]
 
     with playwright.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"])
         try:
-            page = browser.new_page()
+            page = browser.new_page(http_credentials={"username": "root", "password": "toor"})
             errors = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(f"http://{b.host}:{b.port}/")
@@ -547,6 +549,8 @@ def test_console_in_a_headless_browser_lists_and_cancels_scheduled_messages(star
                 "button", name="cancel all", exact=True).click()
             until(lambda: jobs() == [])
             until(lambda: page.inner_text("#scheduled tbody") == "none")
+            metrics = scrape(b, headers=basic("root", "toor"))
+            assert metrics[("stompbroker_http_actions_total", ("action", "cancel"), ("status", "200"))] == 2
             assert not errors, errors
         finally:
             browser.close()

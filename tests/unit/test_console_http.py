@@ -38,9 +38,15 @@ def test_basic_credentials(header, expected):
 def test_request_record_round_trip():
     request = {"method": "GET", "path": "/metrics?x=1", "version": "HTTP/1.1",
                "headers": {"authorization": basic("a:b"), "accept": "text/plain"}}
-    assert http.decode_request(http.encode_request(request)) == ("GET", "/metrics?x=1", basic("a:b"), "text/plain")
+    assert http.decode_request(http.encode_request(request)) == ("GET", "/metrics?x=1", basic("a:b"), "text/plain",
+                                                                 "", "", "", "", b"")
     bare = {"method": "GET", "path": "/", "version": "HTTP/1.0", "headers": {}}
-    assert http.decode_request(http.encode_request(bare)) == ("GET", "/", "", "")
+    assert http.decode_request(http.encode_request(bare)) == ("GET", "/", "", "", "", "", "", "", b"")
+    post = {"method": "POST", "path": "/api/publish", "version": "HTTP/1.1",
+            "headers": {"origin": "http://h", "host": "h", "content-type": "application/json", "sec-fetch-site": "none"}}
+    body = b'{"a":"\x00 NUL and more\x00"}'  # the body comes last: NULs in it are its own
+    assert http.decode_request(http.encode_request(post, body)) == ("POST", "/api/publish", "", "", "http://h", "h",
+                                                                    "application/json", "none", body)
 
 
 @pytest.mark.parametrize("headers, upgrade", [
@@ -62,7 +68,8 @@ def site(console=True, http_api=True, auth_required=False):
 def config(**settings):
     return types.SimpleNamespace(**{"console": True, "http_api": True, "max_connections": 10, "auth_required": False,
                                     "answer_bytes": 1 << 20, "metrics_max_queues": 1000, "api_max_page_size": 500,
-                                    **settings})
+                                    "audit_log": "", "audit_log_max_bytes": 1 << 20, "audit_log_files": 1,
+                                    "manage_rate_limit": 10.0, "http_manage": True, "vhosts": ["/"], **settings})
 
 
 @pytest.mark.parametrize("method, target, route, status", [
@@ -152,6 +159,7 @@ SNAPSHOT = {
                 "local_patterns": 2, "remote_patterns": 5, "remote_subscriptions": 6, "held": 0, "failed": 0,
                 "streams": [{"name": "c_QUEUES_6_1", "messages": 6, "bytes": 600, "stored": 9, "leader": "nats2",
                              "replicas": 3, "shard": "1/6"}]},
+    "http": {"internal_errors": 0, "audit_errors": 1, "actions": [{"action": "purge", "status": 200, "count": 3}]},
 }
 
 
@@ -179,6 +187,8 @@ def test_metric_families_parse_with_prometheus_names_and_units():
     assert samples[("stompbroker_cluster_rtt_seconds", ())] == pytest.approx(0.00025)
     assert samples[("stompbroker_cluster_stream_messages", (("stream", "c_QUEUES_6_1"),))] == 6
     assert samples[("stompbroker_cluster_stream_leader", (("server", "nats2"), ("stream", "c_QUEUES_6_1")))] == 1
+    assert samples[("stompbroker_http_actions_total", (("action", "purge"), ("status", "200")))] == 3
+    assert samples[("stompbroker_audit_log_errors_total", ())] == 1
     for name in types_:
         assert name.startswith("stompbroker_"), name
 
@@ -400,13 +410,37 @@ def test_api_scheduled_lists_jobs_by_time_and_by_destination():
     status, body = page(s, "/api/scheduled")
     assert status == 200 and [j["id"] for j in body["items"]] == ["j2", "j1", "j0"]
     assert body["items"][0] == {"id": "j2", "destination": "/topic/c", "next": 1_001_000, "left": 1, "period": 0,
-                                "repeat": 0, "cron": "", "delay": 1000, "bytes": 2}
+                                "repeat": 0, "cron": "", "delay": 1000, "bytes": 2, "vhost": "/"}
     status, body = page(s, "/api/scheduled?destination=/queue/a")
     assert [j["id"] for j in body["items"]] == ["j1"] and body["total_count"] == 1
 
 
-def test_api_scheduled_delete_cancels_one_job_or_one_destinations():
+def test_api_scheduled_shows_one_virtual_host_at_a_time():
+    from stompbroker.broker.schedule import Jobs, Job, Spec
+    from stompbroker.broker.vhosts import inside
+    jobs = Jobs()
+    for i, (vhost, destination) in enumerate((("/", "/queue/a"), ("eu", "/queue/a"), ("eu", "/topic/t"))):
+        job = Job(f"j{i}", inside(vhost, destination), {}, b"", Spec(1000 * (i + 1), 0, 0, 0, None), 0.0, False)
+        job.start(0)
+        jobs.add(job)
+    stats = Stats()
+    stats.broker.jobs = jobs
+    s = http.Site(config(vhosts=["/", "eu"]), stats)
+    _, body = page(s, "/api/scheduled")
+    assert [(j["id"], j["vhost"], j["destination"]) for j in body["items"]] == [("j0", "/", "/queue/a")]
+    _, body = page(s, "/api/scheduled?vhost=eu")
+    assert [(j["id"], j["vhost"], j["destination"]) for j in body["items"]] == [("j1", "eu", "/queue/a"),
+                                                                              ("j2", "eu", "/topic/t")]
+    _, body = page(s, "/api/scheduled?vhost=eu&destination=/topic/t")
+    assert [j["id"] for j in body["items"]] == ["j2"]
+    assert page(s, "/api/scheduled?vhost=us")[0] == 400
+
+
+def test_scheduled_messages_are_cancelled_as_management_actions_only():
+    """DELETE under /api/scheduled is an action (guarded, audited: console/manage.py) naming the
+    virtual host and destination; the listing's old DELETE forms are refused."""
     from broker_harness import Rig
+    from stompbroker.console.http import Request
     rig = Rig()
     rig.connect(1)
     for destination in ("/queue/a", "/queue/a", "/queue/b"):
@@ -414,14 +448,21 @@ def test_api_scheduled_delete_cancels_one_job_or_one_destinations():
     stats = Stats()
     stats.broker = rig.broker
     s = http.Site(config(), stats)
-    assert s.route("DELETE", "/api/scheduled/x") == ("api", None)
-    assert s.route("DELETE", "/api/queues")[1].startswith(b"HTTP/1.1 405")
+    assert s.route("DELETE", "/api/scheduled/x")[1].startswith(b"HTTP/1.1 405")
+    assert s.route("DELETE", "/api/scheduled?destination=/queue/a")[1].startswith(b"HTTP/1.1 405")
+    assert s.route("DELETE", "/api/scheduled/%2F/%2Fqueue%2Fa") == ("action", None)
     first = rig.broker.jobs.of("/queue/a")[0].id
     status, one = page(s, f"/api/scheduled/{first}")
-    assert status == 200 and one["destination"] == "/queue/a"
-    response = s.respond("DELETE", f"/api/scheduled/{first}")
-    assert response.startswith(b"HTTP/1.1 200") and response.endswith(b'{"cancelled":1}')
-    assert s.respond("DELETE", f"/api/scheduled/{first}").startswith(b"HTTP/1.1 404")
-    assert s.respond("DELETE", "/api/scheduled").startswith(b"HTTP/1.1 400")  # not all at once
-    assert s.respond("DELETE", "/api/scheduled?destination=/queue/a").endswith(b'{"cancelled":1}')
+    assert status == 200 and one["destination"] == "/queue/a" and one["vhost"] == "/"
+
+    def cancel(path):
+        response = s.act(rig.broker, Request("DELETE", path), None, "127.0.0.1:1", rig.now)
+        return int(response[9:12]), json.loads(response.partition(b"\r\n\r\n")[2])
+
+    assert cancel(f"/api/scheduled/%2F/%2Fqueue%2Fb/{first}")[0] == 404  # (another destination's)
+    assert cancel(f"/api/scheduled/%2F/%2Fqueue%2Fa/{first}") == (200, {"cancelled": 1})
+    assert cancel(f"/api/scheduled/%2F/%2Fqueue%2Fa/{first}")[0] == 404
+    assert cancel("/api/scheduled/%2F/%2Fqueue%2Fa") == (200, {"cancelled": 1})
+    assert cancel("/api/scheduled/nowhere/%2Fqueue%2Fb")[0] == 404  # no such virtual host
     assert [j.destination for j in rig.broker.jobs.of()] == ["/queue/b"]
+    assert s.actions == {("cancel", 404): 3, ("cancel", 200): 2}

@@ -33,13 +33,14 @@ PACKAGE_LAYERS = [
 # The modules of stompbroker/broker/, bottom first: a module imports only modules of the layers
 # below its own.
 BROKER_LAYERS = [
+    ["vhosts"],
     ["names", "model", "subscriptions", "stale", "selector_lexer", "auth", "priority", "choosing", "lastvalue", "schedule"],
     ["selector_like", "selector_eval", "permissions", "replies", "dedup"],
     ["selector", "bounds"],
     ["queues"],
     ["confirmations", "durables", "temporary", "diagnostics", "acks", "replayseq", "browsing", "scheduling"],
     ["routing"],
-    ["subscribing", "transactions"],
+    ["subscribing", "transactions", "manage"],
     ["sessions"],
     ["core"],
 ]

@@ -295,8 +295,10 @@
     }
   }
 
-  // -- scheduled messages: GET /api/scheduled every 2 s; a button cancels one (DELETE
-  // /api/scheduled/<id>), another every one of its destination (?destination=) ----------------------
+  // -- scheduled messages of the virtual host managed (manage.js's choice): GET /api/scheduled every
+  // 2 s; a button cancels one, another every one of its destination: management actions (DELETE
+  // /api/scheduled/VHOST/DEST[/ID], docs/admin.md), which need logins checked --------------------
+  const managed = () => ($("vhost") && $("vhost").value) || "/";
   function cancelButton(text, title, url) {
     const b = document.createElement("button");
     b.textContent = text;
@@ -304,21 +306,29 @@
     b.className = "cancel";
     b.addEventListener("click", () => {
       b.disabled = true;
-      fetch(url, { method: "DELETE", credentials: "same-origin" }).catch(() => {}).finally(scheduled);
+      fetch(url, { method: "DELETE", credentials: "same-origin" }).then(async (r) => {
+        const status = $("manage-status");  // (manage.js's note: it stays until the next action)
+        if (!r.ok && status) {
+          const value = await r.json().catch(() => null);
+          status.textContent = `cancel refused: ${r.status}: ${(value && value.reason) || r.statusText}`;
+          status.className = "note error";
+        }
+      }).catch(() => {}).finally(scheduled);
     });
     return b;
   }
   function scheduled() {
-    fetch("/api/scheduled?page_size=100", { credentials: "same-origin", cache: "no-store" })
+    const vhost = managed();
+    fetch("/api/scheduled?page_size=100&vhost=" + encodeURIComponent(vhost), { credentials: "same-origin", cache: "no-store" })
       .then((r) => r.ok ? r.json() : null).then((page) => {
         if (!page) return;
         setText("scheduled-shown", page.total_count > page.items.length ?
           `(the first ${page.items.length} of ${page.total_count})` : "");
         fillTable("scheduled", page.items.map((j) => {
           const actions = document.createElement("span");
-          actions.append(cancelButton("cancel", "cancel this one", "/api/scheduled/" + encodeURIComponent(j.id)),
-            cancelButton("cancel all", "cancel every one of " + j.destination,
-              "/api/scheduled?destination=" + encodeURIComponent(j.destination)));
+          const path = "/api/scheduled/" + encodeURIComponent(j.vhost) + "/" + encodeURIComponent(j.destination);
+          actions.append(cancelButton("cancel", "cancel this one", path + "/" + encodeURIComponent(j.id)),
+            cancelButton("cancel all", "cancel every one of " + j.destination, path));
           return [new Date(j.next).toLocaleString(), j.destination, String(j.left), String(j.repeat), j.cron, j.id,
             actions];
         }));

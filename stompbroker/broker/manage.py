@@ -1,0 +1,231 @@
+"""Operators' actions on the broker's state (the HTTP API's management actions, docs/admin.md):
+peek at, purge, delete and move a queue's waiting messages, publish, close a connection, remove a
+durable subscription, cancel scheduled messages.
+
+Each runs as one event of the dispatcher (``Broker.manage``), so no consumer sees a queue between
+a message leaving it and arriving elsewhere: a moved message is delivered once, never lost, never
+twice. Only waiting messages are touched; those delivered and not yet acknowledged stay with their
+consumer. What an action writes to the store goes in one commit, and its HTTP answer waits for
+that commit (``replies.emit``). ``Refused`` carries the HTTP status of an action that cannot be done.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import chain, islice
+
+from . import durables, replies, routing, scheduling, vhosts
+from .model import Message, Queue
+from .names import DIAG_PREFIX, MONITOR, QUEUE_PREFIX, TEMP_PREFIXES, short
+from .queues import discard, drop_if_idle, get_queue, persist, pump
+
+REDRIVEN_FROM = "redriven-from"            # added to a moved message: the queue it was moved from
+ORIGINAL_DESTINATION = "original-destination"  # a dead letter's first destination (acks.dead_letter)
+
+
+class Refused(Exception):
+    """An action that cannot be done as asked: ``status`` (HTTP) and ``reason``."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def local_only(b, what: str) -> None:
+    """In cluster mode queues and durable subscriptions live in JetStream, not here."""
+    if b.backplane is not None:
+        raise Refused(409, f"{what} is not available in cluster mode: queues and durable subscriptions "
+                           "live in JetStream (see docs/admin.md)")
+
+
+def check_target(b, destination: str) -> None:
+    """A destination an operator may publish or move messages to."""
+    if not destination or len(destination) > b.config.max_destination_length:
+        raise Refused(400, f"a destination of 1 to {b.config.max_destination_length} characters is needed")
+    if "*" in destination or destination == MONITOR or destination.startswith(DIAG_PREFIX) \
+            or destination.startswith(TEMP_PREFIXES) or "\0" in destination or "\n" in destination:
+        raise Refused(400, f"cannot send to {short(destination)!r} (a wildcard, temporary, DIAG or monitor "
+                           "destination, or a control character)")
+
+
+def waiting(queue: Queue):
+    """A queue's waiting messages, in the order they are taken (``Queue.pop_oldest``)."""
+    return chain(queue.parked, queue.blocked, queue.messages)
+
+
+def peek(b, name: str, offset: int, count: int) -> tuple[int, list[Message]]:
+    """(messages waiting, up to ``count`` of them from ``offset``), nothing consumed."""
+    local_only(b, "peeking at a queue")
+    queue = b.queues.get(name)
+    if queue is None:
+        return 0, []
+    return queue.depth(), list(islice(waiting(queue), offset, offset + count))
+
+
+def purge(b, name: str) -> int:
+    """Drop a queue's waiting messages; the number dropped (0 for an unknown queue: a retry is safe)."""
+    local_only(b, "purging a queue")
+    queue = b.queues.get(name)
+    if queue is None:
+        return 0
+    purged = 0
+    for source in (queue.parked, queue.blocked, queue.messages):
+        for message in source:
+            discard(b, queue, message)
+        purged += len(source)
+        source.clear()
+    b.rescan.discard(queue)
+    drop_if_idle(b, queue)
+    return purged
+
+
+def delete(b, name: str) -> int | None:
+    """Forget a queue, its waiting messages and its counters; the messages dropped, None when there
+    was no such queue. Refused while a subscription names it or a consumer holds its messages
+    unacknowledged (they would come back to a queue nobody lists)."""
+    local_only(b, "deleting a queue")
+    queue = b.queues.get(name)
+    if queue is None:
+        return None
+    if queue.owner is not None:
+        raise Refused(409, f"{short(name)} is a durable subscription's queue: remove the subscription "
+                           "(DELETE /api/subscriptions/...)")
+    subscribed = len(b.index.exact.get(name) or ())
+    if subscribed or queue.unacked:
+        raise Refused(409, f"{short(name)} is in use ({subscribed} subscriptions, {queue.unacked} messages "
+                           "unacknowledged): purge it, or close its consumers first")
+    purged = purge(b, name)
+    b.queues.pop(name, None)
+    return purged
+
+
+def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple[int, int]:
+    """Move up to ``count`` (None: all) waiting messages that ``accepts`` (a selector's predicate
+    over headers, or None) to ``to``, in order, keeping their headers and adding ``redriven-from``.
+    ``to`` None sends each to its ``original-destination`` (a dead letter's redrive, in the source's
+    virtual host; messages without one stay). Names are the broker's (``vhosts.inside``). A queue
+    target takes at most what it has room for (max_queue_messages).
+    Returns (moved, still waiting in the source)."""
+    local_only(b, "moving messages")
+    if to is not None:
+        check_target(b, to)
+        if to == name:
+            raise Refused(400, "a queue's messages cannot be moved to itself")
+    queue = b.queues.get(name)
+    if queue is None:
+        return 0, 0
+    vhost, shown = vhosts.split(name) if b.vhosts_on else (vhosts.DEFAULT, name)
+    room: dict[str, int] = {}  # target queue -> messages it may still take
+    limit = count if count is not None else queue.depth()
+    taken: list[tuple[Message, str]] = []
+    for source in (queue.parked, queue.blocked, queue.messages):
+        if len(taken) >= limit:
+            break
+        kept = deque()
+        for message in source:
+            if message.expires and b.now >= message.expires:
+                queue.expired += 1
+                b.stats["messages_expired"] += 1
+                discard(b, queue, message)
+                continue
+            target = to
+            if target is None and ORIGINAL_DESTINATION in message.headers:
+                target = vhosts.inside(vhost, message.headers[ORIGINAL_DESTINATION])
+            if len(taken) >= limit or target is None or target == name \
+                    or (accepts is not None and not accepts(message.headers)) or not _fits(b, target, room):
+                kept.append(message)
+            else:
+                taken.append((message, target))
+        source.clear()
+        source.extend(kept)
+    pumped: dict[str, Queue] = {}
+    for message, target in taken:
+        if message.seq:  # out of the source's rows; the copy's row is written in the same commit
+            b.store.delete(message.seq)
+            message.seq = 0
+        headers = {**message.headers, REDRIVEN_FROM: shown}
+        if target.startswith(QUEUE_PREFIX):
+            into = pumped.get(target) or pumped.setdefault(target, get_queue(b, target))
+            copy = Message(message.id, target, headers, message.body, message.expires)
+            persist(b, into, copy)
+            into.messages.append(copy)
+            into.enqueued += 1
+        else:
+            routing.publish(b, target, headers, message.body, message.expires)
+    for into in pumped.values():
+        pump(b, into)
+    left = queue.depth()
+    drop_if_idle(b, queue)
+    return len(taken), left
+
+
+def _fits(b, target: str, room: dict) -> bool:
+    """Whether ``target`` takes one more moved message (counting it when it does)."""
+    if not target.startswith(QUEUE_PREFIX):
+        return True
+    left = room.get(target)
+    if left is None:
+        into = b.queues.get(target)
+        left = b.config.max_queue_messages - (into.depth() if into is not None else 0)
+    room[target] = left - 1
+    return left > 0
+
+
+def publish(b, destination: str, headers: dict, body: bytes) -> int:
+    """Publish a message as a SEND would (no receipt, no sender); the deliveries made now."""
+    local_only(b, "publishing over HTTP")
+    check_target(b, destination)
+    queue = b.queues.get(destination)
+    if queue is not None and queue.depth() >= b.config.max_queue_messages:
+        raise Refused(409, f"{short(destination)} holds {queue.depth()} messages, the most allowed "
+                           "(max_queue_messages)")
+    if b.store is not None and routing.store_refuses(b, destination, headers):
+        raise Refused(503, "the durable store cannot write (see the broker's log)")
+    expires = 0.0
+    if "expires" in headers or "expiration" in headers:
+        try:
+            expires = routing.expiry(b, headers, None)
+        except Exception as exc:  # (a ProtocolError: the header's value)
+            raise Refused(400, getattr(exc, "detail", "invalid expiry")) from None
+    return routing.publish(b, destination, headers, body, expires)
+
+
+def close_connection(b, conn: int, reason: str) -> bool:
+    """Send a connection an ERROR with ``reason`` and close it; False when there is no such STOMP
+    connection (or it is closing already)."""
+    session = b.sessions.get(conn)
+    if session is None or session.closing or session.protocol == "http":
+        return False
+    replies.error(b, session, "closed by an operator", reason)
+    return True
+
+
+def remove_durable(b, key: str) -> int | None:
+    """Remove a detached durable subscription and its waiting messages; the messages dropped, or
+    None when there is no such subscription. Refused while a client is attached to it."""
+    local_only(b, "removing a durable subscription")
+    durable = b.durables.get(key)
+    if durable is None:
+        return None
+    if durable.sub is not None:
+        raise Refused(409, "the durable subscription is attached to a connection: close that connection "
+                           "first, or have its client UNSUBSCRIBE")
+    dropped = durable.queue.depth()
+    durables.drop(b, durable)
+    return dropped
+
+
+def cancel_scheduled(b, destination: str, job_id: str | None) -> int | None:
+    """Cancel the scheduled message ``job_id`` of ``destination`` (None: every one of it); how many
+    were cancelled, None when that one is not there (or is another destination's)."""
+    if job_id is None:
+        jobs = b.jobs.of(destination)
+    else:
+        job = b.jobs.by_id.get(job_id)
+        if job is None or job.destination != destination:
+            return None
+        jobs = [job]
+    for job in jobs:
+        scheduling.cancel(b, job)
+    return len(jobs)
