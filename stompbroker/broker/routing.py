@@ -79,6 +79,10 @@ def apply_special(b, session: Session, destination: str, headers: dict, body: by
                   spec, receipt) -> None:
     """Scheduled (scheduling.py), a scheduler management action, or published (``publish_special``)."""
     if scheduling.ACTION in headers and scheduling.is_management(destination):
+        reply_to = headers.get("reply-to")
+        if reply_to and (b.auth is not None or b.config.diag_admin_only) \
+                and not reply_to.startswith(TEMP_PREFIXES + REPLY_PREFIXES):  # (its own temporaries are its own)
+            permissions.allowed(b, session, reply_to, write=True, receipt=receipt)  # the jobs go there
         for reply_to, reply, content in scheduling.manage(b, session, headers, receipt):
             publish(b, reply_to, reply, content)
     elif spec is not None:

@@ -562,3 +562,19 @@ def test_a_wrong_console_passcode_is_checked_like_any_passcode():
     rig.open(1, peer="10.0.0.8:4000")   # another address
     rig.frame(1, "CONNECT", accept_version="1.2", login="root", passcode=passcode)
     assert rig.take(1) == [] and auth.submitted == [(1, "root", passcode, "10.0.0.8")]
+
+
+def test_a_scheduler_browse_may_reply_only_where_its_user_may_write():
+    """AMQ_SCHEDULER_ACTION:BROWSE sends every job to its reply-to: a user may not have the broker
+    write the jobs where the user could not (it did, without a check)."""
+    rig = Rig(auth=FakeAuth())
+    rig.open(1)
+    rig.frame(1, "CONNECT", accept_version="1.2", login="u", passcode="p")
+    rig.broker.on_auth(1, "u", rig.now)
+    rig.take(1)
+    rig.frame(1, "SEND", {"AMQ_SCHEDULED_DELAY": "60000"}, destination="/queue/jobs")
+    rig.frame(1, "SEND", {"AMQ_SCHEDULER_ACTION": "BROWSE", "reply-to": "/queue/secret-inbox"},
+              destination="/queue/ActiveMQ.Scheduler.Management", receipt="r")
+    error = rig.error(1)
+    assert error["message"] == "permission denied for /queue/secret-inbox" and error["receipt-id"] == "r"
+    assert "/queue/secret-inbox" not in rig.broker.queues
