@@ -1,9 +1,9 @@
 """The broker as a Spark Structured Streaming source and sink, exactly once, on embedded Spark
 (local[2]): N messages produced with receipts, the queries' driver process (tests/stream_chain.py)
-killed with SIGKILL in the middle of the stream and restarted from its checkpoints, the broker
+killed with SIGKILL in the middle of the stream and the queries restarted from its checkpoints
+in this process's session (shared with the live statistics), the broker
 killed with SIGKILL in the middle of the stream and restarted on its store, and at the end every
-message is in the sink once: none lost, none twice. The live statistics run in this process's
-session. (--master and --remote: tests/integration/test_analysis_cluster.py.)"""
+message is in the sink once: none lost, none twice. (--master and --remote: tests/integration/test_analysis_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -18,26 +18,20 @@ import time
 
 import pytest
 
-from conftest import ROOT  # (tests/ is on sys.path)
+import stream_chain  # (tests/ is on sys.path)
+from conftest import ROOT
 from stompbroker.analysis import stream, streaming
 from stompbroker.tools.client import StompClient
 
 N = 400
-BATCH = 40  # maxMessagesPerTrigger: five batches a half, so the kills fall in the middle
+BATCH = 40  # maxMessagesPerTrigger: ten batches, so the kills fall in the middle
 
 
 @pytest.fixture(scope="module")
 def spark():
     from pyspark.sql import SparkSession
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     existing = SparkSession.getActiveSession()  # another module's, still in use by its fixtures: left running
-    session = existing or (SparkSession.builder.master("local[2]").appName("test-streaming")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               # a Python worker may take long to start on a loaded test machine
-               .config("spark.python.authenticate.socketTimeout", "120s")
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    session = existing or stream_chain.session("test-streaming")
     streaming.register(session)
     yield session
     if existing is None:
@@ -74,10 +68,10 @@ class Driver:
     """tests/stream_chain.py in its own process group (its JVM and Python workers with it), its
     JSON lines collected by a thread."""
 
-    def __init__(self, port: int, checkpoint, idle: float = 3.0):
+    def __init__(self, port: int, checkpoint):
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "tests", "stream_chain.py"), f"stomp://127.0.0.1:{port}",
-             str(checkpoint), str(BATCH), str(idle)],
+             str(checkpoint), str(BATCH)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         self.lines = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -100,55 +94,87 @@ class Driver:
 
     def kill(self) -> None:
         """SIGKILL to the whole group: driver, JVM and Python workers die at once, mid-batch."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # (the group's last members may take a moment to go)
+        while time.monotonic() < deadline:  # (until no member of the group is left)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
-                return
-            time.sleep(0.1)
-
-    def wait(self, timeout: float = 240.0) -> int:
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.kill()
+                break
+            self.proc.poll()
+            time.sleep(0.05)
+        self.proc.wait(10)
 
 
-@pytest.mark.timeout(600)
-def test_queue_to_topic_to_queue_exactly_once_through_kill_9(start_broker, tmp_path):
-    """The chain /queue/jobs -> (queue source, sink de-duplicating by message id) -> /topic/orders
-    (persistent) -> (topic source by sequence, sink with per-row dedup-ids) -> /queue/copied, in a
-    driver process of its own: N produced with receipts; the driver killed with SIGKILL in the middle
-    of the stream and started again on its checkpoints; then the broker killed with SIGKILL in the
-    middle of the stream and restarted on its store and port (the driver starts its failed queries
-    again from their checkpoints) and the driver left to finish: every message in the sink once."""
+def wait_batches(query, more: int, timeout: float = 150.0) -> None:
+    """Until ``more`` batches with input have finished since the call."""
+    def done():
+        return sum(1 for p in query.recentProgress if p["numInputRows"])
+    target = done() + more
+    deadline = time.monotonic() + timeout
+    while done() < target:
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, f"{more} batches did not finish within {timeout} s"
+        time.sleep(0.05)
+
+
+def wait_idle(query, idle: float = 2.0, timeout: float = 120.0) -> None:
+    """Until the query, having read something, has had nothing new for ``idle`` s."""
+    deadline = time.monotonic() + timeout
+    since = None
+    while since is None or time.monotonic() - since < idle or query.status["isDataAvailable"]:
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, "the query did not catch up"
+        if any(p["numInputRows"] for p in query.recentProgress[-1:]):
+            since = time.monotonic()
+        elif since is None and any(p["numInputRows"] for p in query.recentProgress):
+            since = time.monotonic()
+        time.sleep(0.1)
+
+
+def stopped(query) -> None:
+    """Until a query without its broker has failed (its next read or write cannot connect)."""
+    deadline = time.monotonic() + 90
+    while query.isActive and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not query.isActive, "the query kept running without its broker"
+
+
+@pytest.mark.timeout(400)
+def test_queue_to_topic_to_queue_exactly_once_through_kill_9(start_broker, tmp_path, request):
+    """The chain of tests/stream_chain.py: /queue/jobs -> (queue source, sink de-duplicating by
+    message id) -> /topic/orders (persistent) -> (topic source by sequence, sink with per-row
+    dedup-ids) -> /queue/copied. N produced with receipts; the chain's own driver process killed
+    with SIGKILL in the middle of the stream; the queries started again from its checkpoints in
+    this process's session; the broker killed with SIGKILL in the middle of the stream and
+    restarted on its store and port; the queries started again (with a larger
+    maxMessagesPerTrigger) and left to finish."""
     settings = ("processors=3", "store=sqlite", f"store_path={tmp_path}/store.sqlite")
     broker = start_broker(*settings)
+    url, checkpoint = f"stomp://127.0.0.1:{broker.port}", tmp_path / "checkpoints"
     receipted = produce(broker.port, "/queue/jobs", (str(i) for i in range(N)))
     assert receipted == N
-    driver = Driver(broker.port, tmp_path / "checkpoints")
+    driver = Driver(broker.port, checkpoint)
     try:
+        spark = request.getfixturevalue("spark")   # (started while the driver starts)
         driver.wait_rows("b")
-        driver.kill()                              # the queries killed in the middle of the stream
-        first = driver.rows("b")
-        driver = Driver(broker.port, tmp_path / "checkpoints")
-        driver.wait_rows("b")
-        broker.stop(signal.SIGKILL)                # the broker killed in the middle of the stream
-        second = driver.rows("b")
-        assert first + second < N, "the stream was over before the kills"
-        broker = start_broker(*settings, f"port={broker.port}")
-        assert driver.wait() == 0, driver.lines
     finally:
-        driver.kill()
-    assert any("failed" in line for line in driver.lines), "the queries did not notice the broker's kill"
-    check(drain(broker.port, "/queue/copied"), f"queue -> topic -> queue (receipted {receipted}; "
-          f"{first} and {second} rows through the last query before each kill)")
+        driver.kill()                              # the queries killed in the middle of the stream
+    first = driver.rows("b")
+    running = stream_chain.start_chain(spark, url, checkpoint, BATCH)
+    wait_batches(running["b"], 1)
+    broker.stop(signal.SIGKILL)                    # the broker killed in the middle of the stream
+    second = sum(p["numInputRows"] for p in running["b"].recentProgress)
+    assert first + second < N, "the stream was over before the kills"
+    for query in running.values():
+        stopped(query)
+    broker = start_broker(*settings, f"port={broker.port}")
+    running = stream_chain.start_chain(spark, url, checkpoint, N)  # (the faults are over: catch up in big batches)
+    for query in running.values():
+        wait_idle(query)
+    for query in running.values():
+        query.stop()
+    check(drain(broker.port, "/queue/copied"), f"queue -> topic -> queue ({first} and {second} rows through the last "
+          "query before the driver's and the broker's kill)")
     # The last batch's messages are acknowledged when the next batch starts (Spark commits a source
     # then): a stopped query leaves at most one batch unacknowledged, for its next run.
     assert len(drain(broker.port, "/queue/jobs")) <= BATCH
