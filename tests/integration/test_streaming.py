@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 import stream_chain  # (tests/ is on sys.path)
@@ -74,6 +75,7 @@ class Driver:
              str(checkpoint), str(BATCH)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         self.lines = []
+        self.killed = 0  # processes killed
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -93,16 +95,26 @@ class Driver:
             time.sleep(0.05)
 
     def kill(self) -> None:
-        """SIGKILL to the whole group: driver, JVM and Python workers die at once, mid-batch."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # (until no member of the group is left)
+        """SIGKILL to the driver, its JVM and the JVM's Python workers (pyspark's daemon puts those
+        in a process group of their own) at once, mid-batch."""
+        try:
+            family = [self.proc.pid, *(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))]
+        except psutil.NoSuchProcess:
+            family = []
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # (anything the group started meanwhile)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 break
-            self.proc.poll()
             time.sleep(0.05)
-        self.proc.wait(10)
+        self.killed = len(family)
 
 
 def wait_batches(query, more: int, timeout: float = 150.0) -> None:
@@ -160,6 +172,7 @@ def test_queue_to_topic_to_queue_exactly_once_through_kill_9(start_broker, tmp_p
     finally:
         driver.kill()                              # the queries killed in the middle of the stream
     first = driver.rows("b")
+    assert driver.killed >= 3  # (the driver, its JVM and at least the source's Python runner)
     running = stream_chain.start_chain(spark, url, checkpoint, BATCH)
     wait_batches(running["b"], 1)
     broker.stop(signal.SIGKILL)                    # the broker killed in the middle of the stream
@@ -173,7 +186,7 @@ def test_queue_to_topic_to_queue_exactly_once_through_kill_9(start_broker, tmp_p
         wait_idle(query)
     for query in running.values():
         query.stop()
-    check(drain(broker.port, "/queue/copied"), f"queue -> topic -> queue ({first} and {second} rows through the last "
+    check(drain(broker.port, "/queue/copied"), f"queue -> topic -> queue ({driver.killed} processes of the driver killed; {first} and {second} rows through the last "
           "query before the driver's and the broker's kill)")
     # The last batch's messages are acknowledged when the next batch starts (Spark commits a source
     # then): a stopped query leaves at most one batch unacknowledged, for its next run.
