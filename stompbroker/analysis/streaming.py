@@ -36,7 +36,7 @@ except ImportError:
     from pyspark.sql.datasource import DataSourceStreamWriter as _Writer
 from pyspark.sql.types import (BinaryType, LongType, MapType, StringType, StructField, StructType, TimestampType)
 
-from ..tools.client import StompClient
+from ..tools.client import BrokerError, StompClient
 
 NAME = "stomp"
 SCHEMA = StructType([
@@ -153,10 +153,16 @@ def tls_context(opts: Options) -> ssl.SSLContext:
 def connect(opts: Options) -> StompClient:
     parts = urlsplit(opts.url)
     tls = tls_context(opts) if parts.scheme in ("stomp+ssl", "wss") else None
-    if parts.scheme in ("ws", "wss"):
-        return StompClient.connect(ws_url=opts.url, login=opts.login, passcode=opts.passcode, timeout=10, tls=tls)
-    return StompClient.connect(parts.hostname or "127.0.0.1", parts.port or 61613, login=opts.login,
-                               passcode=opts.passcode, timeout=10, tls=tls)
+    try:
+        if parts.scheme in ("ws", "wss"):
+            return StompClient.connect(ws_url=opts.url, login=opts.login, passcode=opts.passcode, timeout=10, tls=tls)
+        return StompClient.connect(parts.hostname or "127.0.0.1", parts.port or 61613, login=opts.login,
+                                   passcode=opts.passcode, timeout=10, tls=tls)
+    except BrokerError as exc:  # (a bare "access refused" deep in a Spark stack trace says too little)
+        who = f"login {opts.login!r}" if opts.login is not None else "no login"
+        raise PermissionError(f"stomp: {opts.url} refused the connection with {who}: {exc.message or exc.detail}; "
+                              "check the login and passcode options (or STOMPBROKER_LOGIN and "
+                              "STOMPBROKER_PASSCODE where the query runs)") from None
 
 
 def to_row(headers: dict, body: bytes, sequence: int):

@@ -1,14 +1,18 @@
-"""The stomp source's connections without Spark: stomp://, stomp+ssl:// (tls.ca) and ws:// read the
-same range of the replay log; a certificate from another CA is refused; startingOffsets."""
+"""The stomp source without Spark (the readers Spark calls, on real connections): stomp://,
+stomp+ssl:// (tls.ca) and ws:// read the same range of the replay log; a certificate from another
+CA is refused; startingOffsets; selector on a topic and a queue; login and passcode from the
+options or the environment against a broker checking logins, and a clear error for a wrong one."""
 
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import trustme
 
 from stompbroker.analysis import streaming
+from stompbroker.security import hash_secret
 from stompbroker.tools.client import StompClient
 
 
@@ -50,3 +54,69 @@ def test_source_reads_the_same_range_over_tcp_tls_and_websocket(start_broker, tm
         {"url": urls["tls"], "destination": "/topic/t", "tls.ca": str(tmp_path / "other.pem")}, env={}))
     with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
         stranger.latestOffset({"seq": 0}, None)
+
+
+def _topic(url: str, **options) -> list[bytes]:
+    """The bodies a topic source reads from the start of the replay log."""
+    reader = streaming.TopicReader(streaming.parse_options({"url": url, "destination": "/topic/t", **options}, env={}))
+    end = reader.latestOffset({"seq": 0}, None)
+    return [row[3] for part in reader.partitions({"seq": 0}, end) for row in reader.read(part)]
+
+
+def _queue(url: str, want: int, **options) -> list[bytes]:
+    """The bodies a queue source takes in one batch of ``want`` (then committed)."""
+    reader = streaming.QueueReader(streaming.parse_options({"url": url, "destination": "/queue/q", **options},
+                                                           env={}))
+    deadline = time.monotonic() + 10
+    end = {"taken": 0}
+    while end["taken"] < want and time.monotonic() < deadline:
+        end = reader.latestOffset({"taken": 0}, None)
+    try:
+        rows = [row[3] for part in reader.partitions({"taken": 0}, end) for row in reader.read(part)]
+        reader.commit(end)
+        return rows
+    finally:
+        reader.stop()
+
+
+def test_selector_on_a_topic_and_a_queue_source(start_broker, tmp_path):
+    b = start_broker("processors=3", "store=sqlite", f"store_path={tmp_path}/s.sqlite")
+    url = f"stomp://127.0.0.1:{b.port}"
+    client = StompClient.connect(port=b.port)
+    for i in range(6):
+        kind = [("kind", "a" if i % 2 else "b")]
+        client.send("/topic/t", f"t{i}".encode(), [("persistent", "true"), *kind], receipt=True)
+        client.send("/queue/q", f"q{i}".encode(), kind, receipt=True)
+    assert _topic(url, selector="kind = 'a'") == [b"t1", b"t3", b"t5"]
+    assert _topic(url) == [b"t0", b"t1", b"t2", b"t3", b"t4", b"t5"]
+    assert _queue(url, 3, selector="kind = 'a'") == [b"q1", b"q3", b"q5"]
+    assert _queue(url, 3) == [b"q0", b"q2", b"q4"]  # what the selector left, in the queue still
+
+
+def test_login_and_passcode_from_the_options_or_the_environment(start_broker, tmp_path, monkeypatch):
+    passwd = tmp_path / "passwd"
+    passwd.write_text(f"spark:{hash_secret('sesame')}:read=/topic/*,/queue/*;write=/topic/*,/queue/*\n")
+    passwd.chmod(0o600)
+    b = start_broker("processors=3", "store=sqlite", f"store_path={tmp_path}/s.sqlite", "auth=passwd",
+                     f"passwd_file={passwd}", "auth_fail_delay_ms=50")
+    url = f"stomp://127.0.0.1:{b.port}"
+    client = StompClient.connect(port=b.port, login="spark", passcode="sesame")
+    for i in range(2):
+        client.send("/topic/t", f"t{i}".encode(), [("persistent", "true")], receipt=True)
+        client.send("/queue/q", f"q{i}".encode(), receipt=True)
+    assert _topic(url, login="spark", passcode="sesame") == [b"t0", b"t1"]
+    assert _queue(url, 2, login="spark", passcode="sesame") == [b"q0", b"q1"]
+    monkeypatch.setenv("STOMPBROKER_LOGIN", "spark")  # (read where the reader runs: driver and executors)
+    monkeypatch.setenv("STOMPBROKER_PASSCODE", "sesame")
+    from_env = streaming.TopicReader(streaming.parse_options({"url": url, "destination": "/topic/t"}))
+    assert from_env.latestOffset({"seq": 0}, None)["seq"] > 0
+    monkeypatch.setenv("STOMPBROKER_PASSCODE", "wrong")
+    assert _topic(url, login="spark", passcode="sesame") == [b"t0", b"t1"]  # the option wins
+    for options, who in (({"login": "spark", "passcode": "guess"}, "login 'spark'"), ({}, "no login")):
+        reader = streaming.TopicReader(streaming.parse_options({"url": url, "destination": "/topic/t", **options},
+                                                               env={}))
+        with pytest.raises(PermissionError) as refused:
+            reader.latestOffset({"seq": 0}, None)
+        message = str(refused.value)
+        assert f"{url} refused the connection with {who}: access refused" in message
+        assert "passcode" in message and "guess" not in message
