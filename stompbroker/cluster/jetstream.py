@@ -44,6 +44,7 @@ log = logging.getLogger("stompbroker.cluster")
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
+REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach the end its stream's leader named
 
 
 async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, work_queue: bool,
@@ -274,9 +275,42 @@ class PullGroup:
             await puller.close()
 
 
+async def replay_end(js, stream: str, filters, since_s: float, give_up: float) -> int | None:
+    """The stream sequence a replay of ``filters`` reads up to: the last message on them, asked of
+    the stream's leader (whose store has every stored message); None when none was stored since
+    ``since_s``. (A consumer's own count cannot say it: one placed on a replica still applying a
+    leader change reported none pending and delivered nothing for a second, then the messages.)
+    A stream whose leader is being elected answers nothing, or 503: asked again until ``give_up``."""
+    end = None
+    for subject in [filters] if isinstance(filters, str) else filters:
+        while True:
+            try:
+                last = await asyncio.wait_for(js.get_msg(stream, subject=subject), 1.0)
+                break
+            except nats.js.errors.NotFoundError:
+                last = None
+                break
+            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, asyncio.TimeoutError):
+                if time.monotonic() > give_up:
+                    raise
+                await asyncio.sleep(0.1)
+        if last is None:
+            continue
+        stored = _epoch(last.time)
+        if stored is None or stored >= since_s - 0.001:
+            end = max(end or 0, last.seq)
+    return end
+
+
 async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000):
     """The messages of ``stream`` on ``filters`` stored since ``since_s`` (epoch seconds), in
-    order, read by a short-lived consumer; stops at what was there when it began."""
+    order, read by a short-lived consumer up to what was there when it began (``replay_end``)."""
+    # (a stream being elected a leader, a consumer's own not elected yet, a consumer on a replica
+    # that is behind: each is asked again, for a while)
+    give_up = time.monotonic() + REPLAY_CATCH_UP
+    end = await replay_end(js, stream, filters, since_s, give_up)
+    if end is None:
+        return
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE, deliver_policy=api.DeliverPolicy.BY_START_TIME, **_filters(filters),
         opt_start_time=_rfc3339(since_s), inactive_threshold=30.0, mem_storage=True, num_replicas=1)
@@ -284,27 +318,25 @@ async def replay(js, stream: str, filters, since_s: float, limit: int = 100_000)
     name = info.name
     try:
         sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
-        # (a new consumer of a replicated stream may not know its pending count yet: read until a
-        # message says none is left, or nothing comes: for a while when it said some are there)
-        wait = 5.0 if info.num_pending else 1.0
-        left = limit
-        # (a consumer of a replicated stream answers 503 until its own leader is elected: ask again)
-        unready_until = time.monotonic() + wait
-        while left > 0:
+        left, seq = limit, 0
+        while left > 0 and seq < end:
             try:
-                msgs = await sub.fetch(min(left, 256), timeout=wait)
+                msgs = await sub.fetch(min(left, 256), timeout=1.0)
             except nats.js.errors.ServiceUnavailableError:
-                if time.monotonic() > unready_until:
+                if time.monotonic() > give_up:
                     raise
                 await asyncio.sleep(0.1)
                 continue
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                break
+                if time.monotonic() > give_up:
+                    log.warning("replay of %s stopped at sequence %d of %d: its consumer sent no more", stream, seq, end)
+                    break
+                continue
             for msg in msgs:
                 yield msg
                 left -= 1
-                if msg.metadata.num_pending == 0:
-                    left = 0
+                seq = msg.metadata.sequence.stream
+                if seq >= end:
                     break
         await sub.unsubscribe()
     finally:
@@ -476,11 +508,14 @@ class QueueBridge:
         infos = await self.listing.run()
         if infos is None:
             return
-        if not {i.config.name for i in infos} >= set(self.listing.own):
+        if self.listing.whole and not {i.config.name for i in infos} >= set(self.listing.own):
             try:  # one of this node's streams was deleted (by hand?): publishes need it
                 await self.declare()
             except Exception as exc:
                 log.warning("cluster: this node's streams cannot be declared again: %r", exc)
+        self.present_changed(before)
+
+    def present_changed(self, before: set[str]) -> None:
         if self.listing.present != before:
             for key, group in list(self.pullers.items()):
                 self.reconcile(key, group)
@@ -639,7 +674,9 @@ class QueueBridge:
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:
             await asyncio.wait_for(self.ready.wait(), self.config.cluster_timeout_ms / 1000)
-            await self.survey()  # (every layout's streams, as they are now: a replay reads them once)
+            before = self.listing.present  # (every layout's streams, as they are now: a replay reads them once)
+            if await self.listing.names():
+                self.present_changed(before)
             async for msg in replay_merged(self.js, self.sources(shards.TOPICS, pattern), since_ms / 1000):
                 self.emit(("replayed", token, msg.data))
         except Exception as exc:

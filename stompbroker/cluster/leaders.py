@@ -7,8 +7,14 @@ and topic streams exist (the layouts to read, ``cluster/shards.py``), each one's
 layout are spread over the NATS servers; if not, it moves them (``shards.moves``): a leader
 stepdown naming the preferred server, which JetStream elects (a moment's pause for that shard's
 publishes, which retry). Every node may do it: they plan alike from the same state, and a second
-request for a move already made is refused (already leader). A server that does not honour the
-preferred server (NATS before 2.11) is noticed, and the node stops asking.
+request for a move already made is refused (already leader). A listing is whole only when every
+stream's leader answered it; a node plans moves only from a whole listing, with every one of its
+streams led (during an election a listing leaves streams out, and moves planned from it undid
+the other nodes' moves). A server that does not honour the preferred server (NATS before 2.11) is
+noticed, and the node stops asking.
+
+A replay needs only the names of the streams that exist (``names``): NATS answers them at once,
+where a listing waits seconds for a stream whose leader is being elected.
 """
 
 from __future__ import annotations
@@ -28,18 +34,33 @@ SURVEY_EVERY = 5.0   # seconds between listings of the streams
 MOVE_TRIES = 3       # moves of one stream that did not land before the servers are taken not to honour them
 
 
-async def list_streams(nc) -> list[api.StreamInfo]:
-    """Every stream of the account (pages of 256)."""
-    infos, offset = [], 0
+async def list_streams(nc) -> tuple[list[api.StreamInfo], bool]:
+    """Every stream of the account (pages of 256), and whether the listing is whole (NATS names
+    the streams whose leaders did not answer in time as ``missing``)."""
+    infos, offset, whole = [], 0, True
     for _ in range(64):
         resp = orjson.loads((await nc.request("$JS.API.STREAM.LIST", orjson.dumps({"offset": offset}),
                                               timeout=5)).data)
         page = resp.get("streams") or []
         infos.extend(api.StreamInfo.from_response(s) for s in page)
+        whole = whole and not resp.get("missing")
         offset += len(page)
         if not page or offset >= resp.get("total", 0):
             break
-    return infos
+    return infos, whole
+
+
+async def stream_names(nc) -> list[str]:
+    """The names of every stream of the account (pages of 1024)."""
+    names: list[str] = []
+    for _ in range(64):
+        resp = orjson.loads((await nc.request("$JS.API.STREAM.NAMES", orjson.dumps({"offset": len(names)}),
+                                              timeout=5)).data)
+        page = resp.get("streams") or []
+        names.extend(page)
+        if not page or len(names) >= resp.get("total", 0):
+            break
+    return names
 
 
 def figures(cluster: str, info) -> dict:
@@ -59,6 +80,7 @@ class Survey:
         self.cluster = cluster
         self.own = own                       # this node's layout's streams
         self.present: set[str] = set(own)    # this cluster's queue and topic streams that exist
+        self.whole = False                   # the last listing had every stream in it
         self.streams: list[dict] = []        # each stream's figures, for STATUS
         self.due = 0.0
         self.moving: dict[str, tuple[str, int]] = {}   # stream -> (server asked to lead it, moves that did not land)
@@ -69,18 +91,29 @@ class Survey:
         """List the streams; their StreamInfos (None if NATS did not answer)."""
         self.due = time.monotonic() + SURVEY_EVERY * random.uniform(0.8, 1.2)
         try:
-            infos = await list_streams(self.nc)
+            infos, self.whole = await list_streams(self.nc)
         except Exception as exc:
             log.debug("cluster: stream list: %r", exc)
             return None
-        mine = {i.config.name for i in infos if shards.parse_stream(self.cluster, i.config.name)}
-        self.present = mine | set(self.own)
+        self.found({i.config.name for i in infos})
         self.streams = [figures(self.cluster, i) for i in sorted(
             (i for i in infos if i.config.name.startswith((f"{self.cluster}_", f"KV_{self.cluster}_"))),
             key=lambda i: i.config.name)]
-        if self.balancing:
+        if self.balancing and self.whole:
             await self.balance({i.config.name: i for i in infos if i.config.name in self.present})
         return infos
+
+    async def names(self) -> bool:
+        """``present`` from the streams' names only; False if NATS did not answer."""
+        try:
+            self.found(set(await stream_names(self.nc)))
+        except Exception as exc:
+            log.debug("cluster: stream names: %r", exc)
+            return False
+        return True
+
+    def found(self, names: set[str]) -> None:
+        self.present = {name for name in names if shards.parse_stream(self.cluster, name)} | set(self.own)
 
     async def balance(self, infos: dict) -> None:
         """Spread the leaders of this node's layout over the servers, each kind on its own."""
@@ -96,11 +129,14 @@ class Survey:
                     log.warning("cluster: stream leaders are not moving to the servers asked for (NATS before "
                                 "2.11 ignores a preferred server); leaving them where JetStream put them")
                     return
+        if any(infos.get(name) is None or (infos[name].cluster is not None and not infos[name].cluster.leader)
+               for name in self.own):
+            return  # (an election under way: its counts would mislead; the next listing plans)
         for kind in (shards.QUEUES, shards.TOPICS):
             streams = {}
             for name in self.own:
                 info = infos.get(name)
-                if (info is None or info.cluster is None or (info.config.num_replicas or 1) < 2
+                if (info.cluster is None or (info.config.num_replicas or 1) < 2
                         or shards.parse_stream(self.cluster, name)[0] != kind):
                     continue
                 peers = [info.cluster.leader] if info.cluster.leader else []
