@@ -365,20 +365,47 @@ class Broker:
             "subscriptions": sum(len(s.subs) for s in all_sessions),
         }
 
-    def connection_stats(self, start: int = 0):
-        """DIAG ``connections`` from the ``start``-th connection on (an iterator: an answer is cut to
-        its budget, so only what it holds is made): id, address (the client's, from a PROXY header
-        behind a proxy), login, protocol, tls, subscriptions."""
+    def patterns(self, vhost: str | None = None) -> list[str]:
+        """The subscriptions' destinations and patterns (of ``vhost`` only, as its clients name them)."""
+        if vhost is None:
+            return self.index.patterns()
+        return [vhosts.visible(p) for p in self.index.patterns(raw=True) if vhosts.split(p)[0] == vhost]
+
+    def sessions_of(self, vhost: str | None = None) -> list:
+        """The sessions (of ``vhost`` only)."""
+        if vhost is None:
+            return list(self.sessions.values())
+        own = "" if vhost == vhosts.DEFAULT else vhost
+        return [s for s in self.sessions.values() if s.vhost == own]
+
+    def vhost_connections(self) -> dict[str, int]:
+        """STOMP sessions by virtual host."""
+        counts: dict[str, int] = {}
+        for session in self.sessions.values():
+            if session.connected:
+                name = session.vhost or vhosts.DEFAULT
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def connection_stats(self, start: int = 0, sessions=None):
+        """DIAG ``connections`` from the ``start``-th connection on (of ``sessions``, a list; every
+        one by default) (an iterator: an answer is cut to its budget, so only what it holds is
+        made): id, address (the client's, from a PROXY header behind a proxy), login, protocol,
+        tls, subscriptions."""
         return ({"id": s.conn, "address": s.peer, "login": s.login, "protocol": s.protocol, "tls": s.tls,
                  "subscriptions": len(s.subs), **({"vhost": s.vhost} if s.vhost else {})}
-                for s in itertools.islice(self.sessions.values(), start, None))
+                for s in itertools.islice(self.sessions.values() if sessions is None else sessions, start, None))
 
-    def queue_stats(self) -> list[dict]:
+    def queue_stats(self, vhost: str | None = None) -> list[dict]:
         """Every queue's figures; a virtual host's queues are shown ``VHOST:destination`` and say their
-        ``vhost`` (vhosts.py)."""
+        ``vhost`` (vhosts.py). Of ``vhost`` only when one is named, as its clients name them."""
         stats = [{"destination": q.name, "depth": q.depth(), "enqueued": q.enqueued,
                   "dequeued": q.dequeued, "unacked": q.unacked, "consumers": len(self.index.match(q.name))}
-                 for q in self.queues.values()]
+                 for q in self.queues.values() if vhost is None or vhosts.split(q.name)[0] == vhost]
+        if vhost is not None:
+            for entry in stats:
+                entry["destination"] = vhosts.visible(entry["destination"])
+            return stats
         if self.vhosts_on:
             for entry in stats:
                 if vhosts.MARK in entry["destination"]:

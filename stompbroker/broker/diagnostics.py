@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..diag.stats import QUERIES
 from ..ipc import records as R
 from ..protocol.stomp import ProtocolError
-from . import queues, replies
+from . import queues, replies, vhosts
 from .model import Message, Session
 from .names import MONITOR
 
@@ -19,11 +19,30 @@ def diag(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if b.config.diag_admin_only and not (session.connected and b.auth is not None
                                          and b.auth.is_admin(session.login)):
         raise ProtocolError("permission denied for DIAG", "diagnostics are for admin users", receipt)
-    value, more = b.diag.text(query, offset(headers, receipt))
+    value, more = b.diag.text(query, offset(headers, receipt), scope(b, session, headers, receipt))
     lines = "".join(f"{name}:{text}\n" for name, text in more.items())
     reply = b"DIAG\ncontent-type:text/plain\n" + f"{query}:{value}\n{lines}".encode() + b"\n\0"
     session.outbox.add(R.DATA, session.conn, reply)
     replies.send_receipt(b, session, receipt)
+
+
+def scope(b, session: Session, headers: dict, receipt) -> str | None:
+    """The virtual host a DIAG answers for (its queues, subscriptions and connections): the asker's
+    own; a ``vhost`` header names another (admins only, when logins are checked), ``*`` every one
+    (names shown ``VHOST:destination``). None with one vhost: the answers are the broker's."""
+    if not b.vhosts_on:
+        return None
+    own = session.vhost or vhosts.DEFAULT
+    asked = headers.get("vhost", own)
+    if asked == own:
+        return own
+    if b.auth is not None and not (session.connected and b.auth.is_admin(session.login)):
+        raise ProtocolError("permission denied for DIAG", "only admin users may ask about another vhost", receipt)
+    if asked == "*":
+        return None
+    if asked not in b.config.vhosts:
+        raise ProtocolError("unknown vhost", f"vhosts: {', '.join(b.config.vhosts)} (or * for every one)", receipt)
+    return asked
 
 
 def offset(headers: dict, receipt) -> int:

@@ -38,7 +38,8 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if destination.startswith(DIAG_PREFIX) and b.diag is not None:
         query = body.decode(errors="replace").strip()
         if query in QUERIES:
-            headers = {**headers, **b.diag.headers(query, diagnostics.offset(headers, receipt))}
+            headers = {**headers, **b.diag.headers(query, diagnostics.offset(headers, receipt),
+                                                   diagnostics.scope(b, session, headers, receipt))}
     if b.store is not None and store_refuses(b, destination, headers):
         raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
                             "the message was not accepted", receipt)

@@ -68,7 +68,8 @@ class SubscriptionIndex:
             self._cache[destination] = found
         return found
 
-    def patterns(self) -> list[str]:
-        """The patterns subscribed to (a virtual host's shown ``VHOST:pattern``), for DIAG."""
+    def patterns(self, raw: bool = False) -> list[str]:
+        """The patterns subscribed to (a virtual host's shown ``VHOST:pattern``; ``raw``: the
+        broker's names), for DIAG."""
         patterns = list(self.exact) + [p + "*" for p in self.prefixed]
-        return [shown(p) for p in patterns] if self.vhosts else patterns
+        return [shown(p) for p in patterns] if self.vhosts and not raw else patterns

@@ -358,7 +358,10 @@ class Site:
         snapshot = self.snapshot()
         budget = self.config.answer_bytes
         if path == METRICS:
-            body, content_type = exposition(snapshot, accept, self.config.metrics_max_queues, budget)
+            vhost = parse_qs(parts.query).get("vhost", [None])[0]  # (the per-queue series of one vhost)
+            if vhost is not None and vhost not in self.config.vhosts:
+                raise BadRequest(manage.no_vhost(vhost, self.config))
+            body, content_type = exposition(snapshot, accept, self.config.metrics_max_queues, budget, vhost)
             return http_response(200, "OK", body, {"Content-Type": content_type, "Cache-Control": "no-store",
                                                    **SECURITY_HEADERS})
         if path == "/api/overview":
@@ -517,6 +520,8 @@ class Site:
             "process": processes,
             "latency": stats.latency(),
             "queues": stats.query("queues"),
+            "vhosts": list(self.config.vhosts),
+            "vhost_connections": stats.vhost_connections(),
             "cluster": stats.query("cluster"),  # {} on a single node
             "http": {"internal_errors": self.errors + int(stats.resources.reader_stats.read()["http_errors"]),
                      "unavailable": self.unavailable, "audit_errors": self.audit.errors,

@@ -15,6 +15,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import CollectorRegistry
 
 PREFIX = "stompbroker_"
+DEFAULT_VHOST = "/"
 
 # (totals key, metric name without prefix and _total, help)
 TOTALS = (
@@ -79,9 +80,22 @@ def negotiate(accept: str) -> str:
     return best
 
 
-def families(s: dict, max_queues: int | None = None):
+def of_vhost(queues: list, vhost: str | None) -> list:
+    """The queues of ``vhost`` (every queue: None), each with its ``vhost`` and its destination as
+    its clients name it (a snapshot shows another vhost's as ``VHOST:destination``)."""
+    out = []
+    for q in queues:
+        their = q.get("vhost", DEFAULT_VHOST)
+        if vhost is None or their == vhost:
+            name = q["destination"] if their == DEFAULT_VHOST else q["destination"][len(their) + 1:]
+            out.append({**q, "vhost": their, "destination": name})
+    return out
+
+
+def families(s: dict, max_queues: int | None = None, vhost: str | None = None):
     """Metric families for one snapshot (see ``snapshot`` in console/http.py for its shape);
-    per-queue series for the ``max_queues`` deepest queues at most (all of them: None)."""
+    per-queue series for the ``max_queues`` deepest queues at most (all of them: None), of
+    ``vhost`` only when one is named (the per-vhost totals still name every vhost)."""
     info = InfoMetricFamily(PREFIX + "build", "broker version")
     info.add_metric([], {"version": s["broker"]["version"]})
     yield info
@@ -112,16 +126,36 @@ def families(s: dict, max_queues: int | None = None):
     yield GaugeMetricFamily(PREFIX + "websocket_buffer_bytes",
                             "bytes held for partial WebSocket frames", value=s["ws_buffer"]["allocated"])
 
-    every = s["queues"]
+    everywhere = of_vhost(s["queues"], None)
+    by_vhost = {name: [0, 0, 0, 0] for name in s.get("vhosts", ())}   # queues, messages, unacked, connections
+    for q in everywhere:
+        figures = by_vhost.setdefault(q["vhost"], [0, 0, 0, 0])
+        figures[0] += 1
+        figures[1] += q["depth"]
+        figures[2] += q["unacked"]
+    for name, n in s.get("vhost_connections", {}).items():
+        by_vhost.setdefault(name, [0, 0, 0, 0])[3] = n
+    for index, (name, text) in enumerate((
+            ("vhost_queues", "queues in the virtual host"),
+            ("vhost_queued_messages", "messages waiting in the virtual host's queues"),
+            ("vhost_unacked_messages", "delivered, not yet acknowledged, in the virtual host's queues"),
+            ("vhost_connections", "STOMP sessions of the virtual host"))):
+        family = GaugeMetricFamily(PREFIX + name, text, labels=["vhost"])
+        for vhost_name in sorted(by_vhost):
+            family.add_metric([vhost_name], by_vhost[vhost_name][index])
+        yield family
+
+    every = everywhere if vhost is None else [q for q in everywhere if q["vhost"] == vhost]
     listed = every if max_queues is None or len(every) <= max_queues else deepest(every)[:max_queues]
-    yield GaugeMetricFamily(PREFIX + "queues", "queues in the broker", value=len(every))
+    scope = "in the broker" if vhost is None else "in this virtual host"
+    yield GaugeMetricFamily(PREFIX + "queues", f"queues {scope}", value=len(every))
     yield GaugeMetricFamily(PREFIX + "queues_listed", "queues with series of their own (stompbroker_queue_*) in this "
                             "scrape: the deepest, at most metrics_max_queues", value=len(listed))
-    yield GaugeMetricFamily(PREFIX + "queued_messages", "messages waiting, all queues",
+    yield GaugeMetricFamily(PREFIX + "queued_messages", f"messages waiting, all queues {scope}",
                             value=sum(q["depth"] for q in every))
-    yield GaugeMetricFamily(PREFIX + "unacked_messages", "delivered, not yet acknowledged, all queues",
+    yield GaugeMetricFamily(PREFIX + "unacked_messages", f"delivered, not yet acknowledged, all queues {scope}",
                             value=sum(q["unacked"] for q in every))
-    labels = ["destination"]
+    labels = ["vhost", "destination"]
     depth = GaugeMetricFamily(PREFIX + "queue_messages", "messages waiting in the destination", labels=labels)
     unacked = GaugeMetricFamily(PREFIX + "queue_unacked_messages", "delivered, not yet acknowledged", labels=labels)
     consumers = GaugeMetricFamily(PREFIX + "queue_consumers", "subscribers of the destination", labels=labels)
@@ -130,7 +164,7 @@ def families(s: dict, max_queues: int | None = None):
     dequeued = CounterMetricFamily(PREFIX + "queue_dequeued_messages", "messages removed from the destination",
                                    labels=labels)
     for q in listed:
-        value = [q["destination"]]
+        value = [q["vhost"], q["destination"]]
         depth.add_metric(value, q["depth"])
         unacked.add_metric(value, q["unacked"])
         consumers.add_metric(value, q["consumers"])
@@ -224,7 +258,8 @@ BASE_BYTES = 16 * 1024  # everything but the per-queue series, with room to spar
 
 
 def queues_within(queues: list, budget: int) -> int:
-    """How many of the deepest queues' series fit in ``budget`` bytes, by the length of their names."""
+    """How many of the deepest queues' series fit in ``budget`` bytes, by the length of their names
+    (a snapshot's: with ``VHOST:``, as long as the vhost label and the destination)."""
     left = budget - BASE_BYTES
     for n, q in enumerate(deepest(queues)):
         name = q["destination"]
@@ -237,27 +272,30 @@ def queues_within(queues: list, budget: int) -> int:
 class _Snapshot:
     """A collector over one snapshot: a registry is built per scrape, so nothing is shared."""
 
-    def __init__(self, snapshot: dict, max_queues: int | None):
+    def __init__(self, snapshot: dict, max_queues: int | None, vhost: str | None):
         self.snapshot = snapshot
         self.max_queues = max_queues
+        self.vhost = vhost
 
     def collect(self):
-        return families(self.snapshot, self.max_queues)
+        return families(self.snapshot, self.max_queues, self.vhost)
 
 
 def exposition(snapshot: dict, accept: str = "", max_queues: int | None = None,
-               budget: int | None = None) -> tuple[bytes, str]:
+               budget: int | None = None, vhost: str | None = None) -> tuple[bytes, str]:
     """(body, content type) for a scrape; ``accept`` picks the text format or OpenMetrics. Per-queue
-    series for at most ``max_queues`` queues, and fewer (halving) while the body is over ``budget``
-    bytes: long queue names cost bytes, and a body must fit what carries it to the writer."""
+    series for at most ``max_queues`` queues (of ``vhost`` only, when named), and fewer (halving)
+    while the body is over ``budget`` bytes: long queue names cost bytes, and a body must fit what
+    carries it to the writer."""
     content_type = negotiate(accept)
     encode = generate_openmetrics if content_type == OPENMETRICS else generate_latest
     if budget is not None:
-        fit = queues_within(snapshot["queues"], budget)
+        # (the per-vhost totals take a few series per vhost: counted in like a queue's)
+        fit = queues_within(snapshot["queues"], budget - 400 * len(snapshot.get("vhosts", ())))
         max_queues = fit if max_queues is None else min(max_queues, fit)
     while True:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Snapshot(snapshot, max_queues))
+        registry.register(_Snapshot(snapshot, max_queues, vhost))
         body = encode(registry)
         if budget is None or len(body) <= budget or not max_queues:
             return body, content_type

@@ -24,6 +24,9 @@ QUERIES = STOMPICA_QUERIES + ("writers", "process", "queues", "latency", "totals
 # The queries whose answers grow with the broker's state: cut at Config.answer_bytes, continued from
 # an offset (the other answers are a few hundred bytes, bounded by the number of processes).
 LISTS = ("queues", "subs", "connections")
+# The queries answered for one virtual host when a DIAG names one (the asker's own by default): the
+# others are the processes' figures, the same for every vhost.
+PER_VHOST = ("queues", "subs", "pubsub-size", "connections", "session-size")
 
 
 class Statistics:
@@ -38,7 +41,11 @@ class Statistics:
         self.dumps_dropped = 0   # dump lines the dispatcher could not hand to the supervisor
 
     # -- the queries ---------------------------------------------------------------------------
-    def query(self, name: str):
+    def query(self, name: str, vhost: str | None = None):
+        """A query's value; of ``vhost`` only, for the PER_VHOST queries, when one is named (None:
+        every vhost's, another vhost's names shown ``VHOST:destination``)."""
+        if vhost is not None and name in PER_VHOST:
+            return self.of_vhost(name, vhost)
         if name == "session":
             return self.broker.session_stats()
         if name == "ws_buffer":
@@ -75,41 +82,55 @@ class Statistics:
             return self.broker.backplane.diag() if self.broker.backplane is not None else {}
         raise KeyError(name)
 
-    def text(self, name: str, offset: int = 0) -> tuple[str, dict[str, str]]:
+    def of_vhost(self, name: str, vhost: str):
+        """A PER_VHOST query's value for ``vhost``, its destinations named as its clients name them."""
+        if name == "queues":
+            return self.broker.queue_stats(vhost)
+        if name in ("subs", "pubsub-size"):
+            patterns = self.broker.patterns(vhost)
+            return ",".join(patterns) if name == "subs" else len(patterns)
+        sessions = self.broker.sessions_of(vhost)
+        return list(self.broker.connection_stats(0, sessions)) if name == "connections" else len(sessions)
+
+    def vhost_connections(self) -> dict[str, int]:
+        """STOMP sessions by virtual host (/metrics)."""
+        return self.broker.vhost_connections()
+
+    def text(self, name: str, offset: int = 0, vhost: str | None = None) -> tuple[str, dict[str, str]]:
         """A query's value as stompica's DIAG frame wrote it (JSON for objects and lists, plain for
         the rest), and the headers that say where a list was cut (``list_part``)."""
         if name in LISTS:
-            return self.list_part(name, offset)
-        value = self.query(name)
+            return self.list_part(name, offset, vhost)
+        value = self.query(name, vhost)
         if name == "stale":  # the frame form has the two queue sizes only, named as stompica named them
             value = {"in": value["input-queue-size"], "out": value["output-queue-size"]}
         return _header_value(value), {}
 
-    def headers(self, name: str, offset: int = 0) -> dict[str, str]:
+    def headers(self, name: str, offset: int = 0, vhost: str | None = None) -> dict[str, str]:
         """A query's value as MESSAGE headers (the DIAG topic form)."""
         if name in LISTS:
-            text, more = self.list_part(name, offset)
+            text, more = self.list_part(name, offset, vhost)
             return {name: text, **more}
-        value = self.query(name)
+        value = self.query(name, vhost)
         if isinstance(value, dict):
             return {k: _header_value(v) for k, v in value.items()}
         return {name: _header_value(value)}
 
-    def list_part(self, name: str, offset: int) -> tuple[str, dict[str, str]]:
-        """The items of a list query from ``offset`` that fit in the answer budget, and the headers
-        ``total`` (items in all; when cut or asked from an offset) and, when some are left out,
-        ``truncated:true`` and ``next-offset``."""
+    def list_part(self, name: str, offset: int, vhost: str | None = None) -> tuple[str, dict[str, str]]:
+        """The items of a list query from ``offset`` that fit in the answer budget (of ``vhost``
+        only, when named), and the headers ``total`` (items in all; when cut or asked from an
+        offset) and, when some are left out, ``truncated:true`` and ``next-offset``."""
         budget = self.config.answer_bytes
         if name == "queues":
-            items = self.broker.queue_stats()
+            items = self.broker.queue_stats(vhost)
             text, end = answers.json_items(items, offset, budget)
             text = text.decode()
         elif name == "connections":  # (made from the offset on, as far as the answer goes)
-            items = self.broker.sessions
-            listed, n = answers.json_iter(self.broker.connection_stats(offset), budget)
+            items = self.broker.sessions_of(vhost)
+            listed, n = answers.json_iter(self.broker.connection_stats(offset, items), budget)
             text, end = listed.decode(), min(offset, len(items)) + n
         else:
-            items = self.broker.index.patterns()
+            items = self.broker.patterns(vhost)
             text, end = answers.joined(items, offset, budget)
         # stompica's answer, byte for byte, unless cut or asked for from an offset
         more = {"total": str(len(items))} if offset or end < len(items) else {}

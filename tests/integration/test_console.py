@@ -100,10 +100,10 @@ def test_metrics_scrape_parses_and_moves_with_traffic(start_broker):
     assert moved("stompbroker_frames_received_total") >= 208
     assert moved("stompbroker_received_bytes_total") >= 208 * 100
     assert moved("stompbroker_sent_bytes_total") >= 200 * 100
-    assert after[("stompbroker_queue_enqueued_messages_total", ("destination", "/queue/metrics"))] == 200
-    assert after[("stompbroker_queue_dequeued_messages_total", ("destination", "/queue/metrics"))] == 200
-    assert after[("stompbroker_queue_consumers", ("destination", "/queue/metrics"))] == 1
-    assert after[("stompbroker_queue_messages", ("destination", "/queue/backlog"))] == 8
+    assert after[("stompbroker_queue_enqueued_messages_total", ("destination", "/queue/metrics"), ("vhost", "/"))] == 200
+    assert after[("stompbroker_queue_dequeued_messages_total", ("destination", "/queue/metrics"), ("vhost", "/"))] == 200
+    assert after[("stompbroker_queue_consumers", ("destination", "/queue/metrics"), ("vhost", "/"))] == 1
+    assert after[("stompbroker_queue_messages", ("destination", "/queue/backlog"), ("vhost", "/"))] == 8
     assert after[("stompbroker_stomp_sessions",)] == 3
     assert after[("stompbroker_subscriptions",)] == 1
     frames = sum(v for k, v in after.items() if k[0] == "stompbroker_writer_frames_total")

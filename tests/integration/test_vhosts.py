@@ -14,6 +14,7 @@ import time
 import stomp
 
 from stompbroker.security import hash_secret
+from tests.stompwire import Wire
 
 
 class Collect(stomp.ConnectionListener):
@@ -97,7 +98,7 @@ def test_vhosts_keep_clients_apart_and_the_api_acts_per_vhost(start_broker, tmp_
     eu.send("/queue/backlog", "waiting")
     until(lambda: call(b, "GET", "/api/queues?vhost=eu&name=backlog")[1]["items"])
     metrics = call(b, "GET", "/metrics")[1].decode()
-    assert 'stompbroker_queue_messages{destination="eu:/queue/backlog"} 1.0' in metrics
+    assert 'stompbroker_queue_messages{destination="/queue/backlog",vhost="eu"} 1.0' in metrics
     env = {**os.environ, "STOMPBROKER_PASSWORD": "root"}
     done = subprocess.run([sys.executable, "-m", "stompbroker.tools.admin", "--url", f"http://127.0.0.1:{b.port}",
                            "--user", "root", "--vhost", "eu", "--json", "queue", "list", "--name", "backlog"],
@@ -123,3 +124,74 @@ def test_scheduled_messages_are_listed_and_cancelled_per_vhost(start_broker, tmp
     assert call(b, "GET", "/api/scheduled?vhost=eu")[1]["items"] == []
     assert [j["id"] for j in call(b, "GET", "/api/scheduled")[1]["items"]] == [default["id"]]
     assert call(b, "GET", "/api/scheduled?vhost=us")[0] == 400
+
+
+def diag(w: Wire, query: str, **headers) -> tuple[str, dict]:
+    w.frame("DIAG", headers, query.encode())
+    command, head, _ = w.read()
+    return command, head
+
+
+def test_diag_answers_for_the_askers_vhost_and_admins_may_name_another(start_broker, tmp_path):
+    (tmp_path / "passwd").write_text(f"root:{hash_secret('root')}:admin\nalice:{hash_secret('alice')}:vhost=eu\n")
+    b = start_broker("auth=passwd", f"passwd_file={tmp_path / 'passwd'}", "vhosts=eu,us", "diag_admin_only=false")
+    root_eu, root_default, alice = Wire(b.connect()), Wire(b.connect()), Wire(b.connect())
+    root_eu.connect(login="root", passcode="root", host="eu")
+    root_default.connect(login="root", passcode="root", host="/")
+    alice.connect(login="alice", passcode="alice", host="eu")
+    for w, name in ((root_eu, "eu-jobs"), (root_default, "jobs")):
+        w.frame("SEND", {"destination": f"/queue/{name}", "receipt": "r"}, b"x")
+        assert w.read()[0] == "RECEIPT"
+    alice.frame("SUBSCRIBE", {"destination": "/topic/eu-news", "id": "1", "receipt": "s"})
+    assert alice.read()[0] == "RECEIPT"
+
+    def names(w, query, **headers):
+        command, head = diag(w, query, **headers)
+        assert command == "DIAG", head
+        return head[query]
+
+    assert [q["destination"] for q in json.loads(names(root_eu, "queues"))] == ["/queue/eu-jobs"]
+    assert [q["destination"] for q in json.loads(names(root_default, "queues"))] == ["/queue/jobs"]
+    assert [q["destination"] for q in json.loads(names(root_default, "queues", vhost="eu"))] == ["/queue/eu-jobs"]
+    assert json.loads(names(root_default, "queues", vhost="us")) == []
+    everywhere = [q["destination"] for q in json.loads(names(root_default, "queues", vhost="*"))]
+    assert sorted(everywhere) == ["/queue/jobs", "eu:/queue/eu-jobs"]
+    assert names(alice, "subs") == "/topic/eu-news" and names(root_default, "subs") == ""
+    assert names(alice, "pubsub-size") == "1" and names(root_default, "pubsub-size") == "0"
+    assert sorted(c["login"] for c in json.loads(names(alice, "connections"))) == ["alice", "root"]
+    assert [c["login"] for c in json.loads(names(root_default, "connections"))] == ["root"]
+    assert names(root_default, "session-size") == "1"
+    root_eu.frame("SUBSCRIBE", {"destination": "DIAG/t", "id": "d"})      # the topic form: the sender's vhost
+    root_eu.frame("SEND", {"destination": "DIAG/t"}, b"queues")
+    command, head, _ = root_eu.read()
+    assert command == "MESSAGE" and [q["destination"] for q in json.loads(head["queues"].replace("\\c", ":"))] == ["/queue/eu-jobs"]
+    command, head = diag(root_default, "queues", vhost="nowhere")
+    assert (command, head["message"]) == ("ERROR", "unknown vhost")
+    command, head = diag(alice, "queues", vhost="/")  # not an admin: its own vhost only
+    assert (command, head["message"]) == ("ERROR", "permission denied for DIAG")
+
+
+def test_metrics_name_each_queues_vhost_and_give_one_vhost_when_asked(start_broker, tmp_path):
+    (tmp_path / "passwd").write_text(f"root:{hash_secret('root')}:admin\n")
+    b = start_broker("auth=passwd", f"passwd_file={tmp_path / 'passwd'}", "vhosts=eu,us")
+    eu, _ = client(b, "root", "eu")
+    default, _ = client(b, "root", "/")
+    for conn, name, n in ((eu, "/queue/orders", 3), (default, "/queue/orders", 2)):
+        for i in range(n):
+            conn.send(name, str(i), receipt=f"r{i}")
+    until(lambda: sum(q["depth"] for q in call(b, "GET", "/api/queues?vhost=eu")[1]["items"]) == 3)
+    time.sleep(0.3)  # (past the snapshot's reuse window)
+    metrics = call(b, "GET", "/metrics")[1].decode()
+    assert 'stompbroker_queue_messages{destination="/queue/orders",vhost="eu"} 3.0' in metrics
+    assert 'stompbroker_queue_messages{destination="/queue/orders",vhost="/"} 2.0' in metrics
+    for line in ('stompbroker_vhost_queued_messages{vhost="eu"} 3.0', 'stompbroker_vhost_queued_messages{vhost="us"} 0.0',
+                 'stompbroker_vhost_queues{vhost="/"} 1.0', 'stompbroker_vhost_connections{vhost="eu"} 1.0',
+                 "stompbroker_queued_messages 5.0"):
+        assert line in metrics, line
+    one = call(b, "GET", "/metrics?vhost=eu")[1].decode()
+    assert 'stompbroker_queue_messages{destination="/queue/orders",vhost="eu"} 3.0' in one
+    assert 'stompbroker_queue_messages{destination="/queue/orders",vhost="/"}' not in one
+    assert "stompbroker_queued_messages 3.0" in one and 'stompbroker_vhost_queued_messages{vhost="/"} 2.0' in one
+    assert call(b, "GET", "/metrics?vhost=nowhere")[0] == 400
+    eu.disconnect()
+    default.disconnect()

@@ -356,12 +356,12 @@ def test_permissions_refuse_with_the_destination_named():
 
 # -- DIAG --------------------------------------------------------------------------------------------
 class FakeDiag:
-    def text(self, query, offset=0):
+    def text(self, query, offset=0, vhost=None):
         if query == "queues":  # a list, in parts
             return f"<queues from {offset}>", {"total": "9", "truncated": "true", "next-offset": str(offset + 3)}
         return f"<{query}>", {}
 
-    def headers(self, query, offset=0):
+    def headers(self, query, offset=0, vhost=None):
         return {"answer": query}
 
     def monitor_body(self):

@@ -176,7 +176,7 @@ def test_metric_families_parse_with_prometheus_names_and_units():
     assert types_["stompbroker_messages_published"] == "counter"
     assert samples[("stompbroker_sent_bytes_total", ())] == 400
     assert samples[("stompbroker_start_time_seconds", ())] == 1_700_000_000
-    assert samples[("stompbroker_queue_messages", (("destination", '/queue/a"b'),))] == 7
+    assert samples[("stompbroker_queue_messages", (("destination", '/queue/a"b'), ("vhost", "/")))] == 7
     assert samples[("stompbroker_writer_batch_fill_ratio_sum", (("writer", "0"),))] == 1.5
     assert samples[("stompbroker_writer_batch_fill_ratio_count", (("writer", "0"),))] == 4
     assert samples[("stompbroker_process_resident_memory_bytes", (("role", "reader"),))] == 1000
@@ -311,6 +311,12 @@ class Stats:
 
     def latency(self):
         return SNAPSHOT["latency"]
+
+    def vhost_connections(self):
+        counts = {}
+        for s in self.broker.sessions.values():
+            counts[s.vhost or "/"] = counts.get(s.vhost or "/", 0) + 1
+        return counts
 
     def query(self, name):
         return self.queues if name == "queues" else SNAPSHOT.get(name, {})
