@@ -51,7 +51,30 @@ from stompbroker.protocol.websocket import encode_client_frame, parse_frame
 TRUSTED = "127.0.0.1"  # the proxy_trusted address; inputs from 127.0.0.2-254 are direct clients
 BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # pick the port at connect
 HTTP_METHODS = {b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"}
-HTTP_STATUSES = {101, 200, 400, 401, 403, 404, 405, 406, 408, 409, 411, 413, 421, 426, 429, 431, 503}
+HTTP_STATUSES = {101, 200, 400, 401, 403, 404, 405, 406, 408, 409, 411, 413, 415, 421, 426, 429, 431, 503}
+Q = "%2F/%2Fqueue%2Ffuzz"  # /queue/fuzz in the default vhost, as a management path names it
+# The management API's actions (docs/admin.md): (method, path, JSON bodies to pick from)
+ACTIONS = [
+    ("GET", f"/api/queues/{Q}/messages?count=5&encoding=base64", [None]),
+    ("GET", f"/api/queues/{Q}/messages?count=-1&offset=x&truncate=99999999999", [None]),
+    ("DELETE", f"/api/queues/{Q}/messages", [None, "{}"]),
+    ("DELETE", f"/api/queues/{Q}", [None, "{}"]),
+    ("POST", f"/api/queues/{Q}/move", ['{"to": "/queue/fuzz2", "count": 3}', '{"selector": "a > 1 AND"}',
+                                      '{"to": "/queue/fuzz"}', '{"to": "/topic/*"}', '{"count": -5}', "{", "[]",
+                                      '{"to": "/queue/' + "x" * 5000 + '"}', '{"to": "/queue/fuzz3", "selector": "k = 1"}']),
+    ("POST", "/api/publish", ['{"destination": "/queue/fuzz", "body": "x"}', '{"destination": "/topic/fuzz", '
+                              '"headers": {"priority": "12", "expires": "-1"}, "body": "y", "persistent": true}',
+                              '{"vhost": "nowhere", "destination": "/queue/fuzz", "body": ""}', '{"destination": "DIAG"}',
+                              '{"destination": "/queue/fuzz", "body": "' + "z" * 70000 + '"}', '{"body": 5}', "null"]),
+    ("DELETE", "/api/connections/999999999", [None, '{"reason": "fuzz"}']),
+    ("DELETE", "/api/connections/abc", [None]),
+    ("DELETE", "/api/subscriptions/%2F/nope", [None]),
+    ("DELETE", f"/api/scheduled/{Q}", [None]),
+    ("DELETE", f"/api/scheduled/{Q}/ID:nope", [None]),
+    ("GET", "/api/vhosts", [None]), ("GET", "/api/subscriptions?vhost=nowhere", [None]),
+    ("GET", "/api/scheduled?vhost=%2F&destination=%2Fqueue%2Ffuzz", [None]),
+    ("PUT", f"/api/queues/{Q}", ['{}']), ("PATCH", "/api/publish", ['{}']),
+]
 PASSWD = {"root": ("toor", "admin"), "bob": ("builder", "")}  # the auth=passwd broker's users
 # right, wrong, not an admin, nobody, malformed; root's are the most (the others cost a scrypt check each,
 # and the broker's two checkers would spend the run on them)
@@ -237,6 +260,8 @@ class Inputs:
 
     def http_request(self, upgrade: bool = False, authorization: bool = True) -> bytes:
         r = self.r
+        if not upgrade and r.random() < 0.2:
+            return self.action_request(authorization)
         method = "GET" if upgrade or r.random() < 0.75 else r.choice(["HEAD", "POST", "PUT", "OPTIONS", "get", "TRACE"])
         version = "HTTP/1.1" if r.random() < 0.9 else r.choice(["HTTP/1.0", "HTTP/2.0", "HTTX/1.1", ""])
         path = "/" if upgrade and r.random() < 0.7 else r.choice(self.paths)
@@ -248,6 +273,26 @@ class Inputs:
         head = [f"{method} {path} {version}"] + self.header_lines(upgrade, authorization, extras)
         end = "\r\n\r\n" if r.random() < 0.95 else r.choice(["\r\n", "", "\n\n"])
         return ("\r\n".join(head) + end).encode("latin-1", "replace")
+
+    def action_request(self, authorization: bool) -> bytes:
+        """A management action: mostly well formed (JSON, a same-origin or no Origin, the length
+        right), to reach the actions themselves, with a wrong part now and then."""
+        r = self.r
+        method, path, bodies = r.choice(ACTIONS)
+        body = (r.choice(bodies) or "").encode()
+        if r.random() < 0.8:  # (the broker's own host and an admin's login: the action itself runs)
+            head = [f"{method} {path} HTTP/1.1", f"Host: {self.hosts[0]}"]
+            if self.auth and authorization:
+                head.append("Authorization: Basic " + base64.b64encode(b"root:toor").decode())
+        else:
+            head = [f"{method} {path} HTTP/1.1"] + self.header_lines(False, authorization, 4)
+        if body or r.random() < 0.1:
+            head.append("Content-Type: " + ("application/json" if r.random() < 0.9 else r.choice(["text/plain", ""])))
+            length = len(body) if r.random() < 0.9 else r.choice([0, len(body) + 10, 10 ** 12])
+            head.append(f"Content-Length: {length}")
+        if r.random() < 0.2:
+            head.append(r.choice(["Origin: http://evil.example", "Sec-Fetch-Site: cross-site", "Origin: null"]))
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1", "replace") + body
 
     def stomp_frames(self, raw: bool = False) -> bytes:
         r = self.r
