@@ -508,7 +508,7 @@ class QueueBridge:
         infos = await self.listing.run()
         if infos is None:
             return
-        if self.listing.whole and not {i.config.name for i in infos} >= set(self.listing.own):
+        if not self.listing.listed >= set(self.listing.own):
             try:  # one of this node's streams was deleted (by hand?): publishes need it
                 await self.declare()
             except Exception as exc:

@@ -34,20 +34,21 @@ SURVEY_EVERY = 5.0   # seconds between listings of the streams
 MOVE_TRIES = 3       # moves of one stream that did not land before the servers are taken not to honour them
 
 
-async def list_streams(nc) -> tuple[list[api.StreamInfo], bool]:
-    """Every stream of the account (pages of 256), and whether the listing is whole (NATS names
-    the streams whose leaders did not answer in time as ``missing``)."""
-    infos, offset, whole = [], 0, True
+async def list_streams(nc) -> tuple[list[api.StreamInfo], list[str]]:
+    """Every stream of the account (pages of 256), and the names of those left out: NATS names the
+    streams whose leaders did not answer in time as ``missing`` (they exist; their figures are not
+    known)."""
+    infos, offset, missing = [], 0, []
     for _ in range(64):
         resp = orjson.loads((await nc.request("$JS.API.STREAM.LIST", orjson.dumps({"offset": offset}),
                                               timeout=5)).data)
         page = resp.get("streams") or []
         infos.extend(api.StreamInfo.from_response(s) for s in page)
-        whole = whole and not resp.get("missing")
+        missing.extend(name for name in resp.get("missing") or () if isinstance(name, str))
         offset += len(page)
         if not page or offset >= resp.get("total", 0):
             break
-    return infos, whole
+    return infos, missing
 
 
 async def stream_names(nc) -> list[str]:
@@ -80,7 +81,8 @@ class Survey:
         self.cluster = cluster
         self.own = own                       # this node's layout's streams
         self.present: set[str] = set(own)    # this cluster's queue and topic streams that exist
-        self.whole = False                   # the last listing had every stream in it
+        self.whole = False                   # the last listing had every stream's figures in it
+        self.listed: set[str] = set(own)     # the streams the last listing named (missing ones too)
         self.streams: list[dict] = []        # each stream's figures, for STATUS
         self.due = 0.0
         self.moving: dict[str, tuple[str, int]] = {}   # stream -> (server asked to lead it, moves that did not land)
@@ -91,11 +93,13 @@ class Survey:
         """List the streams; their StreamInfos (None if NATS did not answer)."""
         self.due = time.monotonic() + SURVEY_EVERY * random.uniform(0.8, 1.2)
         try:
-            infos, self.whole = await list_streams(self.nc)
+            infos, missing = await list_streams(self.nc)
         except Exception as exc:
             log.debug("cluster: stream list: %r", exc)
             return None
-        self.found({i.config.name for i in infos})
+        self.whole = not missing
+        self.listed = {i.config.name for i in infos} | set(missing)
+        self.found(self.listed)
         self.streams = [figures(self.cluster, i) for i in sorted(
             (i for i in infos if i.config.name.startswith((f"{self.cluster}_", f"KV_{self.cluster}_"))),
             key=lambda i: i.config.name)]

@@ -54,13 +54,15 @@ def test_leaders_all_on_one_server_are_spread_from_a_whole_listing():
     assert all(subject.startswith("$JS.API.STREAM.LEADER.STEPDOWN.") for subject in nc.asked)
 
 
-def test_a_listing_with_streams_missing_moves_no_leader():
-    led = [info(OWN[0], "nats0"), info(OWN[1], "nats0")]   # the third stream's leader did not answer
-    nc = Nc(led, missing=[OWN[2]])
+def test_a_listing_with_streams_missing_moves_no_leader_and_loses_no_stream():
+    other = shards.stream_name(CLUSTER, shards.TOPICS, 6, 0)   # another layout's, read by this node
+    led = [info(OWN[0], "nats0"), info(OWN[1], "nats0")]   # two streams' leaders did not answer
+    nc = Nc(led, missing=[OWN[2], other])
     s = survey(nc)
     asyncio.run(s.run())
     assert nc.asked == []
     assert not s.whole
+    assert s.present == set(OWN) | {other} and s.listed >= set(OWN)   # (not taken for deleted)
 
 
 def test_a_listing_with_a_stream_in_an_election_moves_no_leader():
