@@ -87,7 +87,7 @@ async def declare_consumer(js, stream: str, name: str, filters, ack_wait_s: floa
         deliver_policy=api.DeliverPolicy.ALL if start_time is None else api.DeliverPolicy.BY_START_TIME,
         opt_start_time=None if start_time is None else _rfc3339(start_time))
     try:
-        info = await js.consumer_info(stream, name)
+        info = await asked_again(lambda: js.consumer_info(stream, name))
         have = info.config.filter_subjects or [info.config.filter_subject]
         if sorted(have) == sorted(config.filter_subjects or [config.filter_subject]):
             return  # made by another node (or this one before): as it is, its start time included
@@ -95,9 +95,22 @@ async def declare_consumer(js, stream: str, name: str, filters, ack_wait_s: floa
     except nats.js.errors.NotFoundError:
         pass
     try:
-        await js.add_consumer(stream, config)
+        await asked_again(lambda: js.add_consumer(stream, config))  # (the same config again: a no-op)
     except nats.js.errors.APIError:
         await js.consumer_info(stream, name)  # another node made it meanwhile: fine; else the first error
+
+
+async def asked_again(request, tries: int = 3):
+    """A JetStream API request that changes nothing if made twice, made again when it went
+    unanswered or answered 503: a consumer whose leader is being elected answers nothing (CI saw
+    a consumer made a moment before go unanswered for 15 s on a loaded machine)."""
+    for attempt in range(tries):
+        try:
+            return await request()
+        except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError):
+            if attempt == tries - 1:
+                raise
+            await asyncio.sleep(0.2)
 
 
 async def delete_consumer(js, stream: str, name: str) -> None:
