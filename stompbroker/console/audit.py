@@ -10,10 +10,11 @@ until writes work again; the action itself is not undone.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import orjson
+
+from ..diag.dump import RotatingFile
 
 log = logging.getLogger("stompbroker.audit")
 
@@ -30,12 +31,9 @@ def clip(value):
 class AuditLog:
     def __init__(self, path: str, max_bytes: int, files: int):
         self.path = path
-        self.max_bytes = max_bytes
-        self.files = files
+        self.file = RotatingFile(path, max_bytes, files, make_dirs=False)
         self.errors = 0          # lines that could not be written
         self._failing = False
-        self._file = None
-        self._size = 0
 
     def write(self, entry: dict) -> None:
         line = orjson.dumps({"ts": round(time.time() * 1000, 1), **{k: clip(v) for k, v in entry.items()}})
@@ -43,43 +41,17 @@ class AuditLog:
             log.info("audit %s", line.decode())
             return
         try:
-            if self._file is None:
-                self._open()
-            if self._size and self._size + len(line) + 1 > self.max_bytes:
-                self._rotate()
-            self._file.write(line + b"\n")
-            self._size += len(line) + 1
-            if self._failing:
-                self._failing = False
-                log.warning("the audit log %s is written again", self.path)
+            self.file.append(line)
         except OSError as exc:
             self.errors += 1
-            self.close()
             if not self._failing:
                 self._failing = True
                 log.error("cannot write the audit log %s: %s (actions go on; lines are lost until it works)",
                           self.path, exc)
-
-    def _open(self) -> None:
-        self._file = open(self.path, "ab", buffering=0)
-        self._size = self._file.tell()
-
-    def _rotate(self) -> None:
-        self.close()
-        if self.files <= 0:
-            os.remove(self.path)
-        else:
-            for n in range(self.files - 1, 0, -1):
-                older = f"{self.path}.{n}"
-                if os.path.exists(older):
-                    os.replace(older, f"{self.path}.{n + 1}")
-            os.replace(self.path, f"{self.path}.1")
-        self._open()
+            return
+        if self._failing:
+            self._failing = False
+            log.warning("the audit log %s is written again", self.path)
 
     def close(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
+        self.file.close()

@@ -264,6 +264,8 @@
     }
   }
 
+  window.stompbrokerFillTable = fillTable;
+
   function swatch(role) {
     const span = document.createElement("span");
     span.className = "swatch";
@@ -273,13 +275,18 @@
     return wrap;
   }
 
-  function fillTable(id, rows) {
+  // A table's rows from arrays of cells (text, or a Node; nodeClass names the td of a Node); "none"
+  // when there are none. manage.js uses it too.
+  function fillTable(id, rows, nodeClass) {
     const body = $(id).tBodies[0];
     body.replaceChildren(...rows.map((cells) => {
       const tr = document.createElement("tr");
       for (const cell of cells) {
         const td = document.createElement("td");
-        if (cell instanceof Node) td.append(cell); else td.textContent = cell;
+        if (cell instanceof Node) {
+          if (nodeClass) td.className = nodeClass;
+          td.append(cell);
+        } else td.textContent = cell;
         tr.append(td);
       }
       return tr;

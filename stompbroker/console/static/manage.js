@@ -73,25 +73,7 @@
   }
 
   function rows(id, items, cells) {
-    const body = $(id).tBodies[0];
-    body.replaceChildren(...items.map((item) => {
-      const tr = document.createElement("tr");
-      for (const cell of cells(item)) {
-        const td = document.createElement("td");
-        if (cell instanceof Node) { td.className = "actions"; td.append(cell); } else td.textContent = cell;
-        tr.append(td);
-      }
-      return tr;
-    }));
-    if (!items.length) {
-      const tr = document.createElement("tr");
-      const td = document.createElement("td");
-      td.colSpan = $(id).tHead.rows[0].cells.length;
-      td.className = "empty";
-      td.textContent = "none";
-      tr.append(td);
-      body.append(tr);
-    }
+    window.stompbrokerFillTable(id, items.map(cells), "actions");  // (console.js's, loaded first)
   }
 
   const queuePath = (dest, tail) => `/api/queues/${enc(vhost)}/${enc(dest)}${tail || ""}`;
