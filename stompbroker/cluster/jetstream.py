@@ -148,7 +148,8 @@ class Puller:
     may go below zero when the dispatcher takes credit back while requests are out (what they
     still bring is handed on, and the dispatcher puts it back). Requests ask for ``want - asked``
     more, in batches: while requests are out, a new one goes only once it would ask for at least a
-    quarter of the credit (each pull request is work for the stream's leader). A request counts
+    quarter of the credit (each pull request is work for the stream's leader); when one is filled,
+    what is left of the credit is asked for at once. A request counts
     JetStream messages, which may be packs: it asks for the credit divided by the messages per
     pack seen lately (``per``; at first the stream's pack size), so a node takes about what its
     consumers have room for. Pullers of one group share the credit (``shared``)."""
@@ -216,16 +217,20 @@ class Puller:
             self.fast.send(pub(reply, b"", b'-NAK {"delay":%d}' % int(0.25e9)))
             return
         # A message carries its stream subject: the server fills the requests in order.
+        filled = False
         for request_reply, request in self.requests.items():
             request[0] -= 1
             if request[0] <= 0:
                 del self.requests[request_reply]
+                filled = True
             break
         n = packs.count(data)
         if n != 1 or self.per != 1.0:
             self.per += (n - self.per) / 4
         self.want -= n
         self.on_message(reply, data, n)
+        if filled:  # it brought fewer messages than it counted on (packs smaller than ``per``): the rest now
+            self.ask()
 
     async def close(self) -> None:
         self.closed = True

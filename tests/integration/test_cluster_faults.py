@@ -208,8 +208,10 @@ class Consumer(threading.Thread):
                 time.sleep(0.1)
 
 
-def run_load(nodes, during, load_s: float = 6.0, fault_at: float = 2.5, drain_s: float = 25.0):
-    """Producers and consumers on every node; ``during()`` at ``fault_at`` s into the load; then
+def run_load(nodes, during, load_s: float = 6.0, fault_at: float = 2.5, drain_s: float = 25.0,
+             fault_when=None):
+    """Producers and consumers on every node; ``during()`` at ``fault_at`` s into the load (and,
+    given ``fault_when(consumers)``, not before it holds: up to 20 s more); then
     the producers stop, the consumers ack everything and the run waits until every receipted
     message was delivered (or ``drain_s``). Returns (stats, producers, consumers)."""
     for i, n in enumerate(nodes):
@@ -226,6 +228,11 @@ def run_load(nodes, during, load_s: float = 6.0, fault_at: float = 2.5, drain_s:
         p.start()
     try:
         time.sleep(fault_at)
+        if fault_when is not None:
+            deadline = time.monotonic() + 20
+            while not fault_when(consumers):
+                assert time.monotonic() < deadline, "the fault's condition never held"
+                time.sleep(0.05)
         during()
         time.sleep(max(load_s - fault_at, 0))
     finally:
@@ -264,7 +271,8 @@ def test_kill_9_one_broker_node_of_three_under_load(start_nodes):
         killed_at.append(time.monotonic())
         kill_node(nodes[victim])
 
-    stats, producers, consumers = run_load(nodes, kill)
+    # a loaded machine can take seconds before the victim's puller delivers: kill it holding some
+    stats, producers, consumers = run_load(nodes, kill, fault_when=lambda cs: len(cs[victim].held) > 0)
     c = stats.counts()
     line = report("kill -9 broker node", c)
     assert c["sent"] > 100 and c["receipted"] > 100, line  # there was load
