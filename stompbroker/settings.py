@@ -349,8 +349,6 @@ def validate(values: dict) -> None:
                              f"not {vhost[:40]!r}")
     if "/" not in values["vhosts"]:
         values["vhosts"] = ["/", *values["vhosts"]]
-    if values["cluster"] and len(values["vhosts"]) > 1:
-        raise ValueError("vhosts: cluster mode serves the default virtual host / only")
     if values["console_token_ttl_ms"] <= 0:
         raise ValueError(f"console_token_ttl_ms must be positive, got {values['console_token_ttl_ms']}")
     if values["checkpoint"] < 0 or values["replay_retention"] < 0 or values["dedup_window"] < 0:

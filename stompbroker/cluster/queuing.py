@@ -62,6 +62,7 @@ import struct
 
 import orjson
 
+from ..broker import vhosts
 from ..broker.model import Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
@@ -432,14 +433,15 @@ class ClusterQueues:
             pulled.pack.left -= 1
             pulled.pack.settled = True
         if pulled.delivered > self.config.max_redeliveries:
-            dlq = self.config.dead_letter_queue
+            vhost, visible = vhosts.split(message.destination) if b.vhosts_on else (vhosts.DEFAULT, message.destination)
+            dlq = vhosts.inside(vhost, self.config.dead_letter_queue)  # each virtual host has its own
             b.stats["dead_lettered"] += 1
             if message.destination == dlq:
                 b.stats["messages_dropped"] += 1   # never loop in the dead-letter queue itself
                 self._settle(pulled.ref, packs.TERM)
                 return True
             headers = dict(message.headers)
-            headers["original-destination"] = message.destination
+            headers["original-destination"] = visible
             headers["dead-letter-reason"] = f"rejected {pulled.delivered} times"
             headers.pop("dedup-id", None)
             dead = Message(message.id, dlq, headers, message.body, message.expires)
