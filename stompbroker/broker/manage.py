@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import deque
 from itertools import chain, islice
 
-from . import durables, replies, routing, scheduling, vhosts
-from .model import Message, Queue
+from ..protocol.stomp import ProtocolError
+from . import durables, priority, replies, routing, scheduling, vhosts
+from .model import Later, Message, Queue
 from .names import DIAG_PREFIX, MONITOR, QUEUE_PREFIX, TEMP_PREFIXES, short
 from .queues import discard, drop_if_idle, get_queue, persist, pump
 
@@ -172,10 +173,19 @@ def _fits(b, target: str, room: dict) -> bool:
     return left > 0
 
 
-def publish(b, destination: str, headers: dict, body: bytes) -> int:
-    """Publish a message as a SEND would (no receipt, no sender); the deliveries made now."""
-    local_only(b, "publishing over HTTP")
+def publish(b, destination: str, headers: dict, body: bytes) -> int | Later:
+    """Publish a message as a SEND would (no receipt); the deliveries made now. In cluster mode a
+    message JetStream keeps (a queue's, a durable or persistent topic's) goes the SEND's way
+    (``ClusterQueues.publish``) and the answer waits as its receipt would: a ``Later``, done
+    once JetStream stored it, failed (503, or 409 for a full queue) when it could not."""
     check_target(b, destination)
+    if b.backplane is not None:
+        try:
+            routing.cluster_refuses(headers, destination, priority.DEFAULT, None)
+        except ProtocolError as exc:
+            raise Refused(400, exc.detail) from None
+        if b.unfinished:  # (its publish would wait behind them, after the answer)
+            raise Refused(503, "the node is busy writing a burst of deliveries; try again")
     queue = b.queues.get(destination)
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise Refused(409, f"{short(destination)} holds {queue.depth()} messages, the most allowed "
@@ -188,7 +198,11 @@ def publish(b, destination: str, headers: dict, body: bytes) -> int:
             expires = routing.expiry(b, headers, None)
         except Exception as exc:  # (a ProtocolError: the header's value)
             raise Refused(400, getattr(exc, "detail", "invalid expiry")) from None
-    return routing.publish(b, destination, headers, body, expires)
+    if b.backplane is None:
+        return routing.publish(b, destination, headers, body, expires)
+    later = Later()
+    delivered = routing.publish(b, destination, headers, body, expires, sender=later)
+    return b.backplane.answer_later(later, delivered)
 
 
 def close_connection(b, conn: int, reason: str) -> bool:

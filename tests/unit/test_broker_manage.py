@@ -167,7 +167,7 @@ def test_queue_actions_are_refused_in_cluster_mode():
     rig = filled(1)
     rig.broker.backplane = object()  # (only its presence matters to these actions)
     for action, args in ((manage.purge, ("/queue/a",)), (manage.peek, ("/queue/a", 0, 1)),
-                         (manage.move, ("/queue/a", "/queue/b", None, None)), (manage.publish, ("/queue/a", {}, b""))):
+                         (manage.move, ("/queue/a", "/queue/b", None, None))):
         with pytest.raises(manage.Refused) as refused:
             act(rig, action, *args)
         assert refused.value.status == 409 and "cluster" in refused.value.reason

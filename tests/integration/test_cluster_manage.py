@@ -1,0 +1,96 @@
+"""Management actions over HTTP in cluster mode (docs/admin.md, "Cluster mode"): broker nodes on a
+real 3-server NATS JetStream cluster, the actions asked of one node over HTTP with an admin's
+login, their effect seen from another node's STOMP clients and in JetStream itself, their audit
+lines and /metrics counts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from stompbroker.cluster import shards
+from stompbroker.security import hash_secret
+from tests.integration.test_cluster_queues import Client
+from tests.integration.test_manage_api import Api, q
+from tests.natscluster import DEFAULT_PACK, free_ports
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def admin(tmp_path):
+    """Settings for logins checked (root/toor, an admin) and the audit log in the test's directory."""
+    (tmp_path / "passwd").write_text(f"root:{hash_secret('toor')}:admin\n")
+    return ("auth=passwd", f"passwd_file={tmp_path / 'passwd'}", f"audit_log={tmp_path / 'audit.log'}",
+            "manage_rate_limit=0")
+
+
+def audit(tmp_path, action: str) -> list[dict]:
+    lines = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    return [line for line in lines if line["action"] == action]
+
+
+def stored(nats_cluster, cluster_name: str, destination: str, pack: int = DEFAULT_PACK) -> int:
+    """JetStream messages stored now for ``destination`` in its shard's stream of the default layout."""
+    import nats
+
+    async def main():
+        nc = await nats.connect(nats_cluster.urls[1])
+        try:
+            stream = shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of(destination, 6), pack)
+            info = await nc.jetstream(timeout=10).stream_info(
+                stream, subjects_filter=shards.queue_subject(cluster_name, 6, destination, pack))
+            return sum((info.state.subjects or {}).values())
+        finally:
+            await nc.close()
+    return asyncio.run(main())
+
+
+def login(node) -> Client:
+    return Client(node, login="root", passcode="toor")
+
+
+def test_publish_over_http_is_stored_in_jetstream_before_its_answer(start_nodes, nats_cluster, cluster_name,
+                                                                   admin, tmp_path):
+    nodes = start_nodes(2, *admin)
+    api = Api(nodes[0])
+    for i in range(3):
+        answer = api.ok("POST", "/api/publish", {"destination": "/queue/jobs", "headers": {"n": str(i)},
+                                                 "body": f"job{i}"})
+        assert answer == {"published": True, "delivered": 0}
+        assert stored(nats_cluster, cluster_name, "/queue/jobs") == i + 1  # in JetStream when answered
+    consumer = login(nodes[1])  # another node's consumer gets them, as SENDs
+    consumer.conn.subscribe("/queue/jobs", id="c", ack="client-individual")
+    consumer.wait(lambda c: len(c.messages) >= 3, what="the published messages")
+    assert [(m.body, m.headers["n"]) for m in consumer.messages] == [("job0", "0"), ("job1", "1"), ("job2", "2")]
+    consumer.close()
+    lines = audit(tmp_path, "publish")
+    assert [(e["status"], e["destination"], e["delivered"]) for e in lines] == [(200, "/queue/jobs", 0)] * 3
+    metrics = api.call("GET", "/metrics")[1].decode()
+    assert 'stompbroker_http_actions_total{action="publish",status="200"} 3.0' in metrics
+
+
+def test_publish_over_http_to_a_full_queue_is_409_and_audited(start_nodes, admin, tmp_path):
+    nodes = start_nodes(2, "max_queue_messages=2", *admin)
+    for node in nodes:
+        assert Api(node).ok("POST", "/api/publish", {"destination": "/queue/capped", "body": "x"})["published"]
+    status, value, _ = Api(nodes[1]).call("POST", "/api/publish", {"destination": "/queue/capped", "body": "over"})
+    assert status == 409 and value["reason"].startswith("queue full"), (status, value)
+    assert [e["status"] for e in audit(tmp_path, "publish")] == [200, 200, 409]
+    assert "queue full" in audit(tmp_path, "publish")[-1]["reason"]
+
+
+def test_publish_over_http_without_jetstream_is_503_after_cluster_timeout_ms(start_broker, admin, tmp_path):
+    (dead,) = free_ports(1)
+    node = start_broker(f"cluster=nats://127.0.0.1:{dead}", "node_id=lonely", "cluster_timeout_ms=1000", *admin)
+    api = Api(node)
+    started = time.monotonic()
+    status, value, _ = api.call("POST", "/api/publish", {"destination": "/queue/q", "body": "nowhere"})
+    assert status == 503 and value["reason"].startswith("cluster unavailable"), (status, value)
+    assert 0.9 < time.monotonic() - started < 8
+    (line,) = audit(tmp_path, "publish")
+    assert line["status"] == 503 and line["destination"] == "/queue/q"
+    assert 'stompbroker_http_actions_total{action="publish",status="503"} 1.0' in api.call("GET", "/metrics")[1].decode()
