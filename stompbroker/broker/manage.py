@@ -55,9 +55,13 @@ def waiting(queue: Queue):
     return chain(queue.parked, queue.blocked, queue.messages)
 
 
-def peek(b, name: str, offset: int, count: int) -> tuple[int, list[Message]]:
-    """(messages waiting, up to ``count`` of them from ``offset``), nothing consumed."""
-    local_only(b, "peeking at a queue")
+def peek(b, name: str, offset: int, count: int) -> tuple[int, list[Message]] | Later:
+    """(messages waiting, up to ``count`` of them from ``offset``), nothing consumed. In cluster
+    mode a queue's messages stored in JetStream, read there by the bridge: a ``Later`` of the same."""
+    if b.backplane is not None:
+        if not name.startswith(QUEUE_PREFIX) or name == MONITOR:
+            return 0, []  # (only queues live in the cluster's queue streams)
+        return b.backplane.queues.peek(b, name, offset, count, b.config.answer_bytes)
     queue = b.queues.get(name)
     if queue is None:
         return 0, []

@@ -217,7 +217,8 @@ class Backplane:
 
     # -- timers ----------------------------------------------------------------------------------
     def needs_tick(self) -> bool:
-        return bool(self.owners or self.queues.pending or self.queues.bound or self.queues.returning)
+        return bool(self.owners or self.queues.pending or self.queues.bound or self.queues.returning
+                    or self.queues.asked)
 
     def tick(self, b, now: float) -> None:
         """A held message the bridge never answered for (it died holding it) fails on the broker's clock."""

@@ -37,13 +37,14 @@ from nats.js import api
 from . import leaders, packs, shards
 from .fastpath import FastPath, pub
 from .publisher import Publisher
-from .records import ACK, SETTLE_OPS, TERM
+from .records import ACK, SETTLE_OPS, TERM, pack_blobs
 
 log = logging.getLogger("stompbroker.cluster")
 
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
+PEEK_READS = 2000         # JetStream messages a peek reads of each stream at most (each one request)
 REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach the end its stream's leader named
 
 
@@ -575,6 +576,9 @@ class QueueBridge:
         elif kind == "replay":
             _, token, pattern, since_ms = command
             self.spawn(self._replay(token, pattern, since_ms))
+        elif kind == "peek":
+            _, token, name, want, max_bytes, timeout_ms = command
+            self.spawn(self._action(token, timeout_ms, self.peek(token, name, want, max_bytes)))
 
     def sources(self, kind: str, pattern: str) -> list[tuple[str, list[str]]]:
         """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
@@ -688,6 +692,54 @@ class QueueBridge:
         ref = next(self.refs)
         self.held[ref] = [reply, time.monotonic()]
         self.emit_message(key, ref, delivered_count(reply), data)
+
+    # -- operators' actions (broker/manage.py, cluster/queuing.py) ----------------------------------
+    async def _action(self, token: int, timeout_ms: int, work) -> None:
+        """An operator's action: its answer, or ("refused", token, 503, why) when JetStream fails
+        it or does not answer within ``cluster_timeout_ms``."""
+        try:
+            event = await asyncio.wait_for(work, timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            event = ("refused", token, 503, f"cluster unavailable: JetStream did not answer within "
+                                            f"cluster_timeout_ms ({timeout_ms} ms)")
+        except Exception as exc:
+            event = ("refused", token, 503, f"cluster unavailable: JetStream: {exc!r}"[:500])
+        self.emit(event)
+
+    async def peek(self, token: int, name: str, want: int, max_bytes: int) -> tuple:
+        """("peeked", token, stored, cut, payload): a queue's first JetStream messages (up to ``want``
+        queue messages, ``max_bytes``, PEEK_READS JetStream messages of each stream), read by
+        sequence from each stream that may hold it (every layout's shard) without a consumer (a
+        work-queue stream takes no second one), merged by the time each was stored."""
+        await self.ready.wait()
+        found, stored, size, cut = [], 0, 0, False
+        for index, (stream, filters) in enumerate(self.sources(shards.QUEUES, name)):
+            subject = filters[0]
+            try:
+                info = await self.js.stream_info(stream, subjects_filter=subject)
+            except nats.js.errors.NotFoundError:
+                continue  # (a layout's stream deleted meanwhile)
+            stored += (info.state.subjects or {}).get(subject, 0)
+            seq, members, reads = 1, 0, 0
+            while members < want and not cut:
+                if reads >= PEEK_READS:
+                    cut = True
+                    break
+                try:
+                    msg = await self.js.get_msg(stream, seq=seq, subject=subject, next=True)
+                except nats.js.errors.NotFoundError:
+                    break
+                data = msg.data or b""
+                if size + len(data) > max_bytes:
+                    cut = True
+                    break
+                size += len(data)
+                reads += 1
+                members += packs.count(data)
+                found.append((_epoch(msg.time) or 0.0, index, msg.seq, data))
+                seq = msg.seq + 1
+        found.sort(key=lambda f: f[:3])
+        return "peeked", token, stored, cut, pack_blobs([f[3] for f in found])
 
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:

@@ -20,10 +20,16 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
                                                             answer stored/failed for each token
   ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
   ("replay", token, pattern, since_ms)                      stored topic messages since then
+  ("peek", token, destination, want, max_bytes, timeout_ms) an operator's peek: a queue's stored
+                                                            JetStream messages, read, not consumed
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused)
 (refused: False when it may have been stored, True when refused, "full" for a full queue),
-("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
+("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token),
+("peeked", token, stored, cut, payload) (``records.pack_blobs`` of the JetStream messages read, in
+order; ``stored``: JetStream messages stored for the destination; ``cut``: the read stopped at its
+bound of bytes or JetStream messages), ("refused", token, status, reason) (an
+operator's action JetStream failed or did not answer in time: an HTTP status and why).
 Both travel as one record each, packed by ``pack``/``unpack``. ``out`` holds one publish per
 message; ``commands`` hands them over packed.
 
@@ -51,6 +57,9 @@ Rules:
 - A SEND's receipt (and every later reply to that connection) waits until JetStream stored its
   message (``Backplane.waiting``); past ``cluster_timeout_ms`` the sender gets an ERROR ``cluster
   unavailable``.
+- An operator's action on a queue (``broker/manage.py``) is a command with a token and a ``Later``
+  (``asked``) that the bridge's answer finishes; with no answer within ``cluster_timeout_ms`` (and
+  a second) it fails 503.
 """
 
 from __future__ import annotations
@@ -62,10 +71,11 @@ import struct
 
 import orjson
 
-from ..broker.model import Message
+from ..broker.model import Later, Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
 from . import packs, shards
+from .records import unpack_blobs
 
 SETTLE_NAMES = {packs.ACK: "ack", packs.NAK: "nak", packs.TERM: "term"}
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0) ...
@@ -129,6 +139,26 @@ def unpack(blob) -> tuple:
     return tuple(fields)
 
 
+def peek_result(payload: bytes, stored: int, offset: int, count: int, cut: bool = False) -> tuple:
+    """(depth, up to ``count`` messages from ``offset``, cut) of the JetStream messages a peek read
+    (``records.pack_blobs``, in order), each pack taken apart into its messages; ``stored``: the
+    JetStream messages stored for the queue, of which those not read count one message each;
+    ``cut``: the read stopped at a bound before the end. A JetStream message that is not a
+    stompbroker message is left out."""
+    blobs = unpack_blobs(payload)
+    messages = []
+    for data in blobs:
+        try:
+            members = packs.unpack(data)
+        except ValueError:
+            continue
+        for m in members:
+            message = Message(m.id, m.destination, m.headers, m.body)
+            message.redelivered = m.before > 0
+            messages.append(message)
+    return len(messages) + max(stored - len(blobs), 0), messages[offset:offset + count], cut
+
+
 def matches(pattern: str, destination: str) -> bool:
     """A subscription pattern's match (``*``: a prefix match on the text before it)."""
     star = pattern.find("*")
@@ -187,6 +217,7 @@ class ClusterQueues:
         self.replays: dict[int, object] = {}                # replay token -> the subscription
         self.returning: dict[Pack, None] = {}               # packs with members given back, in order
         self.ledger = packs.Ledger()                        # pulled packs whose members are not all settled
+        self.asked: dict[int, tuple] = {}                  # operators' actions: token -> (Later, deadline)
         pack_ids = itertools.count(1)
         self.packer = packs.Packer(self.pack, lambda: f"{self.run}-p{next(pack_ids)}")
 
@@ -325,7 +356,47 @@ class ClusterQueues:
     def replay_end(self, token: int) -> None:
         self.replays.pop(token, None)
 
+    # -- operators' actions (broker/manage.py) ---------------------------------------------------
+    def ask(self, b, command: str, *args, shape=None) -> Later:
+        """An operator's action for the bridge: ``(command, token, *args, timeout_ms)``; its
+        ``Later`` is finished by the bridge's answer (made its result by ``shape``), or fails 503
+        without one in time."""
+        token = next(self.backplane.tokens)
+        later = Later()
+        timeout_ms = int(self.config.cluster_timeout_ms)
+        self.asked[token] = (later, b.now + timeout_ms / 1000 + 1.0, shape)
+        self.out.append((command, token, *args, timeout_ms))
+        return later
+
+    def peek(self, b, name: str, offset: int, count: int, max_bytes: int) -> Later:
+        """Up to ``count`` of a queue's stored messages from ``offset``, read from JetStream, not
+        consumed: a Later of (depth, messages), as ``manage.peek`` gives."""
+        return self.ask(b, "peek", name, offset + count, max_bytes,
+                        shape=lambda stored, cut, payload: peek_result(payload, stored, offset, count, cut))
+
+    def answered(self, token: int, *answer) -> None:
+        entry = self.asked.pop(token, None)
+        if entry is None:
+            return
+        later, _, shape = entry
+        try:
+            later.finish(shape(*answer) if shape is not None else answer[0])
+        except ValueError as exc:  # (an answer it cannot read: the bridge's bug, this action's 503)
+            later.fail(503, f"the cluster bridge's answer could not be read: {exc}")
+
+    def refused(self, token: int, status: int, reason: str) -> None:
+        entry = self.asked.pop(token, None)
+        if entry is not None:
+            entry[0].fail(status, reason)
+
+    def expire_asked(self, now: float) -> None:
+        for token in [t for t, entry in self.asked.items() if now > entry[1]]:
+            self.refused(token, 503, "no answer from the cluster bridge within cluster_timeout_ms "
+                                     f"({self.config.cluster_timeout_ms} ms)")
+
     def on_tick(self, b, now: float, queues) -> None:
+        if self.asked:
+            self.expire_asked(now)
         if self.pending:
             self.expire(b, now)
         if self.bound:
@@ -347,6 +418,10 @@ class ClusterQueues:
             self.replayed(b, item[1], item[2], queues)
         elif kind == "replay_end":
             self.replay_end(item[1])
+        elif kind == "peeked":
+            self.answered(item[1], item[2], item[3], item[4])
+        elif kind == "refused":
+            self.refused(item[1], item[2], item[3])
 
     # -- pulling -------------------------------------------------------------------------------
     def bind(self, b, key: str, kind: str = "q", consumer: str = "", pattern: str = "",

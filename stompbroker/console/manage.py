@@ -326,12 +326,15 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
         encoding = query.get("encoding", "auto")
         if encoding not in ("auto", "base64"):
             raise Invalid("encoding must be auto or base64")
-        depth, messages = broker.manage(manage.peek, target, offset, count, now=now)
-        shown = [preview(m, truncate, encoding) for m in messages]
-        listed, end = answers.json_items(shown, 0, config.answer_bytes - 300)
-        envelope = {"destination": action.target, "vhost": action.vhost, "depth": depth, "offset": offset,
-                    "count": end, "truncated": end < len(shown)}
-        return 200, b'{"messages":' + listed + b"," + orjson.dumps(envelope)[1:], {"count": end}
+        def peeked(result):
+            depth, messages = result[:2]
+            cut = len(result) > 2 and result[2]  # (cluster mode: the bridge stopped reading at a bound)
+            shown = [preview(m, truncate, encoding) for m in messages]
+            listed, end = answers.json_items(shown, 0, config.answer_bytes - 300)
+            envelope = {"destination": action.target, "vhost": action.vhost, "depth": depth, "offset": offset,
+                        "count": end, "truncated": end < len(shown) or bool(cut)}
+            return 200, b'{"messages":' + listed + b"," + orjson.dumps(envelope)[1:], {"count": end}
+        return later_or_now(broker.manage(manage.peek, target, offset, count, now=now), peeked, {})
     if name == "purge":
         return 200, {"purged": broker.manage(manage.purge, target, now=now)}, {}
     if name == "delete":

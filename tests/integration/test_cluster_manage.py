@@ -93,4 +93,52 @@ def test_publish_over_http_without_jetstream_is_503_after_cluster_timeout_ms(sta
     assert 0.9 < time.monotonic() - started < 8
     (line,) = audit(tmp_path, "publish")
     assert line["status"] == 503 and line["destination"] == "/queue/q"
+    status, value, _ = api.call("GET", f"/api/queues/%2F/{q('/queue/q')}/messages")
+    assert status == 503 and value["reason"].startswith("cluster unavailable"), (status, value)
     assert 'stompbroker_http_actions_total{action="publish",status="503"} 1.0' in api.call("GET", "/metrics")[1].decode()
+
+
+def drain(consumer: Client, expected: int, timeout: float = 30) -> list[str]:
+    """Acknowledge what comes (client-individual) until ``expected`` messages came; their bodies."""
+    deadline = time.monotonic() + timeout
+    acked = 0
+    while time.monotonic() < deadline:
+        with consumer.cond:
+            fresh = consumer.messages[acked:]
+        for frame in fresh:
+            consumer.conn.ack(frame.headers["ack"])
+        acked += len(fresh)
+        if acked >= expected:
+            break
+        time.sleep(0.02)
+    time.sleep(0.3)  # anything extra (a duplicate) would come now
+    return [m.body for m in consumer.messages]
+
+
+def test_peek_shows_a_queues_stored_messages_from_any_node_and_consumes_nothing(start_nodes, admin, tmp_path):
+    nodes = start_nodes(3, *admin)
+    producer = login(nodes[0])
+    sent = [f"m{i:02d}" for i in range(40)]
+    for body in sent:  # (pipelined: stored in packs of several)
+        producer.conn.send("/queue/browse", body, headers={"n": body, "receipt": body})
+    producer.wait(lambda c: len(c.receipts) == len(sent), what="receipts")
+    api = Api(nodes[2])
+    path = f"/api/queues/%2F/{q('/queue/browse')}/messages"
+    page = api.ok("GET", path + "?count=500")
+    assert [m["payload"] for m in page["messages"]] == sent and page["depth"] == 40, page
+    first = page["messages"][0]
+    assert first["headers"]["n"] == "m00" and first["size"] == 3 and first["destination"] == "/queue/browse"
+    assert not first["redelivered"] and page["truncated"] is False
+    assert [m["payload"] for m in api.ok("GET", path + "?count=5&offset=10")["messages"]] == sent[10:15]
+    assert api.ok("GET", f"/api/queues/%2F/{q('/queue/none')}/messages")["messages"] == []
+
+    consumer = login(nodes[1])  # holds two, unacknowledged: still stored, still shown
+    consumer.conn.subscribe("/queue/browse", id="c", ack="client-individual", headers={"prefetch-count": "2"})
+    consumer.wait(lambda c: len(c.messages) >= 2, what="two deliveries")
+    assert [m["payload"] for m in api.ok("GET", path + "?count=500")["messages"]] == sent
+    delivered = drain(consumer, len(sent))
+    assert sorted(delivered) == sent  # the peeks took none of them
+    assert api.ok("GET", path)["messages"] == []
+    assert [e["status"] for e in audit(tmp_path, "peek")] == [200] * 5
+    producer.close()
+    consumer.close()

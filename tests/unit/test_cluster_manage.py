@@ -54,3 +54,57 @@ def test_a_message_nothing_keeps_is_answered_at_once_and_a_non_persistent_one_to
     a = js.join()
     assert a.broker.manage(manage.publish, "/topic/news", {}, b"x", now=a.now) == 0   # no durable, no remote interest
     assert a.broker.manage(manage.publish, "/queue/q", {"persistent": "false"}, b"x", now=a.now) == 0
+
+
+def test_blobs_travel_whole_and_a_cut_payload_is_refused():
+    from stompbroker.cluster.records import pack_blobs, unpack_blobs
+    blobs = [b"", b"one", b"x" * 70000]
+    assert unpack_blobs(pack_blobs(blobs)) == blobs
+    for bad in (pack_blobs(blobs)[:-1], b"\x01\x00"):
+        try:
+            unpack_blobs(bad)
+        except ValueError:
+            continue
+        raise AssertionError("a cut payload was read")
+
+
+def test_peek_result_takes_packs_apart_in_order_and_counts_what_it_did_not_read():
+    from stompbroker.cluster import packs
+    from stompbroker.cluster.queuing import peek_result
+    from stompbroker.cluster.records import pack_blobs
+    first = packs.pack("/queue/q", [packs.member(f"id{i}", {"n": str(i)}, b"b%d" % i) for i in range(3)])
+    alone = packs.single("id3", "/queue/q", {"n": "3"}, b"b3", 0, before=2)
+    payload = pack_blobs([first, b"not ours", alone])
+    depth, shown, cut = peek_result(payload, stored=5, offset=1, count=2)
+    assert depth == 4 + 2 and cut is False   # 4 read, 2 JetStream messages not read (one each)
+    assert [(m.id, m.headers["n"], m.body, m.redelivered) for m in shown] == \
+        [("id1", "1", b"b1", False), ("id2", "2", b"b2", False)]
+    depth, shown, _ = peek_result(payload, stored=3, offset=3, count=10)
+    assert depth == 4 and [(m.id, m.redelivered) for m in shown] == [("id3", True)]
+
+
+def test_a_peek_is_a_command_with_a_token_answered_by_the_bridge_or_refused_after_its_time():
+    from stompbroker.cluster import packs
+    from stompbroker.cluster.queuing import pack, unpack
+    from stompbroker.cluster.records import pack_blobs
+    js = FakeJetStream()
+    a = js.join(cluster_timeout_ms=2000)
+    cq = a.broker.backplane.queues
+    later = a.broker.manage(manage.peek, "/queue/q", 0, 10, now=a.now)
+    (command,) = [c for c in cq.commands() if c[0] == "peek"]
+    assert unpack(pack(command)) == ("peek", command[1], "/queue/q", 10, a.broker.config.answer_bytes, 2000)
+    blob = packs.single("id", "/queue/q", {}, b"x")
+    cq.event(a.broker, unpack(pack(("peeked", command[1], 1, False, pack_blobs([blob])))), None)
+    depth, shown, cut = later.outcome[1]
+    assert later.outcome[0] is None and depth == 1 and [m.body for m in shown] == [b"x"]
+    assert a.broker.manage(manage.peek, "/topic/t", 0, 10, now=a.now) == (0, [])   # (topics: no queue stream)
+    silent = a.broker.manage(manage.peek, "/queue/q", 0, 10, now=a.now)
+    cq.commands()   # (sent; never answered)
+    a.tick(2.5)
+    assert silent.outcome is None
+    a.tick(1.0)
+    assert silent.outcome[0] == 503 and "cluster_timeout_ms" in silent.outcome[1]
+    refused = a.broker.manage(manage.peek, "/queue/q", 0, 10, now=a.now)
+    (command,) = [c for c in cq.commands() if c[0] == "peek"]
+    cq.event(a.broker, ("refused", command[1], 503, "cluster unavailable: no"), None)
+    assert refused.outcome == (503, "cluster unavailable: no")
