@@ -68,9 +68,21 @@ def peek(b, name: str, offset: int, count: int) -> tuple[int, list[Message]] | L
     return queue.depth(), list(islice(waiting(queue), offset, offset + count))
 
 
-def purge(b, name: str) -> int:
-    """Drop a queue's waiting messages; the number dropped (0 for an unknown queue: a retry is safe)."""
-    local_only(b, "purging a queue")
+def purge(b, name: str) -> int | Later:
+    """Drop a queue's waiting messages; the number dropped (0 for an unknown queue: a retry is safe).
+    In cluster mode the waiting messages are those JetStream has not handed to any node, which the
+    bridge takes through the queue's consumer and terminates, and those this node pulled and has
+    not delivered (acknowledged to JetStream here): a ``Later`` of (the number, cut short)."""
+    if b.backplane is None:
+        return _purge_here(b, name)
+    if not name.startswith(QUEUE_PREFIX) or name == MONITOR:
+        return 0  # (only queues live in the cluster's queue streams)
+    return b.backplane.queues.purge(b, name, _purge_here(b, name))
+
+
+def _purge_here(b, name: str) -> int:
+    """Drop the waiting messages of this node's queue ``name`` (in cluster mode: those pulled, not
+    delivered, which ``discard`` acknowledges to JetStream)."""
     queue = b.queues.get(name)
     if queue is None:
         return 0

@@ -44,6 +44,7 @@ log = logging.getLogger("stompbroker.cluster")
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
+PURGE_BATCH = 256          # JetStream messages a purge asks its consumer for at a time
 PEEK_READS = 2000         # JetStream messages a peek reads of each stream at most (each one request)
 REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach the end its stream's leader named
 
@@ -242,6 +243,15 @@ class Puller:
                 pass
             # still routed a while: what the server sent before it saw the unsubscribe is nak'ed above
             asyncio.get_running_loop().call_later(PULL_SLACK, self.fast.unroute, self.sub)
+
+
+def stream_sequence(reply: str) -> int:
+    """A pulled message's stream sequence, from its ack subject (as ``delivered_count``)."""
+    tokens = reply.split(".")
+    try:
+        return int(tokens[5] if len(tokens) == 9 else tokens[7])
+    except (IndexError, ValueError):
+        return 0
 
 
 def delivered_count(reply: bytes) -> int:
@@ -579,6 +589,10 @@ class QueueBridge:
         elif kind == "peek":
             _, token, name, want, max_bytes, timeout_ms = command
             self.spawn(self._action(token, timeout_ms, self.peek(token, name, want, max_bytes)))
+        elif kind == "purge":
+            _, token, name, consumer, timeout_ms = command
+            done = [0]   # (terminated so far: said even when the time runs out)
+            self.spawn(self._action(token, timeout_ms, self.purge(token, name, consumer, timeout_ms, done), done))
 
     def sources(self, kind: str, pattern: str) -> list[tuple[str, list[str]]]:
         """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
@@ -694,9 +708,9 @@ class QueueBridge:
         self.emit_message(key, ref, delivered_count(reply), data)
 
     # -- operators' actions (broker/manage.py, cluster/queuing.py) ----------------------------------
-    async def _action(self, token: int, timeout_ms: int, work) -> None:
+    async def _action(self, token: int, timeout_ms: int, work, done: list | None = None) -> None:
         """An operator's action: its answer, or ("refused", token, 503, why) when JetStream fails
-        it or does not answer within ``cluster_timeout_ms``."""
+        it or does not answer within ``cluster_timeout_ms`` (``done``: what it did meanwhile)."""
         try:
             event = await asyncio.wait_for(work, timeout_ms / 1000)
         except asyncio.TimeoutError:
@@ -704,6 +718,8 @@ class QueueBridge:
                                             f"cluster_timeout_ms ({timeout_ms} ms)")
         except Exception as exc:
             event = ("refused", token, 503, f"cluster unavailable: JetStream: {exc!r}"[:500])
+        if event[0] == "refused" and done:
+            event = event[:3] + (f"{event[3]}; {done[0]} messages were purged before it stopped",)
         self.emit(event)
 
     async def peek(self, token: int, name: str, want: int, max_bytes: int) -> tuple:
@@ -740,6 +756,80 @@ class QueueBridge:
                 seq = msg.seq + 1
         found.sort(key=lambda f: f[:3])
         return "peeked", token, stored, cut, pack_blobs([f[3] for f in found])
+
+    async def purge(self, token: int, name: str, consumer: str, timeout_ms: int, done: list) -> tuple:
+        """("purged", token, n, cut): a queue's messages JetStream has not handed to any node, in
+        every stream that may hold it, taken through the queue's own consumer (the one every node
+        pulls: what it hands to this purge it hands to nobody else, and a message a node holds,
+        delivered or not, is never among them) and terminated; ``n`` counts their queue messages
+        (a pack's each). It takes what was waiting when it began (the consumer's pending count):
+        one stored after that it happens to take goes back at once (nak). At 3/4 of
+        ``timeout_ms`` it stops and says so (``cut``): a retry purges the rest."""
+        await self.ready.wait()
+        stop = time.monotonic() + timeout_ms / 1000 * 0.75
+        cut = False
+        for stream, filters in self.sources(shards.QUEUES, name):
+            subject = filters[0]
+            try:
+                info = await self.js.stream_info(stream, subjects_filter=subject)
+            except nats.js.errors.NotFoundError:
+                continue  # (a layout's stream deleted meanwhile)
+            if not (info.state.subjects or {}).get(subject):
+                continue  # nothing stored for it here: no consumer made for nothing
+            await declare_consumer(self.js, stream, consumer, filters, self.ack_wait)  # (as the nodes declare it)
+            try:
+                last = (await self.js.get_msg(stream, subject=subject)).seq   # stored after this: not purged
+            except nats.js.errors.NotFoundError:
+                continue  # (taken meanwhile)
+            left = (await self.js.consumer_info(stream, consumer)).num_pending
+            cut = await self._take_and_term(stream, consumer, last, left, stop, done) or cut
+            if cut:
+                break
+        await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
+        return "purged", token, done[0], cut
+
+    async def _take_and_term(self, stream: str, consumer: str, last: int, left: int, stop: float,
+                             done: list) -> bool:
+        """Pull up to ``left`` JetStream messages of ``consumer`` (no waiting: what it has now),
+        terminate those stored up to sequence ``last``, nak the others; True when ``stop`` came first."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        try:
+            while left > 0:
+                if time.monotonic() >= stop:
+                    return True
+                batch = min(left, PURGE_BATCH)
+                await self.nc.publish(subject, b'{"batch":%d,"no_wait":true}' % batch, reply=inbox)
+                got = 0
+                while got < batch:
+                    wait = stop - time.monotonic()
+                    if wait <= 0:
+                        return True
+                    try:
+                        msg = await sub.next_msg(timeout=wait)
+                    except nats.errors.TimeoutError:
+                        return True
+                    status = (msg.headers or {}).get("Status")
+                    if status == "100":
+                        continue
+                    if status:  # 404 no messages, 408, 409: the request ended
+                        break
+                    got += 1
+                    if stream_sequence(msg.reply) > last:
+                        await self.nc.publish(msg.reply, b"-NAK")
+                        continue
+                    await self.nc.publish(msg.reply, b"+TERM")
+                    done[0] += packs.count(msg.data)
+                if got < batch:
+                    return False  # it had no more
+                left -= got
+            return False
+        finally:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass
 
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:

@@ -22,13 +22,17 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
   ("replay", token, pattern, since_ms)                      stored topic messages since then
   ("peek", token, destination, want, max_bytes, timeout_ms) an operator's peek: a queue's stored
                                                             JetStream messages, read, not consumed
+  ("purge", token, destination, consumer, timeout_ms)       an operator's purge: the queue's messages
+                                                            not handed to any node, taken through its
+                                                            consumer and terminated
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused)
 (refused: False when it may have been stored, True when refused, "full" for a full queue),
 ("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token),
 ("peeked", token, stored, cut, payload) (``records.pack_blobs`` of the JetStream messages read, in
 order; ``stored``: JetStream messages stored for the destination; ``cut``: the read stopped at its
-bound of bytes or JetStream messages), ("refused", token, status, reason) (an
+bound of bytes or JetStream messages), ("purged", token, n, cut) (``n`` queue messages terminated;
+``cut``: it stopped at its time bound with more left), ("refused", token, status, reason) (an
 operator's action JetStream failed or did not answer in time: an HTTP status and why).
 Both travel as one record each, packed by ``pack``/``unpack``. ``out`` holds one publish per
 message; ``commands`` hands them over packed.
@@ -374,6 +378,11 @@ class ClusterQueues:
         return self.ask(b, "peek", name, offset + count, max_bytes,
                         shape=lambda stored, cut, payload: peek_result(payload, stored, offset, count, cut))
 
+    def purge(self, b, name: str, here: int) -> Later:
+        """Purge a queue's messages JetStream has not handed to any node (the bridge takes them
+        through the queue's consumer and terminates them): a Later of (``here`` plus those, cut)."""
+        return self.ask(b, "purge", name, consumer_name("q", name), shape=lambda n, cut: (here + n, cut))
+
     def answered(self, token: int, *answer) -> None:
         entry = self.asked.pop(token, None)
         if entry is None:
@@ -420,6 +429,8 @@ class ClusterQueues:
             self.replay_end(item[1])
         elif kind == "peeked":
             self.answered(item[1], item[2], item[3], item[4])
+        elif kind == "purged":
+            self.answered(item[1], item[2], item[3])
         elif kind == "refused":
             self.refused(item[1], item[2], item[3])
 

@@ -336,7 +336,10 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
             return 200, b'{"messages":' + listed + b"," + orjson.dumps(envelope)[1:], {"count": end}
         return later_or_now(broker.manage(manage.peek, target, offset, count, now=now), peeked, {})
     if name == "purge":
-        return 200, {"purged": broker.manage(manage.purge, target, now=now)}, {}
+        def purged(result):
+            n, cut = result if isinstance(result, tuple) else (result, False)  # (cut: cluster mode, time ran out)
+            return 200, {"purged": n, **({"truncated": True} if cut else {})}, {}
+        return later_or_now(broker.manage(manage.purge, target, now=now), purged, {})
     if name == "delete":
         purged = broker.manage(manage.delete, target, now=now)
         return 200, {"deleted": purged is not None, "purged": purged or 0}, {}

@@ -142,3 +142,67 @@ def test_peek_shows_a_queues_stored_messages_from_any_node_and_consumes_nothing(
     assert [e["status"] for e in audit(tmp_path, "peek")] == [200] * 5
     producer.close()
     consumer.close()
+
+
+def test_purge_from_any_node_drops_what_waits_in_jetstream_and_is_retry_safe(start_nodes, admin, tmp_path):
+    nodes = start_nodes(3, *admin)
+    producer = login(nodes[0])
+    sent = [f"p{i:03d}" for i in range(100)]
+    for body in sent:  # (pipelined: packs)
+        producer.conn.send("/queue/purged", body, headers={"receipt": body})
+    producer.wait(lambda c: len(c.receipts) == len(sent), what="receipts")
+    consumer = login(nodes[1])  # holds two, unacknowledged: a purge leaves them to it
+    consumer.conn.subscribe("/queue/purged", id="c", ack="client-individual", headers={"prefetch-count": "2"})
+    consumer.wait(lambda c: len(c.messages) >= 2, what="two deliveries")
+    api = Api(nodes[2])
+    path = f"/api/queues/%2F/{q('/queue/purged')}/messages"
+    purged = api.ok("DELETE", path)["purged"]
+    assert api.ok("DELETE", path) == {"purged": 0}                       # a retry is safe
+    assert api.ok("DELETE", f"/api/queues/%2F/{q('/queue/never')}/messages") == {"purged": 0}
+    delivered = drain(consumer, len(sent) - purged, timeout=10)
+    result = {"sent": len(sent), "purged": purged, "delivered": len(delivered),
+              "duplicated": len(delivered) - len(set(delivered))}
+    print("purge with a consumer holding messages:", result)
+    assert 0 < purged < len(sent) and purged + len(delivered) == len(sent) and result["duplicated"] == 0, result
+    assert not set(delivered) - set(sent)
+    assert api.ok("GET", path)["messages"] == []
+    assert [(e["status"], e["purged"]) for e in audit(tmp_path, "purge")] == [(200, purged), (200, 0), (200, 0)]
+    producer.close()
+    consumer.close()
+
+
+def test_purge_while_consumers_run_on_other_nodes_loses_nothing_and_delivers_nothing_twice(start_nodes, admin):
+    """Producer on n0, two acknowledging consumers on each of n1 and n2, purges asked of n0 and n2
+    in turn while the producer sends: every receipted message is either purged or delivered, once."""
+    import threading
+
+    from tests.integration.test_manage_api import consumers, drain as drain_all
+
+    nodes = start_nodes(3, *admin)
+    workers = consumers(nodes[1], "/queue/busy", 2) + consumers(nodes[2], "/queue/busy", 2)
+    producer = login(nodes[0])
+    sent = [f"b{i:04d}" for i in range(1500)]
+
+    def produce():
+        for body in sent:
+            producer.conn.send("/queue/busy", body, headers={"receipt": body})
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    purged, asks = 0, 0
+    deadline = time.monotonic() + 60
+    while (thread.is_alive() or asks < 3) and time.monotonic() < deadline:
+        purged += Api(nodes[2 * (asks % 2)]).ok("DELETE", f"/api/queues/%2F/{q('/queue/busy')}/messages")["purged"]
+        asks += 1
+    thread.join(30)
+    producer.wait(lambda c: len(c.receipts) == len(sent), timeout=30, what="receipts")
+    purged += Api(nodes[0]).ok("DELETE", f"/api/queues/%2F/{q('/queue/busy')}/messages")["purged"]
+    delivered = drain_all(workers, len(sent) - purged)
+    unique = set(delivered)
+    result = {"sent": len(sent), "receipted": len(producer.receipts), "purges": asks + 1, "purged": purged,
+              "delivered": len(delivered), "lost": len(sent) - purged - len(unique),
+              "duplicated": len(delivered) - len(unique)}
+    print("purge while consumers run:", result)
+    assert not unique - set(sent)
+    assert result["lost"] == 0 and result["duplicated"] == 0 and purged + len(delivered) == len(sent), result
+    producer.close()

@@ -108,3 +108,30 @@ def test_a_peek_is_a_command_with_a_token_answered_by_the_bridge_or_refused_afte
     (command,) = [c for c in cq.commands() if c[0] == "peek"]
     cq.event(a.broker, ("refused", command[1], 503, "cluster unavailable: no"), None)
     assert refused.outcome == (503, "cluster unavailable: no")
+
+
+def test_a_purge_drops_what_this_node_pulled_and_waits_here_and_asks_the_bridge_for_the_rest():
+    from stompbroker.cluster.queuing import consumer_name, pack, unpack
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.subscribe(1, "/queue/q", ack="client-individual", prefetch_count="1")
+    js.run()
+    for i in range(3):
+        a.send(1, "/queue/q", b"m%d" % i)
+    js.run()   # one delivered (unacknowledged), two pulled and waiting here
+    cq = a.broker.backplane.queues
+    later = a.broker.manage(manage.purge, "/queue/q", now=a.now)
+    assert a.broker.queues["/queue/q"].depth() == 0 and len(cq.pulled) == 1   # the delivered one stays
+    (command,) = [c for c in cq.commands() if c[0] == "purge"]
+    assert unpack(pack(command)) == ("purge", command[1], "/queue/q", consumer_name("q", "/queue/q"), 10000)
+    cq.event(a.broker, ("purged", command[1], 5, False), None)
+    assert later.outcome == (None, (2 + 5, False))
+    assert a.broker.manage(manage.purge, "/topic/t", now=a.now) == 0
+
+
+def test_a_pulled_messages_stream_sequence_comes_from_its_ack_subject():
+    from stompbroker.cluster.jetstream import stream_sequence
+    assert stream_sequence("$JS.ACK.S.C.1.42.7.1700000000.3") == 42
+    assert stream_sequence("$JS.ACK.dom.hash.S.C.2.43.8.1700000000.0.tok") == 43
+    assert stream_sequence("nonsense") == 0
