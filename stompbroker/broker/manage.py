@@ -33,11 +33,11 @@ class Refused(Exception):
         self.reason = reason
 
 
-def local_only(b, what: str) -> None:
-    """In cluster mode queues and durable subscriptions live in JetStream, not here."""
+def local_only(b, what: str, why: str) -> None:
+    """The actions not done in cluster mode yet (queues and durable subscriptions live in JetStream
+    there, shared by every node): 409 saying ``why``."""
     if b.backplane is not None:
-        raise Refused(409, f"{what} is not available in cluster mode: queues and durable subscriptions "
-                           "live in JetStream (see docs/admin.md)")
+        raise Refused(409, f"{what} is not available in cluster mode: {why} (see docs/admin.md, Cluster mode)")
 
 
 def check_target(b, destination: str) -> None:
@@ -101,7 +101,8 @@ def delete(b, name: str) -> int | None:
     """Forget a queue, its waiting messages and its counters; the messages dropped, None when there
     was no such queue. Refused while a subscription names it or a consumer holds its messages
     unacknowledged (they would come back to a queue nobody lists)."""
-    local_only(b, "deleting a queue")
+    local_only(b, "deleting a queue", "whether a subscription on another node names the queue, or a consumer "
+                                      "there holds its messages, is not known here; purge it instead")
     queue = b.queues.get(name)
     if queue is None:
         return None
@@ -124,7 +125,7 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
     virtual host; messages without one stay). Names are the broker's (``vhosts.inside``). A queue
     target takes at most what it has room for (max_queue_messages).
     Returns (moved, still waiting in the source)."""
-    local_only(b, "moving messages")
+    local_only(b, "moving messages", "it is not done yet for queues stored in JetStream; peek and purge are")
     if to is not None:
         check_target(b, to)
         if to == name:
@@ -234,7 +235,8 @@ def close_connection(b, conn: int, reason: str) -> bool:
 def remove_durable(b, key: str) -> int | None:
     """Remove a detached durable subscription and its waiting messages; the messages dropped, or
     None when there is no such subscription. Refused while a client is attached to it."""
-    local_only(b, "removing a durable subscription")
+    local_only(b, "removing a durable subscription", "the node it was made on keeps its interest in the "
+                                                  "cluster; subscribe to it again from a client (on any node) and UNSUBSCRIBE it instead")
     durable = b.durables.get(key)
     if durable is None:
         return None
