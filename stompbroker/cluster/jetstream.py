@@ -722,12 +722,20 @@ class QueueBridge:
             event = event[:3] + (f"{event[3]}; {done[0]} messages were purged before it stopped",)
         self.emit(event)
 
+    async def _relist(self) -> None:
+        """Every layout's streams as they are now (another node's layout may be newer than the last
+        listing): an action reads them once."""
+        before = self.listing.present
+        if await self.listing.names():
+            self.present_changed(before)
+
     async def peek(self, token: int, name: str, want: int, max_bytes: int) -> tuple:
         """("peeked", token, stored, cut, payload): a queue's first JetStream messages (up to ``want``
         queue messages, ``max_bytes``, PEEK_READS JetStream messages of each stream), read by
         sequence from each stream that may hold it (every layout's shard) without a consumer (a
         work-queue stream takes no second one), merged by the time each was stored."""
         await self.ready.wait()
+        await self._relist()
         found, stored, size, cut = [], 0, 0, False
         for index, (stream, filters) in enumerate(self.sources(shards.QUEUES, name)):
             subject = filters[0]
@@ -767,6 +775,7 @@ class QueueBridge:
         ``timeout_ms`` it stops and says so (``cut``): a retry purges the rest."""
         await self.ready.wait()
         stop = time.monotonic() + timeout_ms / 1000 * 0.75
+        await self._relist()
         cut = False
         for stream, filters in self.sources(shards.QUEUES, name):
             subject = filters[0]
@@ -834,9 +843,7 @@ class QueueBridge:
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:
             await asyncio.wait_for(self.ready.wait(), self.config.cluster_timeout_ms / 1000)
-            before = self.listing.present  # (every layout's streams, as they are now: a replay reads them once)
-            if await self.listing.names():
-                self.present_changed(before)
+            await self._relist()
             async for msg in replay_merged(self.js, self.sources(shards.TOPICS, pattern), since_ms / 1000):
                 self.emit(("replayed", token, msg.data))
         except Exception as exc:

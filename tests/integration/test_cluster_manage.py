@@ -211,3 +211,47 @@ def test_purge_while_consumers_run_on_other_nodes_loses_nothing_and_delivers_not
     assert not unique - set(sent)
     assert result["lost"] == 0 and result["duplicated"] == 0 and purged + len(delivered) == len(sent), result
     producer.close()
+
+
+def test_publish_over_http_to_a_topic_is_kept_for_a_durable_subscription_away_on_another_node(start_nodes, admin):
+    nodes = start_nodes(3, *admin)
+
+    def subscribe(node):
+        c = Client(node, login="root", passcode="toor", **{"client-id": "app1"})
+        c.conn.subscribe("/topic/news", id="n", ack="client-individual",
+                         headers={"activemq.subscriptionName": "feed", "receipt": "sub"})
+        c.wait(lambda c: "sub" in c.receipts, what="subscribed")
+        return c
+
+    subscribe(nodes[1]).close()                       # made, then away: its messages wait in JetStream
+    # (a persistent:true header keeps it whatever node 0 knows yet of the durable's interest)
+    answer = Api(nodes[0]).ok("POST", "/api/publish", {"destination": "/topic/news", "body": "kept",
+                                                       "headers": {"persistent": "true"}})
+    assert answer == {"published": True, "delivered": 0}
+    back = subscribe(nodes[2])                        # back, on another node
+    back.wait(lambda c: len(c.messages) == 1, what="the kept message")
+    assert back.messages[0].body == "kept"
+    back.close()
+
+
+def test_peek_and_purge_read_every_layouts_stream_of_the_queue(start_nodes, admin, tmp_path):
+    """n0 stores queue messages one per JetStream message (cluster_pack_max=1), n1 in packs (the
+    default): two layouts, two streams holding the queue. A peek asked of either shows both, a
+    purge asked of either takes both."""
+    (unpacked,) = start_nodes(1, "cluster_pack_max=1", *admin)
+    (packed,) = start_nodes(1, *admin, first=1)
+    sent = []
+    for node, tag in ((unpacked, "u"), (packed, "p")):
+        producer = login(node)
+        bodies = [f"{tag}{i}" for i in range(20)]
+        for body in bodies:
+            producer.conn.send("/queue/two", body, headers={"receipt": body})
+        producer.wait(lambda c: len(c.receipts) == len(bodies), what="receipts")
+        producer.close()
+        sent += bodies
+    path = f"/api/queues/%2F/{q('/queue/two')}/messages"
+    for node in (unpacked, packed):
+        page = Api(node).ok("GET", path + "?count=100")
+        assert sorted(m["payload"] for m in page["messages"]) == sorted(sent) and page["depth"] == 40, page
+    assert Api(unpacked).ok("DELETE", path) == {"purged": 40}
+    assert Api(packed).ok("GET", path)["messages"] == [] and Api(packed).ok("DELETE", path) == {"purged": 0}
