@@ -45,7 +45,7 @@ PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for mess
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
 PURGE_BATCH = 256          # JetStream messages a purge asks its consumer for at a time
-PEEK_READS = 2000         # JetStream messages a peek reads of each stream at most (each one request)
+PEEK_READS = 2000          # JetStream messages a peek reads of each stream at most (each one request)
 REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach the end its stream's leader named
 
 

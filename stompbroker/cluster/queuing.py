@@ -221,7 +221,7 @@ class ClusterQueues:
         self.replays: dict[int, object] = {}                # replay token -> the subscription
         self.returning: dict[Pack, None] = {}               # packs with members given back, in order
         self.ledger = packs.Ledger()                        # pulled packs whose members are not all settled
-        self.asked: dict[int, tuple] = {}                  # operators' actions: token -> (Later, deadline)
+        self.asked: dict[int, tuple] = {}                   # operators' actions: token -> (Later, deadline, shape)
         pack_ids = itertools.count(1)
         self.packer = packs.Packer(self.pack, lambda: f"{self.run}-p{next(pack_ids)}")
 
@@ -390,7 +390,7 @@ class ClusterQueues:
         later, _, shape = entry
         try:
             later.finish(shape(*answer) if shape is not None else answer[0])
-        except ValueError as exc:  # (an answer it cannot read: the bridge's bug, this action's 503)
+        except Exception as exc:  # (an answer it cannot read: the bridge's bug, this action's 503)
             later.fail(503, f"the cluster bridge's answer could not be read: {exc}")
 
     def refused(self, token: int, status: int, reason: str) -> None:

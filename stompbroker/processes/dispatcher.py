@@ -417,7 +417,7 @@ class Dispatcher:
         elif route == "action":  # admins, or a manage grant (console/manage.py); answered once on disk
             if session is not None and not session.closing:
                 response = self.site.act(self.broker, request, user, session.peer, now,
-                                         lambda later: self.http_answer(conn, later, held=True))
+                                         lambda answer: self.http_answer(conn, answer, held=True))
                 if response is not None:  # (None: the cluster answers it later, through the lambda)
                     self.http_answer(conn, response, held=True)
         elif not self.auth.is_admin(user):

@@ -95,7 +95,8 @@ def test_publish_over_http_without_jetstream_is_503_after_cluster_timeout_ms(sta
     assert line["status"] == 503 and line["destination"] == "/queue/q"
     status, value, _ = api.call("GET", f"/api/queues/%2F/{q('/queue/q')}/messages")
     assert status == 503 and value["reason"].startswith("cluster unavailable"), (status, value)
-    assert 'stompbroker_http_actions_total{action="publish",status="503"} 1.0' in api.call("GET", "/metrics")[1].decode()
+    metrics = api.call("GET", "/metrics")[1].decode()
+    assert 'stompbroker_http_actions_total{action="publish",status="503"} 1.0' in metrics
 
 
 def drain(consumer: Client, expected: int, timeout: float = 30) -> list[str]:
