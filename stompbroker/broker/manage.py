@@ -22,6 +22,7 @@ from .queues import discard, drop_if_idle, get_queue, persist, pump
 
 REDRIVEN_FROM = "redriven-from"            # added to a moved message: the queue it was moved from
 ORIGINAL_DESTINATION = "original-destination"  # a dead letter's first destination (acks.dead_letter)
+MOVE_MOST = 100_000    # messages one move takes at most in cluster mode when max_queue_messages is 0 (no limit)
 
 
 class Refused(Exception):
@@ -124,12 +125,14 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
     ``to`` None sends each to its ``original-destination`` (a dead letter's redrive, in the source's
     virtual host; messages without one stay). Names are the broker's (``vhosts.inside``). A queue
     target takes at most what it has room for (max_queue_messages).
-    Returns (moved, still waiting in the source)."""
-    local_only(b, "moving messages", "it is not done yet for queues stored in JetStream; peek and purge are")
+    Returns (moved, still waiting in the source). In cluster mode the queue's waiting messages in
+    JetStream (``ClusterQueues.move``): a ``Later`` of the same, done once every copy is stored."""
     if to is not None:
         check_target(b, to)
         if to == name:
             raise Refused(400, "a queue's messages cannot be moved to itself")
+    if b.backplane is not None:
+        return _move_in_cluster(b, name, to, count, accepts)
     queue = b.queues.get(name)
     if queue is None:
         return 0, 0
@@ -176,6 +179,38 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
     left = queue.depth()
     drop_if_idle(b, queue)
     return len(taken), left
+
+
+def _move_in_cluster(b, name: str, to: str | None, count: int | None, accepts) -> tuple[int, int] | Later:
+    """``move`` in cluster mode: this decides which messages go where, the cluster's queues
+    (``ClusterQueues.move``) take them from JetStream and store the copies (a full target refuses
+    its copy there: the answer is then 409, the original stays)."""
+    if not name.startswith(QUEUE_PREFIX) or name == MONITOR:
+        return 0, 0  # (only queues live in the cluster's queue streams)
+    if b.unfinished:  # (a copy to a topic would wait behind them, after the answer)
+        raise Refused(503, "the node is busy writing a burst of deliveries; try again")
+    vhost, shown = vhosts.split(name) if b.vhosts_on else (vhosts.DEFAULT, name)
+    left = [count]
+    later = Later()
+
+    def choose(message: Message) -> str | None:
+        if left[0] is not None and left[0] <= 0:
+            return None
+        target = to
+        if target is None and ORIGINAL_DESTINATION in message.headers:
+            target = vhosts.inside(vhost, message.headers[ORIGINAL_DESTINATION])
+        if target is None or target == name or (accepts is not None and not accepts(message.headers)):
+            return None
+        if left[0] is not None:
+            left[0] -= 1
+        return target
+
+    def elsewhere(target: str, headers: dict, body: bytes, expires: float) -> None:
+        routing.publish(b, target, headers, body, expires, sender=later)
+
+    want = count if count is not None else b.config.max_queue_messages or MOVE_MOST
+    return b.backplane.queues.move(b, name, choose, elsewhere, {REDRIVEN_FROM: shown}, later,
+                                   b.config.answer_bytes, want)
 
 
 def _fits(b, target: str, room: dict) -> bool:

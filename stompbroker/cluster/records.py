@@ -20,7 +20,8 @@ from ..ipc.records import HEADER_SIZE, iter_records, pack_header, unpack_header
 __all__ = ["Kind", "record", "iter_records", "unpack_header", "HEADER_SIZE", "Records", "pack_publish",
            "unpack_publish", "pack_message", "unpack_message", "wire", "unwire", "pack_queue_publish",
            "unpack_queue_publish", "pack_settle", "iter_settles", "pack_tokens", "unpack_tokens", "pack_pulled",
-           "unpack_pulled", "pack_blobs", "unpack_blobs"]
+           "unpack_pulled", "pack_blobs", "unpack_blobs",
+           "pack_taken", "unpack_taken"]
 
 
 class Kind(enum.IntEnum):
@@ -168,6 +169,25 @@ def unpack_blobs(payload) -> list[bytes]:
             raise ValueError("a blob cut short")
         out.append(payload[at:at + n])
         at += n
+    return out
+
+
+_TAKEN = struct.Struct("<QI")
+
+
+def pack_taken(taken) -> bytes:
+    """(ref, delivery count, data) of each JetStream message an action took, as one payload."""
+    return pack_blobs([_TAKEN.pack(ref, min(delivered, 0xFFFFFFFF)) + data for ref, delivered, data in taken])
+
+
+def unpack_taken(payload) -> list[tuple[int, int, bytes]]:
+    """The (ref, delivery count, data) of ``pack_taken``; ValueError for a payload it did not make."""
+    out = []
+    for blob in unpack_blobs(payload):
+        if len(blob) < _TAKEN.size:
+            raise ValueError("a taken message cut short")
+        ref, delivered = _TAKEN.unpack_from(blob)
+        out.append((ref, delivered, blob[_TAKEN.size:]))
     return out
 
 

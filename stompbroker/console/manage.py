@@ -354,8 +354,9 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
             except SelectorError as exc:
                 raise Invalid(f"selector: {exc}") from None
         inner = vhosts.inside(action.vhost, to) if to is not None else None
-        moved, left = broker.manage(manage.move, target, inner, count, accepts, now=now)
-        return 200, {"moved": moved, "left": left}, {"to": to, "count": count, "selector": selector}
+        noted = {"to": to, "count": count, "selector": selector}
+        return later_or_now(broker.manage(manage.move, target, inner, count, accepts, now=now),
+                            lambda result: (200, {"moved": result[0], "left": result[1]}, noted), noted)
     if name == "publish":
         vhost, destination, headers, data = publish_args(body, config)
         if vhost not in config.vhosts:

@@ -170,7 +170,6 @@ def test_purge_from_any_node_drops_what_waits_in_jetstream_and_is_retry_safe(sta
     assert api.ok("GET", path)["messages"] == []
     assert [(e["status"], e["purged"]) for e in audit(tmp_path, "purge")] == [(200, purged), (200, 0), (200, 0)]
     for method, path, body in (("DELETE", f"/api/queues/%2F/{q('/queue/purged')}", None),   # not done: 409, why
-                               ("POST", f"/api/queues/%2F/{q('/queue/purged')}/move", {"to": "/queue/x"}),
                                ("DELETE", "/api/subscriptions/%2F/k", None)):
         status, value, _ = api.call(method, path, body)
         assert status == 409 and "not available in cluster mode" in value["reason"], (path, status, value)
@@ -234,7 +233,10 @@ def test_purge_while_consumers_run_on_other_nodes_loses_nothing_and_delivers_not
 
 
 def test_publish_over_http_to_a_topic_is_kept_for_a_durable_subscription_away_on_another_node(start_nodes, admin):
-    nodes = start_nodes(3, *admin)
+    # (as in test_cluster_queues' durable test: a message sent to the first node's pull as it lets
+    # the durable go comes back after the ack wait)
+    nodes = start_nodes(3, "cluster_ack_wait_ms=5000", *admin)
+    api = Api(nodes[0])
 
     def subscribe(node):
         c = Client(node, login="root", passcode="toor", **{"client-id": "app1"})
@@ -243,10 +245,16 @@ def test_publish_over_http_to_a_topic_is_kept_for_a_durable_subscription_away_on
         c.wait(lambda c: "sub" in c.receipts, what="subscribed")
         return c
 
-    subscribe(nodes[1]).close()                       # made, then away: its messages wait in JetStream
+    first = subscribe(nodes[1])
     # (a persistent:true header keeps it whatever node 0 knows yet of the durable's interest)
-    answer = Api(nodes[0]).ok("POST", "/api/publish", {"destination": "/topic/news", "body": "kept",
-                                                       "headers": {"persistent": "true"}})
+    assert api.ok("POST", "/api/publish", {"destination": "/topic/news", "body": "live",
+                                           "headers": {"persistent": "true"}}) == {"published": True, "delivered": 0}
+    first.wait(lambda c: len(c.messages) == 1, what="the first message")   # (its consumer is made)
+    first.conn.ack(first.messages[0].headers["ack"])
+    time.sleep(0.2)
+    first.close()                                     # away: its messages wait in JetStream
+    answer = api.ok("POST", "/api/publish", {"destination": "/topic/news", "body": "kept",
+                                             "headers": {"persistent": "true"}})
     assert answer == {"published": True, "delivered": 0}
     back = subscribe(nodes[2])                        # back, on another node
     back.wait(lambda c: len(c.messages) == 1, what="the kept message")
@@ -275,3 +283,86 @@ def test_peek_and_purge_read_every_layouts_stream_of_the_queue(start_nodes, admi
         assert sorted(m["payload"] for m in page["messages"]) == sorted(sent) and page["depth"] == 40, page
     assert Api(unpacked).ok("DELETE", path) == {"purged": 40}
     assert Api(packed).ok("GET", path)["messages"] == [] and Api(packed).ok("DELETE", path) == {"purged": 0}
+
+
+def test_move_from_any_node_moves_what_the_selector_takes_and_redrives_dead_letters(start_nodes, admin, tmp_path):
+    nodes = start_nodes(3, *admin)
+    producer = login(nodes[0])
+    sent = [(f"m{i:02d}", str(i % 2)) for i in range(20)]
+    for body, k in sent:  # (pipelined: packs holding both kinds)
+        producer.conn.send("/queue/src", body, headers={"k": k, "receipt": body})
+    for i in range(3):    # dead letters, each with the queue it came from
+        producer.conn.send("/queue/DLQ", f"dead{i}", headers={"original-destination": "/queue/orig", "receipt": f"d{i}"})
+    producer.wait(lambda c: len(c.receipts) == len(sent) + 3, what="receipts")
+    api = Api(nodes[2])
+    answer = api.ok("POST", f"/api/queues/%2F/{q('/queue/src')}/move", {"to": "/queue/dst", "selector": "k = 1"})
+    assert answer == {"moved": 10, "left": None}, answer
+    moved = api.ok("GET", f"/api/queues/%2F/{q('/queue/dst')}/messages?count=100")["messages"]
+    assert [m["payload"] for m in moved] == [b for b, k in sent if k == "1"]   # in order
+    assert all(m["headers"]["redriven-from"] == "/queue/src" and m["headers"]["k"] == "1" for m in moved)
+    deadline = time.monotonic() + 10   # (the originals are terminated once their copies are stored: just after)
+    while True:
+        stayed = sorted(m["payload"] for m in api.ok("GET", f"/api/queues/%2F/{q('/queue/src')}/messages?count=100")
+                        ["messages"])
+        if stayed == [b for b, k in sent if k == "0"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert stayed == [b for b, k in sent if k == "0"], stayed
+    assert api.ok("POST", f"/api/queues/%2F/{q('/queue/src')}/move", {"to": "/queue/dst", "count": 2}) == \
+        {"moved": 2, "left": None}
+    assert api.ok("POST", f"/api/queues/%2F/{q('/queue/DLQ')}/move", {})["moved"] == 3   # the redrive
+    consumer = login(nodes[1])
+    consumer.conn.subscribe("/queue/orig", id="o", ack="client-individual")
+    consumer.wait(lambda c: len(c.messages) == 3, what="the redriven dead letters")
+    assert sorted(m.body for m in consumer.messages) == ["dead0", "dead1", "dead2"]
+    assert api.ok("POST", f"/api/queues/%2F/{q('/queue/none')}/move", {"to": "/queue/dst"}) == {"moved": 0, "left": None}
+    assert [e["status"] for e in audit(tmp_path, "move")] == [200] * 4
+    producer.close()
+    consumer.close()
+
+
+def test_move_while_consumers_run_on_other_nodes_delivers_each_message_once(start_nodes, admin):
+    """Producer on n0, acknowledging consumers of the source and of the target on n1 and n2,
+    moves asked of n0 and n2 in turn while the producer sends: every receipted message is
+    delivered once, from the source or, marked redriven-from, from the target."""
+    import threading
+
+    from tests.integration.test_manage_api import consumers, drain as drain_all
+
+    nodes = start_nodes(3, *admin)
+    dst = consumers(nodes[1], "/queue/mdst", 1) + consumers(nodes[2], "/queue/mdst", 1)
+    producer = login(nodes[0])
+    sent = [f"v{i:04d}" for i in range(1500)]
+    for body in sent[:300]:  # a backlog first, part of it moved before the consumers come
+        producer.conn.send("/queue/msrc", body, headers={"receipt": body})
+    producer.wait(lambda c: len(c.receipts) == 300, what="the backlog's receipts")
+    moved = Api(nodes[0]).ok("POST", f"/api/queues/%2F/{q('/queue/msrc')}/move", {"to": "/queue/mdst", "count": 100})
+    assert moved == {"moved": 100, "left": None}, moved
+    moved = 100
+    src = consumers(nodes[1], "/queue/msrc", 1) + consumers(nodes[2], "/queue/msrc", 1)
+    deadline = time.monotonic() + 30
+
+    def produce():
+        for body in sent[300:]:
+            producer.conn.send("/queue/msrc", body, headers={"receipt": body})
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    asks = 1
+    while (thread.is_alive() or asks < 4) and time.monotonic() < deadline + 30:
+        moved += Api(nodes[2 * (asks % 2)]).ok("POST", f"/api/queues/%2F/{q('/queue/msrc')}/move",
+                                               {"to": "/queue/mdst"})["moved"]
+        asks += 1
+    thread.join(30)
+    producer.wait(lambda c: len(c.receipts) == len(sent), timeout=30, what="receipts")
+    delivered = drain_all(src + dst, len(sent))
+    unique = set(delivered)
+    redriven = sum(x.redriven for x in dst)
+    result = {"sent": len(sent), "receipted": len(producer.receipts), "moves": asks, "moved": moved,
+              "delivered": len(delivered), "from target": sum(len(x.bodies) for x in dst), "redriven": redriven,
+              "lost": len(set(sent) - unique), "duplicated": len(delivered) - len(unique)}
+    print("move while consumers run:", result)
+    assert not unique - set(sent)
+    assert result["lost"] == 0 and result["duplicated"] == 0, result
+    assert moved > 0 and redriven == moved == result["from target"], result
+    producer.close()

@@ -167,7 +167,6 @@ def test_the_actions_not_done_in_cluster_mode_are_refused_saying_why():
     rig = filled(1)
     rig.broker.backplane = object()  # (only its presence matters to these actions)
     for action, args, why in ((manage.delete, ("/queue/a",), "purge it instead"),
-                              (manage.move, ("/queue/a", "/queue/b", None, None), "peek and purge are"),
                               (manage.remove_durable, ("k",), "UNSUBSCRIBE it instead")):
         with pytest.raises(manage.Refused) as refused:
             act(rig, action, *args)

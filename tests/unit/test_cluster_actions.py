@@ -135,3 +135,38 @@ def test_a_pulled_messages_stream_sequence_comes_from_its_ack_subject():
     assert stream_sequence("$JS.ACK.S.C.1.42.7.1700000000.3") == 42
     assert stream_sequence("$JS.ACK.dom.hash.S.C.2.43.8.1700000000.0.tok") == 43
     assert stream_sequence("nonsense") == 0
+
+
+def test_a_move_copies_what_it_chooses_the_dead_letters_way_and_gives_the_rest_back():
+    from stompbroker.broker.selector import compile_selector
+    from stompbroker.cluster import packs
+    from stompbroker.cluster.queuing import pack, unpack
+    from stompbroker.cluster.records import pack_taken
+    js = FakeJetStream()
+    a = js.join()
+    cq = a.broker.backplane.queues
+    later = a.broker.manage(manage.move, "/queue/src", "/queue/dst", None, compile_selector("k = 1"), now=a.now)
+    (take,) = [c for c in cq.commands() if c[0] == "take"]
+    assert unpack(pack(take))[:5] == ("take", take[1], "/queue/src", "q_%2Fqueue%2Fsrc", 100000)
+    both = packs.pack("/queue/src", [packs.member(f"id{i}", {"k": str(i % 2)}, b"b%d" % i) for i in range(4)])
+    stays = packs.single("id9", "/queue/src", {"k": "0"}, b"b9")
+    cq.event(a.broker, ("taken", take[1], False, pack_taken([(11, 1, both), (12, 1, stays)])), None)
+    assert later.outcome is None                       # the copies are not stored yet
+    out = cq.commands()
+    copies = [c for c in out if c[0] == "publish"]
+    assert ("nak", 12) in out                           # none of it moves: back whole, at once
+    assert sorted(m.body for c in copies for m in packs.unpack(c[4])) == [b"b0", b"b1", b"b2", b"b3"]
+    moved = [m for c in copies if "dst" in c[2] for m in packs.unpack(c[4])]
+    assert sorted(m.body for m in moved) == [b"b1", b"b3"] and all(m.headers["redriven-from"] == "/queue/src"
+                                                                  for m in moved)
+    for c in copies:                                    # (the others put back by themselves: a copy each)
+        for token in c[1]:
+            cq.event(a.broker, ("stored", token), None)
+    assert later.outcome == (None, (2, None))
+    assert ("term", 11) in cq.commands()               # the pack, once every copy of it is stored
+    late = a.broker.manage(manage.move, "/queue/src", "/queue/dst", 1, None, now=a.now)
+    (take,) = [c for c in cq.commands() if c[0] == "take"]
+    cq.event(a.broker, ("refused", take[1], 503, "cluster unavailable: no"), None)
+    assert late.outcome == (503, "cluster unavailable: no") and late not in a.broker.backplane.waiting
+    cq.event(a.broker, ("taken", take[1], False, pack_taken([(13, 1, stays)])), None)   # too late: back
+    assert ("nak", 13) in cq.commands()
