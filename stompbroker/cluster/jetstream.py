@@ -780,7 +780,7 @@ class QueueBridge:
                 except nats.js.errors.NotFoundError:
                     break
                 data = msg.data or b""
-                if size + len(data) > max_bytes:
+                if found and size + len(data) > max_bytes:  # (the first one in any case: a pack may be more)
                     cut = True
                     break
                 size += len(data)
@@ -820,7 +820,8 @@ class QueueBridge:
 
         async def hold(msg):
             data = msg.data or b""
-            if taken and size[0] + len(data) > max_bytes:
+            if taken and size[0] + len(data) > max_bytes:  # (enough: this one goes back)
+                await self.nc.publish(msg.reply, b"-NAK")
                 return False
             ref = next(self.refs)
             reply = msg.reply.encode()

@@ -366,3 +366,30 @@ def test_move_while_consumers_run_on_other_nodes_delivers_each_message_once(star
     assert result["lost"] == 0 and result["duplicated"] == 0, result
     assert moved > 0 and redriven == moved == result["from target"], result
     producer.close()
+
+
+def test_a_move_and_a_peek_take_at_most_max_answer_bytes_at_once(start_nodes, admin):
+    """max_answer_bytes=8000 and 1 KB messages: each move takes a pack or two (what goes over is
+    given back), a peek shows what fits; moved again until done, each message arrives once."""
+    nodes = start_nodes(2, "max_answer_bytes=8000", *admin)
+    producer = login(nodes[0])
+    sent = [f"{i:03d}" + "x" * 1000 for i in range(60)]
+    for body in sent:  # (pipelined: packs of several)
+        producer.conn.send("/queue/big", body, headers={"receipt": body[:3]})
+    producer.wait(lambda c: len(c.receipts) == len(sent), what="receipts")
+    api = Api(nodes[1])
+    page = api.ok("GET", f"/api/queues/%2F/{q('/queue/big')}/messages?count=100")
+    assert page["truncated"] and 0 < len(page["messages"]) < 60, (page["count"], page["truncated"])
+    moved, asks = 0, 0
+    while moved < 60 and asks < 60:
+        answer = api.ok("POST", f"/api/queues/%2F/{q('/queue/big')}/move", {"to": "/queue/small"})
+        assert 0 < answer["moved"] < 60, answer
+        moved += answer["moved"]
+        asks += 1
+    assert moved == 60 and asks > 1, (moved, asks)
+    consumer = login(nodes[0])
+    consumer.conn.subscribe("/queue/small", id="s", ack="client-individual")
+    delivered = drain(consumer, 60, timeout=20)
+    assert sorted(delivered) == sent and all(m.headers["redriven-from"] == "/queue/big" for m in consumer.messages)
+    producer.close()
+    consumer.close()
