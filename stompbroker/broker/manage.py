@@ -14,13 +14,15 @@ from __future__ import annotations
 from collections import deque
 from itertools import chain, islice
 
-from . import durables, replies, routing, scheduling, vhosts
-from .model import Message, Queue
+from ..protocol.stomp import ProtocolError
+from . import durables, priority, replies, routing, scheduling, vhosts
+from .model import Later, Message, Queue
 from .names import DIAG_PREFIX, MONITOR, QUEUE_PREFIX, TEMP_PREFIXES, short
 from .queues import discard, drop_if_idle, get_queue, persist, pump
 
 REDRIVEN_FROM = "redriven-from"            # added to a moved message: the queue it was moved from
 ORIGINAL_DESTINATION = "original-destination"  # a dead letter's first destination (acks.dead_letter)
+MOVE_MOST = 100_000    # messages one move takes at most in cluster mode when max_queue_messages is 0 (no limit)
 
 
 class Refused(Exception):
@@ -32,11 +34,11 @@ class Refused(Exception):
         self.reason = reason
 
 
-def local_only(b, what: str) -> None:
-    """In cluster mode queues and durable subscriptions live in JetStream, not here."""
+def local_only(b, what: str, why: str) -> None:
+    """The actions not done in cluster mode yet (queues and durable subscriptions live in JetStream
+    there, shared by every node): 409 saying ``why``."""
     if b.backplane is not None:
-        raise Refused(409, f"{what} is not available in cluster mode: queues and durable subscriptions "
-                           "live in JetStream (see docs/admin.md)")
+        raise Refused(409, f"{what} is not available in cluster mode: {why} (see docs/admin.md, Cluster mode)")
 
 
 def check_target(b, destination: str) -> None:
@@ -54,18 +56,34 @@ def waiting(queue: Queue):
     return chain(queue.parked, queue.blocked, queue.messages)
 
 
-def peek(b, name: str, offset: int, count: int) -> tuple[int, list[Message]]:
-    """(messages waiting, up to ``count`` of them from ``offset``), nothing consumed."""
-    local_only(b, "peeking at a queue")
+def peek(b, name: str, offset: int, count: int) -> tuple[int, list[Message]] | Later:
+    """(messages waiting, up to ``count`` of them from ``offset``), nothing consumed. In cluster
+    mode a queue's messages stored in JetStream, read there by the bridge: a ``Later`` of the same."""
+    if b.backplane is not None:
+        if not name.startswith(QUEUE_PREFIX) or name == MONITOR:
+            return 0, []  # (only queues live in the cluster's queue streams)
+        return b.backplane.queues.peek(b, name, offset, count, b.config.answer_bytes)
     queue = b.queues.get(name)
     if queue is None:
         return 0, []
     return queue.depth(), list(islice(waiting(queue), offset, offset + count))
 
 
-def purge(b, name: str) -> int:
-    """Drop a queue's waiting messages; the number dropped (0 for an unknown queue: a retry is safe)."""
-    local_only(b, "purging a queue")
+def purge(b, name: str) -> int | Later:
+    """Drop a queue's waiting messages; the number dropped (0 for an unknown queue: a retry is safe).
+    In cluster mode the waiting messages are those JetStream has not handed to any node, which the
+    bridge takes through the queue's consumer and terminates, and those this node pulled and has
+    not delivered (acknowledged to JetStream here): a ``Later`` of (the number, cut short)."""
+    if b.backplane is None:
+        return _purge_here(b, name)
+    if not name.startswith(QUEUE_PREFIX) or name == MONITOR:
+        return 0  # (only queues live in the cluster's queue streams)
+    return b.backplane.queues.purge(b, name, _purge_here(b, name))
+
+
+def _purge_here(b, name: str) -> int:
+    """Drop the waiting messages of this node's queue ``name`` (in cluster mode: those pulled, not
+    delivered, which ``discard`` acknowledges to JetStream)."""
     queue = b.queues.get(name)
     if queue is None:
         return 0
@@ -84,7 +102,8 @@ def delete(b, name: str) -> int | None:
     """Forget a queue, its waiting messages and its counters; the messages dropped, None when there
     was no such queue. Refused while a subscription names it or a consumer holds its messages
     unacknowledged (they would come back to a queue nobody lists)."""
-    local_only(b, "deleting a queue")
+    local_only(b, "deleting a queue", "whether a subscription on another node names the queue, or a consumer "
+                                      "there holds its messages, is not known here; purge it instead")
     queue = b.queues.get(name)
     if queue is None:
         return None
@@ -106,12 +125,14 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
     ``to`` None sends each to its ``original-destination`` (a dead letter's redrive, in the source's
     virtual host; messages without one stay). Names are the broker's (``vhosts.inside``). A queue
     target takes at most what it has room for (max_queue_messages).
-    Returns (moved, still waiting in the source)."""
-    local_only(b, "moving messages")
+    Returns (moved, still waiting in the source). In cluster mode the queue's waiting messages in
+    JetStream (``ClusterQueues.move``): a ``Later`` of the same, done once every copy is stored."""
     if to is not None:
         check_target(b, to)
         if to == name:
             raise Refused(400, "a queue's messages cannot be moved to itself")
+    if b.backplane is not None:
+        return _move_in_cluster(b, name, to, count, accepts)
     queue = b.queues.get(name)
     if queue is None:
         return 0, 0
@@ -160,6 +181,38 @@ def move(b, name: str, to: str | None, count: int | None, accepts=None) -> tuple
     return len(taken), left
 
 
+def _move_in_cluster(b, name: str, to: str | None, count: int | None, accepts) -> tuple[int, int] | Later:
+    """``move`` in cluster mode: this decides which messages go where, the cluster's queues
+    (``ClusterQueues.move``) take them from JetStream and store the copies (a full target refuses
+    its copy there: the answer is then 409, the original stays)."""
+    if not name.startswith(QUEUE_PREFIX) or name == MONITOR:
+        return 0, 0  # (only queues live in the cluster's queue streams)
+    if b.unfinished:  # (a copy to a topic would wait behind them, after the answer)
+        raise Refused(503, "the node is busy writing a burst of deliveries; try again")
+    vhost, shown = vhosts.split(name) if b.vhosts_on else (vhosts.DEFAULT, name)
+    left = [count]
+    later = Later()
+
+    def choose(message: Message) -> str | None:
+        if left[0] is not None and left[0] <= 0:
+            return None
+        target = to
+        if target is None and ORIGINAL_DESTINATION in message.headers:
+            target = vhosts.inside(vhost, message.headers[ORIGINAL_DESTINATION])
+        if target is None or target == name or (accepts is not None and not accepts(message.headers)):
+            return None
+        if left[0] is not None:
+            left[0] -= 1
+        return target
+
+    def elsewhere(target: str, headers: dict, body: bytes, expires: float) -> None:
+        routing.publish(b, target, headers, body, expires, sender=later)
+
+    want = count if count is not None else b.config.max_queue_messages or MOVE_MOST
+    return b.backplane.queues.move(b, name, choose, elsewhere, {REDRIVEN_FROM: shown}, later,
+                                   b.config.answer_bytes, want)
+
+
 def _fits(b, target: str, room: dict) -> bool:
     """Whether ``target`` takes one more moved message (counting it when it does)."""
     if not target.startswith(QUEUE_PREFIX):
@@ -172,10 +225,19 @@ def _fits(b, target: str, room: dict) -> bool:
     return left > 0
 
 
-def publish(b, destination: str, headers: dict, body: bytes) -> int:
-    """Publish a message as a SEND would (no receipt, no sender); the deliveries made now."""
-    local_only(b, "publishing over HTTP")
+def publish(b, destination: str, headers: dict, body: bytes) -> int | Later:
+    """Publish a message as a SEND would (no receipt); the deliveries made now. In cluster mode a
+    message JetStream keeps (a queue's, a durable or persistent topic's) goes the SEND's way
+    (``ClusterQueues.publish``) and the answer waits as its receipt would: a ``Later``, done
+    once JetStream stored it, failed (503, or 409 for a full queue) when it could not."""
     check_target(b, destination)
+    if b.backplane is not None:
+        try:
+            routing.cluster_refuses(headers, destination, priority.DEFAULT, None)
+        except ProtocolError as exc:
+            raise Refused(400, exc.detail) from None
+        if b.unfinished:  # (its publish would wait behind them, after the answer)
+            raise Refused(503, "the node is busy writing a burst of deliveries; try again")
     queue = b.queues.get(destination)
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise Refused(409, f"{short(destination)} holds {queue.depth()} messages, the most allowed "
@@ -188,7 +250,11 @@ def publish(b, destination: str, headers: dict, body: bytes) -> int:
             expires = routing.expiry(b, headers, None)
         except Exception as exc:  # (a ProtocolError: the header's value)
             raise Refused(400, getattr(exc, "detail", "invalid expiry")) from None
-    return routing.publish(b, destination, headers, body, expires)
+    if b.backplane is None:
+        return routing.publish(b, destination, headers, body, expires)
+    later = Later()
+    delivered = routing.publish(b, destination, headers, body, expires, sender=later)
+    return b.backplane.answer_later(later, delivered)
 
 
 def close_connection(b, conn: int, reason: str) -> bool:
@@ -204,7 +270,9 @@ def close_connection(b, conn: int, reason: str) -> bool:
 def remove_durable(b, key: str) -> int | None:
     """Remove a detached durable subscription and its waiting messages; the messages dropped, or
     None when there is no such subscription. Refused while a client is attached to it."""
-    local_only(b, "removing a durable subscription")
+    local_only(b, "removing a durable subscription", "the node it was made on keeps its interest in the "
+                                                  "cluster; subscribe to it again from a client (on any node) "
+                                                  "and UNSUBSCRIBE it instead")
     durable = b.durables.get(key)
     if durable is None:
         return None

@@ -242,3 +242,36 @@ class Delivery:
         self.message = message
         self.queue = queue
         self.nacks = nacks
+
+
+class Later:
+    """The result of an operator's action that the cluster answers (``broker/manage.py`` in cluster
+    mode): it comes in a later event, when the bridge has an answer (a PubAck, the messages read,
+    the purge done) or its time is up. ``finish(value)`` (done) or ``fail(status, reason)`` (not
+    done: an HTTP status and why) happens once; ``when_done(then)`` has ``then(status, value)``
+    called with it (status None when done), at once if it came already."""
+
+    __slots__ = ("then", "outcome", "value")
+
+    def __init__(self, value=None):
+        self.then = None
+        self.outcome = None      # (status, value) once decided
+        self.value = value       # what ``finish`` gives when the awaited answers only say "done"
+
+    def finish(self, value=None) -> None:
+        self._decide(None, self.value if value is None else value)
+
+    def fail(self, status: int, reason: str) -> None:
+        self._decide(status, reason)
+
+    def _decide(self, status, value) -> None:
+        if self.outcome is not None:
+            return
+        self.outcome = (status, value)
+        if self.then is not None:
+            self.then(status, value)
+
+    def when_done(self, then) -> None:
+        self.then = then
+        if self.outcome is not None:
+            then(*self.outcome)

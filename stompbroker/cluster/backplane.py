@@ -21,6 +21,7 @@ import logging
 
 import orjson
 
+from ..broker.model import Later
 from ..broker.names import DIAG_PREFIX, QUEUE_PREFIX, TEMP_PREFIXES, REPLY_PREFIXES, WORKER_PREFIX
 from ..broker.subscriptions import SubscriptionIndex
 from . import records as C
@@ -154,8 +155,24 @@ class Backplane:
         queue.append([0, (kind, payload), True, None])
         return True
 
+    def answer_later(self, later: Later, result):
+        """An operator's publish (``broker/manage.py``) made with ``later`` as its sender: ``later``,
+        done with ``result`` once every message it handed to the cluster is stored, when there is
+        one; else ``result`` at once (nothing waits for the cluster)."""
+        if not self.waiting.get(later):
+            return result
+        later.value = result
+        return later
+
     def _release(self, b, session) -> None:
         queue = self.waiting.get(session)
+        if type(session) is Later:  # (an operator's publish: no replies wait behind it)
+            while queue and queue[0][2]:
+                queue.pop(0)
+            if not queue:
+                self.waiting.pop(session, None)
+                session.finish()
+            return
         while queue and queue[0][2]:
             reply = queue.pop(0)[1]
             if reply is not None:
@@ -185,7 +202,11 @@ class Backplane:
         receipt = next((e[3] for e in queue if e[0] == token), None)
         for entry in queue:
             self.owners.pop(entry[0], None)
-        if session.closing:  # an ERROR and its close wait in the queue: they go now, not the receipts
+        if type(session) is Later:  # an operator's publish: its HTTP answer says why
+            session.fail(409 if message == "queue full" else 503, f"{message}: " + (detail or (
+                f"the cluster's NATS servers were unreachable for {self.config.cluster_timeout_ms} ms "
+                "(cluster_timeout_ms)")))
+        elif session.closing:  # an ERROR and its close wait in the queue: they go now, not the receipts
             for entry in queue:
                 if entry[1] is not None and not entry[1][1].startswith(b"RECEIPT"):
                     session.outbox.add(entry[1][0], session.conn, entry[1][1])
@@ -196,7 +217,8 @@ class Backplane:
 
     # -- timers ----------------------------------------------------------------------------------
     def needs_tick(self) -> bool:
-        return bool(self.owners or self.queues.pending or self.queues.bound or self.queues.returning)
+        return bool(self.owners or self.queues.pending or self.queues.bound or self.queues.returning
+                    or self.queues.asked)
 
     def tick(self, b, now: float) -> None:
         """A held message the bridge never answered for (it died holding it) fails on the broker's clock."""

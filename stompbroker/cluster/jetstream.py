@@ -37,13 +37,17 @@ from nats.js import api
 from . import leaders, packs, shards
 from .fastpath import FastPath, pub
 from .publisher import Publisher
-from .records import ACK, SETTLE_OPS, TERM
+from .records import ACK, NAK, SETTLE_OPS, TERM, pack_blobs, pack_taken
 
 log = logging.getLogger("stompbroker.cluster")
 
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
+PURGE_BATCH = 256          # JetStream messages a purge asks its consumer for at a time
+ACTION_TRY = 2.0           # seconds an operator's action gives one JetStream request before asking again
+TAKE_GRACE = 0.5           # seconds an action that stopped still naks what its last pull brings
+PEEK_READS = 2000          # JetStream messages a peek reads of each stream at most (each one request)
 REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach the end its stream's leader named
 
 
@@ -109,6 +113,19 @@ async def asked_again(request, tries: int = 3):
             return await request()
         except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError):
             if attempt == tries - 1:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def until(stop: float, request):
+    """``asked_again`` until the monotonic time ``stop`` (an operator's action: its own bound), each
+    try given at most ACTION_TRY seconds (a request lost in a leader change is asked again, not
+    waited for until the connection's timeout)."""
+    while True:
+        try:
+            return await asyncio.wait_for(request(), max(min(ACTION_TRY, stop - time.monotonic()), 0.1))
+        except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.ServiceUnavailableError):
+            if time.monotonic() > stop:
                 raise
             await asyncio.sleep(0.2)
 
@@ -241,6 +258,15 @@ class Puller:
                 pass
             # still routed a while: what the server sent before it saw the unsubscribe is nak'ed above
             asyncio.get_running_loop().call_later(PULL_SLACK, self.fast.unroute, self.sub)
+
+
+def stream_sequence(reply: str) -> int:
+    """A pulled message's stream sequence, from its ack subject (as ``delivered_count``)."""
+    tokens = reply.split(".")
+    try:
+        return int(tokens[5] if len(tokens) == 9 else tokens[7])
+    except (IndexError, ValueError):
+        return 0
 
 
 def delivered_count(reply: bytes) -> int:
@@ -575,6 +601,16 @@ class QueueBridge:
         elif kind == "replay":
             _, token, pattern, since_ms = command
             self.spawn(self._replay(token, pattern, since_ms))
+        elif kind == "peek":
+            _, token, name, want, max_bytes, timeout_ms = command
+            self.spawn(self._action(token, timeout_ms, self.peek(token, name, want, max_bytes, timeout_ms)))
+        elif kind == "take":
+            _, token, name, consumer, want, max_bytes, timeout_ms = command
+            self.spawn(self._action(token, timeout_ms, self.take(token, name, consumer, want, max_bytes, timeout_ms)))
+        elif kind == "purge":
+            _, token, name, consumer, timeout_ms = command
+            done = [0]   # (terminated so far: said even when the time runs out)
+            self.spawn(self._action(token, timeout_ms, self.purge(token, name, consumer, timeout_ms, done), done))
 
     def sources(self, kind: str, pattern: str) -> list[tuple[str, list[str]]]:
         """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
@@ -689,12 +725,202 @@ class QueueBridge:
         self.held[ref] = [reply, time.monotonic()]
         self.emit_message(key, ref, delivered_count(reply), data)
 
+    # -- operators' actions (broker/manage.py, cluster/queuing.py) ----------------------------------
+    async def _action(self, token: int, timeout_ms: int, work, done: list | None = None) -> None:
+        """An operator's action: its answer, or ("refused", token, 503, why) when JetStream fails
+        it or does not answer within ``cluster_timeout_ms`` (``done``: what it did meanwhile)."""
+        try:
+            event = await asyncio.wait_for(work, timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            log.warning("cluster: an operator's action got no answer from JetStream within cluster_timeout_ms")
+            event = ("refused", token, 503, f"cluster unavailable: JetStream did not answer within "
+                                            f"cluster_timeout_ms ({timeout_ms} ms)")
+        except Exception as exc:
+            log.warning("cluster: an operator's action failed: %r", exc, exc_info=True)
+            event = ("refused", token, 503, f"cluster unavailable: JetStream: {exc!r}"[:500])
+        if event[0] == "refused" and done:
+            event = event[:3] + (f"{event[3]}; {done[0]} messages were purged before it stopped",)
+        self.emit(event)
+
+    async def _relist(self) -> None:
+        """Every layout's streams as they are now (another node's layout may be newer than the last
+        listing): an action reads them once."""
+        before = self.listing.present
+        try:
+            listed = await asyncio.wait_for(self.listing.names(), ACTION_TRY)
+        except asyncio.TimeoutError:
+            return  # (the last listing's, then)
+        if listed:
+            self.present_changed(before)
+
+    async def peek(self, token: int, name: str, want: int, max_bytes: int, timeout_ms: int) -> tuple:
+        """("peeked", token, stored, cut, payload): a queue's first JetStream messages (up to ``want``
+        queue messages, ``max_bytes``, PEEK_READS JetStream messages of each stream), read by
+        sequence from each stream that may hold it (every layout's shard) without a consumer (a
+        work-queue stream takes no second one), merged by the time each was stored. A request
+        JetStream leaves unanswered or answers 503 is asked again, until 3/4 of ``timeout_ms``."""
+        stop = time.monotonic() + timeout_ms / 1000 * 0.75
+        await self.ready.wait()
+        await self._relist()
+        found, stored, size, cut = [], 0, 0, False
+        for index, (stream, filters) in enumerate(self.sources(shards.QUEUES, name)):
+            subject = filters[0]
+            try:
+                info = await until(stop, lambda: self.js.stream_info(stream, subjects_filter=subject))
+            except nats.js.errors.NotFoundError:
+                continue  # (a layout's stream deleted meanwhile)
+            stored += (info.state.subjects or {}).get(subject, 0)
+            seq, members, reads = 1, 0, 0
+            while members < want and not cut:
+                if reads >= PEEK_READS:
+                    cut = True
+                    break
+                try:
+                    msg = await until(stop, lambda: self.js.get_msg(stream, seq=seq, subject=subject, next=True))
+                except nats.js.errors.NotFoundError:
+                    break
+                data = msg.data or b""
+                if found and size + len(data) > max_bytes:  # (the first one in any case: a pack may be more)
+                    cut = True
+                    break
+                size += len(data)
+                reads += 1
+                members += packs.count(data)
+                found.append((_epoch(msg.time) or 0.0, index, msg.seq, data))
+                seq = msg.seq + 1
+        found.sort(key=lambda f: f[:3])
+        return "peeked", token, stored, cut, pack_blobs([f[3] for f in found])
+
+    async def purge(self, token: int, name: str, consumer: str, timeout_ms: int, done: list) -> tuple:
+        """("purged", token, n, cut): a queue's messages JetStream has not handed to any node, in
+        every stream that may hold it, taken through the queue's own consumer (``_take``) and
+        terminated; ``n`` counts their queue messages (a pack's each). At 3/4 of ``timeout_ms`` it
+        stops and says so (``cut``): a retry purges the rest."""
+        stop = time.monotonic() + timeout_ms / 1000 * 0.75
+
+        async def term(msg) -> None:
+            await self.nc.publish(msg.reply, b"+TERM")
+            done[0] += packs.count(msg.data)
+        cut = False
+        async for stream, filters, last, left in self._waiting(name, consumer, stop):
+            cut = await self._take(stream, consumer, last, left, stop, term)
+            if cut:
+                break
+        await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
+        return "purged", token, done[0], cut
+
+    async def take(self, token: int, name: str, consumer: str, want: int, max_bytes: int, timeout_ms: int) -> tuple:
+        """("taken", token, cut, payload): up to ``want`` of a queue's messages JetStream has not
+        handed to any node (and ``max_bytes`` of them), taken through its consumer (``_take``) and
+        held here, as pulled messages are, for the dispatcher to move or give back
+        (``records.pack_taken``: each one's ref, delivery count and data). At half of
+        ``timeout_ms`` it stops (``cut``). If it fails, what it took goes back (nak)."""
+        stop = time.monotonic() + timeout_ms / 1000 * 0.5
+        taken, counted, size = [], [0], [0]
+
+        async def hold(msg):
+            data = msg.data or b""
+            if taken and size[0] + len(data) > max_bytes:  # (enough: this one goes back)
+                await self.nc.publish(msg.reply, b"-NAK")
+                return False
+            ref = next(self.refs)
+            reply = msg.reply.encode()
+            self.held[ref] = [reply, time.monotonic()]
+            taken.append((ref, delivered_count(reply), data))
+            counted[0] += packs.count(data)
+            size[0] += len(data)
+            return counted[0] < want
+        try:
+            cut = False
+            async for stream, filters, last, left in self._waiting(name, consumer, stop):
+                cut = await self._take(stream, consumer, last, min(left, want - counted[0]), stop, hold)
+                if cut:
+                    break
+            return "taken", token, cut, pack_taken(taken)
+        except BaseException:
+            self.settle_many([(ref, NAK, 0) for ref, _, _ in taken])
+            raise
+
+    async def _waiting(self, name: str, consumer: str, stop: float):
+        """(stream, filters, last sequence, JetStream messages stored for it) of each stream holding messages of queue ``name``, its consumer declared (as the nodes
+        declare it: a queue nobody subscribed to yet gets it now). Requests that change nothing are
+        asked again until ``stop`` when JetStream leaves them unanswered or answers 503 (a consumer
+        just made has its leader elected)."""
+        await self.ready.wait()
+        await self._relist()
+        for stream, filters in self.sources(shards.QUEUES, name):
+            subject = filters[0]
+            try:
+                info = await until(stop, lambda: self.js.stream_info(stream, subjects_filter=subject))
+            except nats.js.errors.NotFoundError:
+                continue  # (a layout's stream deleted meanwhile)
+            stored = (info.state.subjects or {}).get(subject)
+            if not stored:
+                continue  # nothing stored for it here: no consumer made for nothing
+            await until(stop, lambda: declare_consumer(self.js, stream, consumer, filters, self.ack_wait))
+            try:
+                last = (await until(stop, lambda: self.js.get_msg(stream, subject=subject))).seq
+            except nats.js.errors.NotFoundError:
+                continue  # (taken meanwhile)
+            # what a pull may get now is among the messages stored then (a consumer's own counts
+            # are not yet right just after it was made)
+            yield stream, filters, last, stored
+
+    async def _take(self, stream: str, consumer: str, last: int, left: int, stop: float, each) -> bool:
+        """Pull up to ``left`` JetStream messages of ``consumer`` (no waiting: what it has now) and
+        hand those stored up to sequence ``last`` to ``each`` (a coroutine; False: no more); nak
+        the others (stored after the action began, or past ``each``'s end). The queue's own
+        consumer, the one every node pulls: what it hands here it hands to no node, and a message a
+        node holds (delivered or not) is never among them. True when it stopped before the end:
+        ``each`` had enough, or ``stop`` came (what the server still sends for the pull then is
+        nak'ed for up to TAKE_GRACE seconds; later, it comes back after cluster_ack_wait_ms)."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        enough = False
+        try:
+            while left > 0 and not enough:
+                if time.monotonic() >= stop:
+                    return True
+                batch = min(left, PURGE_BATCH)
+                await self.nc.publish(subject, b'{"batch":%d,"no_wait":true}' % batch, reply=inbox)
+                got, unanswered = 0, False
+                while got < batch:
+                    late = time.monotonic() >= stop
+                    try:
+                        msg = await sub.next_msg(timeout=TAKE_GRACE if late or enough else stop - time.monotonic())
+                    except nats.errors.TimeoutError:
+                        return True
+                    status = (msg.headers or {}).get("Status")
+                    if status == "100":
+                        continue
+                    if status:  # 404 no messages, 408, 409: the request ended; 503: nobody answered it
+                        unanswered = status == "503"
+                        break
+                    got += 1
+                    if late or enough or stream_sequence(msg.reply) > last:
+                        await self.nc.publish(msg.reply, b"-NAK")
+                        continue
+                    enough = await each(msg) is False
+                if late:
+                    return True
+                if unanswered and not got:  # (a consumer just made: its leader is being elected)
+                    await asyncio.sleep(0.2)
+                    continue
+                if got < batch:
+                    return enough  # it had no more
+                left -= got
+            return enough
+        finally:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:
             await asyncio.wait_for(self.ready.wait(), self.config.cluster_timeout_ms / 1000)
-            before = self.listing.present  # (every layout's streams, as they are now: a replay reads them once)
-            if await self.listing.names():
-                self.present_changed(before)
+            await self._relist()
             async for msg in replay_merged(self.js, self.sources(shards.TOPICS, pattern), since_ms / 1000):
                 self.emit(("replayed", token, msg.data))
         except Exception as exc:

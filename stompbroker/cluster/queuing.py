@@ -20,10 +20,25 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
                                                             answer stored/failed for each token
   ("ack" | "nak" | "term", ref[, nak delay s])               settle a pulled message
   ("replay", token, pattern, since_ms)                      stored topic messages since then
+  ("peek", token, destination, want, max_bytes, timeout_ms) an operator's peek: a queue's stored
+                                                            JetStream messages, read, not consumed
+  ("purge", token, destination, consumer, timeout_ms)       an operator's purge: the queue's messages
+                                                            not handed to any node, taken through its
+                                                            consumer and terminated
+  ("take", token, destination, consumer, want, max_bytes, timeout_ms)
+                                                            an operator's move: up to ``want`` of them,
+                                                            taken and held for the dispatcher, which
+                                                            moves or gives back each (``took``)
 
 and takes the bridge's answers (``event``): ("stored", token), ("failed", token, reason, refused)
 (refused: False when it may have been stored, True when refused, "full" for a full queue),
-("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token).
+("message", key, ref, delivered, payload), ("replayed", token, payload), ("replay_end", token),
+("peeked", token, stored, cut, payload) (``records.pack_blobs`` of the JetStream messages read, in
+order; ``stored``: JetStream messages stored for the destination; ``cut``: the read stopped at its
+bound of bytes or JetStream messages), ("purged", token, n, cut) (``n`` queue messages terminated;
+``cut``: it stopped at its time bound with more left), ("taken", token, cut, payload)
+(``records.pack_taken``: each message taken, its ref and delivery count), ("refused", token, status, reason) (an
+operator's action JetStream failed or did not answer in time: an HTTP status and why).
 Both travel as one record each, packed by ``pack``/``unpack``. ``out`` holds one publish per
 message; ``commands`` hands them over packed.
 
@@ -51,6 +66,9 @@ Rules:
 - A SEND's receipt (and every later reply to that connection) waits until JetStream stored its
   message (``Backplane.waiting``); past ``cluster_timeout_ms`` the sender gets an ERROR ``cluster
   unavailable``.
+- An operator's action on a queue (``broker/manage.py``) is a command with a token and a ``Later``
+  (``asked``) that the bridge's answer finishes; with no answer within ``cluster_timeout_ms`` (and
+  a second) it fails 503.
 """
 
 from __future__ import annotations
@@ -63,10 +81,11 @@ import struct
 import orjson
 
 from ..broker import vhosts
-from ..broker.model import Message
+from ..broker.model import Later, Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
 from . import packs, shards
+from .records import unpack_blobs, unpack_taken
 
 SETTLE_NAMES = {packs.ACK: "ack", packs.NAK: "nak", packs.TERM: "term"}
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0) ...
@@ -130,6 +149,26 @@ def unpack(blob) -> tuple:
     return tuple(fields)
 
 
+def peek_result(payload: bytes, stored: int, offset: int, count: int, cut: bool = False) -> tuple:
+    """(depth, up to ``count`` messages from ``offset``, cut) of the JetStream messages a peek read
+    (``records.pack_blobs``, in order), each pack taken apart into its messages; ``stored``: the
+    JetStream messages stored for the queue, of which those not read count one message each;
+    ``cut``: the read stopped at a bound before the end. A JetStream message that is not a
+    stompbroker message is left out."""
+    blobs = unpack_blobs(payload)
+    messages = []
+    for data in blobs:
+        try:
+            members = packs.unpack(data)
+        except ValueError:
+            continue
+        for m in members:
+            message = Message(m.id, m.destination, m.headers, m.body)
+            message.redelivered = m.before > 0
+            messages.append(message)
+    return len(messages) + max(stored - len(blobs), 0), messages[offset:offset + count], cut
+
+
 def matches(pattern: str, destination: str) -> bool:
     """A subscription pattern's match (``*``: a prefix match on the text before it)."""
     star = pattern.find("*")
@@ -167,6 +206,21 @@ class Pulled:
         self.pack = pack            # its pack, when it came with others
 
 
+class Moving:
+    """An operator's move in cluster mode (``ClusterQueues.move``)."""
+
+    __slots__ = ("name", "choose", "elsewhere", "added", "later", "moved", "hold")
+
+    def __init__(self, name: str, choose, elsewhere, added: dict, later: Later):
+        self.name = name              # the source queue
+        self.choose = choose          # message -> its target, or None: it stays
+        self.elsewhere = elsewhere    # (target, headers, body, expires): a copy to a destination not a queue
+        self.added = added            # headers added to each copy
+        self.later = later
+        self.moved = 0
+        self.hold = [0, None, False, None]   # its place in the Later's waits (Backplane.waiting) until taken
+
+
 class ClusterQueues:
     def __init__(self, config, backplane):
         self.config = config
@@ -188,6 +242,7 @@ class ClusterQueues:
         self.replays: dict[int, object] = {}                # replay token -> the subscription
         self.returning: dict[Pack, None] = {}               # packs with members given back, in order
         self.ledger = packs.Ledger()                        # pulled packs whose members are not all settled
+        self.asked: dict[int, tuple] = {}                   # operators' actions: token -> (Later, deadline, shape)
         pack_ids = itertools.count(1)
         self.packer = packs.Packer(self.pack, lambda: f"{self.run}-p{next(pack_ids)}")
 
@@ -326,7 +381,144 @@ class ClusterQueues:
     def replay_end(self, token: int) -> None:
         self.replays.pop(token, None)
 
+    # -- operators' actions (broker/manage.py) ---------------------------------------------------
+    def ask(self, b, command: str, *args, shape=None, later: Later | None = None) -> Later:
+        """An operator's action for the bridge: ``(command, token, *args, timeout_ms)``; its
+        ``Later`` (a new one unless given) is finished by the bridge's answer (made its result by
+        ``shape``), or fails 503 without one in time."""
+        token = next(self.backplane.tokens)
+        later = later or Later()
+        timeout_ms = int(self.config.cluster_timeout_ms)
+        self.asked[token] = (later, b.now + timeout_ms / 1000 + 1.0, shape)
+        self.out.append((command, token, *args, timeout_ms))
+        return later
+
+    def peek(self, b, name: str, offset: int, count: int, max_bytes: int) -> Later:
+        """Up to ``count`` of a queue's stored messages from ``offset``, read from JetStream, not
+        consumed: a Later of (depth, messages), as ``manage.peek`` gives."""
+        return self.ask(b, "peek", name, offset + count, max_bytes,
+                        shape=lambda stored, cut, payload: peek_result(payload, stored, offset, count, cut))
+
+    def purge(self, b, name: str, here: int) -> Later:
+        """Purge a queue's messages JetStream has not handed to any node (the bridge takes them
+        through the queue's consumer and terminates them): a Later of (``here`` plus those, cut)."""
+        return self.ask(b, "purge", name, consumer_name("q", name), shape=lambda n, cut: (here + n, cut))
+
+    def move(self, b, name: str, choose, elsewhere, added: dict, later: Later, max_bytes: int,
+             want: int) -> Later:
+        """Move a queue's waiting messages (``manage.move`` decides which, and where: ``choose``):
+        those this node pulled and has not delivered, then up to ``want`` the bridge takes through
+        the queue's consumer (``took``). Each moved message is a copy stored in its target (``added``
+        to its headers) the way a dead letter is, its original terminated once the copy is stored;
+        one not moved goes back to JetStream. ``later`` is finished with (moved, None: what is left
+        is not counted, it would take reading the queue) once every copy is stored (its sender:
+        ``Backplane.waiting``), failed when one cannot be."""
+        state = Moving(name, choose, elsewhere, added, later)
+        self.backplane.waiting.setdefault(later, []).append(state.hold)   # (until the bridge has answered)
+        queue = b.queues.get(name)
+        if queue is not None:
+            for source in (queue.parked, queue.blocked, queue.messages):
+                kept = []
+                for message in source:
+                    target = choose(message) if message in self.pulled else None
+                    if target is None:
+                        kept.append(message)
+                    else:
+                        self._move_one(b, state, message, target)
+                source.clear()
+                source.extend(kept)
+        return self.ask(b, "take", name, consumer_name("q", name), max(want - state.moved, 0), max_bytes,
+                        shape=state, later=later)
+
+    def _move_one(self, b, state: Moving, message: Message, target: str) -> None:
+        pulled = self._unpull(message)
+        self.dirty.add(pulled.key)
+        if pulled.pack is not None:   # (decided: settled once its copy is stored)
+            pulled.pack.left -= 1
+            pulled.pack.settled = True
+        headers = {**message.headers, **state.added}
+        if target.startswith(QUEUE_PREFIX) and target != MONITOR:
+            copy = Message(message.id, target, headers, message.body, message.expires)
+            self.publish(b, copy, state.later, then=pulled.ref, fresh=True)   # (fresh: never dropped as a repeat)
+        else:  # routed as a publish (a topic's at most once across nodes, as a SEND's)
+            state.elsewhere(target, headers, message.body, message.expires)
+            self._settle(pulled.ref, packs.ACK)
+        state.moved += 1
+
+    def took(self, b, token: int, cut: bool, payload) -> None:
+        """The bridge's answer to a move's take: each message it took moved or given back."""
+        entry = self.asked.pop(token, None)
+        try:
+            items = unpack_taken(payload)
+        except ValueError:
+            items = []
+        state = entry[2] if entry is not None else None
+        if not isinstance(state, Moving):
+            for ref, _, _ in items:   # (its move gave up waiting: all of them back)
+                self.out.append(("nak", ref))
+            return
+        later = state.later
+        split = []   # packs some of whose messages moved: the others are put back by themselves now
+        for ref, delivered, data in items:
+            try:
+                members = packs.unpack(data)
+            except ValueError:
+                self.out.append(("term", ref))   # not a stompbroker message: nobody could read it
+                continue
+            pack = None
+            if len(members) > 1:
+                pack = Pack(len(members))
+                self.ledger.hold(ref, len(members))
+            clock = b.clock() if any(m.expires_ms for m in members) else 0.0
+            for m in members:
+                expires = (b.now + (m.expires_ms / 1000 - clock) or 1e-9) if m.expires_ms else 0.0
+                message = Message(m.id, m.destination, m.headers, m.body, expires)
+                count = delivered + m.before
+                message.redelivered = count > 1
+                self.pulled[message] = Pulled(ref, state.name, count, pack)
+                self.held[state.name] = self.held.get(state.name, 0) + 1
+                target = state.choose(message) if later.outcome is None else None
+                if target is None:
+                    self.give_back(b, message)
+                else:
+                    self._move_one(b, state, message, target)
+            if pack is not None and pack.back and pack in self.returning:
+                split.append(pack)
+        for pack in split:   # (the answer waits for them too: the source holds them when it comes)
+            self._return(b, pack, b.now, later if later.outcome is None else None)
+        later.value = (state.moved, None)
+        state.hold[2] = True
+        self.backplane._release(b, later)
+
+    def answered(self, token: int, *answer) -> None:
+        entry = self.asked.pop(token, None)
+        if entry is None:
+            return
+        later, _, shape = entry
+        try:
+            later.finish(shape(*answer) if shape is not None else answer[0])
+        except Exception as exc:  # (an answer it cannot read: the bridge's bug, this action's 503)
+            later.fail(503, f"the cluster bridge's answer could not be read: {exc}")
+
+    def refused(self, token: int, status: int, reason: str) -> None:
+        entry = self.asked.pop(token, None)
+        if entry is None:
+            return
+        if isinstance(entry[2], Moving):   # (its copies still settle their originals when answered)
+            for wait in self.backplane.waiting.pop(entry[0], ()):
+                self.backplane.owners.pop(wait[0], None)
+            if entry[2].moved:
+                reason += f"; {entry[2].moved} messages were moved before it stopped"
+        entry[0].fail(status, reason)
+
+    def expire_asked(self, now: float) -> None:
+        for token in [t for t, entry in self.asked.items() if now > entry[1]]:
+            self.refused(token, 503, "no answer from the cluster bridge within cluster_timeout_ms "
+                                     f"({self.config.cluster_timeout_ms} ms)")
+
     def on_tick(self, b, now: float, queues) -> None:
+        if self.asked:
+            self.expire_asked(now)
         if self.pending:
             self.expire(b, now)
         if self.bound:
@@ -348,6 +540,14 @@ class ClusterQueues:
             self.replayed(b, item[1], item[2], queues)
         elif kind == "replay_end":
             self.replay_end(item[1])
+        elif kind == "peeked":
+            self.answered(item[1], item[2], item[3], item[4])
+        elif kind == "purged":
+            self.answered(item[1], item[2], item[3])
+        elif kind == "taken":
+            self.took(b, item[1], item[2], item[3])
+        elif kind == "refused":
+            self.refused(item[1], item[2], item[3])
 
     # -- pulling -------------------------------------------------------------------------------
     def bind(self, b, key: str, kind: str = "q", consumer: str = "", pattern: str = "",
@@ -479,12 +679,12 @@ class ClusterQueues:
         commands += [("publish", r.tokens, r.subject, r.msg_id, r.payload, timeout_ms) for r in packer.take()]
         return commands
 
-    def _put_back(self, b, message: Message, pulled: Pulled) -> None:
+    def _put_back(self, b, message: Message, pulled: Pulled, sender=None) -> None:
         """A pack member goes back by itself: published again (a fresh Nats-Msg-Id: JetStream must
         not take it for its first copy), its deliveries carried on; its first copy is settled once
         this one is stored (if it cannot be, the member is nak'ed: the bridge then naks the whole
         pack, and its members already settled come again, marked redelivered)."""
-        self.publish(b, message, None, then=pulled.ref, before=pulled.delivered, fresh=True)
+        self.publish(b, message, sender, then=pulled.ref, before=pulled.delivered, fresh=True)
 
     def give_back(self, b, message: Message, delay: float = 0.0) -> None:
         """This node cannot hand it to anyone: JetStream offers it again, after ``delay`` seconds."""
@@ -502,16 +702,17 @@ class ClusterQueues:
         if pack.left == 0 and not pack.settled:
             self._return(b, pack, b.now)
 
-    def _return(self, b, pack: Pack, now: float) -> None:
+    def _return(self, b, pack: Pack, now: float, sender=None) -> None:
         """A pack's members given back: the whole pack goes back (nak) when all came back and none
-        was settled; else, once their delay is over, each is put back by itself."""
+        was settled; else, once their delay is over, each is put back by itself (``sender``: whose
+        replies wait until they are stored)."""
         if pack.left == 0 and not pack.settled:
             for _, pulled, delay in pack.back:
                 self._settle(pulled.ref, packs.NAK, delay)
         elif now >= pack.due:
             pack.settled = True
             for message, pulled, _ in pack.back:
-                self._put_back(b, message, pulled)
+                self._put_back(b, message, pulled, sender)
         else:
             return
         pack.back.clear()

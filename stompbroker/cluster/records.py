@@ -20,7 +20,8 @@ from ..ipc.records import HEADER_SIZE, iter_records, pack_header, unpack_header
 __all__ = ["Kind", "record", "iter_records", "unpack_header", "HEADER_SIZE", "Records", "pack_publish",
            "unpack_publish", "pack_message", "unpack_message", "wire", "unwire", "pack_queue_publish",
            "unpack_queue_publish", "pack_settle", "iter_settles", "pack_tokens", "unpack_tokens", "pack_pulled",
-           "unpack_pulled"]
+           "unpack_pulled", "pack_blobs", "unpack_blobs",
+           "pack_taken", "unpack_taken"]
 
 
 class Kind(enum.IntEnum):
@@ -145,6 +146,49 @@ def pack_pulled(key: bytes, data: bytes) -> bytes:
 def unpack_pulled(payload) -> tuple[str, bytes]:
     (n,) = _SUBJECT.unpack_from(payload)
     return bytes(payload[2:2 + n]).decode(), bytes(payload[2 + n:])
+
+
+_BLOB = struct.Struct("<I")
+
+
+def pack_blobs(blobs) -> bytes:
+    """Byte strings as one payload (each after its length): the JetStream messages a peek read."""
+    return b"".join(_BLOB.pack(len(blob)) + blob for blob in blobs)
+
+
+def unpack_blobs(payload) -> list[bytes]:
+    """The byte strings of ``pack_blobs``; ValueError for a payload it did not make."""
+    payload = bytes(payload)
+    out, at = [], 0
+    while at < len(payload):
+        if at + 4 > len(payload):
+            raise ValueError("a blob's length cut short")
+        (n,) = _BLOB.unpack_from(payload, at)
+        at += 4
+        if at + n > len(payload):
+            raise ValueError("a blob cut short")
+        out.append(payload[at:at + n])
+        at += n
+    return out
+
+
+_TAKEN = struct.Struct("<QI")
+
+
+def pack_taken(taken) -> bytes:
+    """(ref, delivery count, data) of each JetStream message an action took, as one payload."""
+    return pack_blobs([_TAKEN.pack(ref, min(delivered, 0xFFFFFFFF)) + data for ref, delivered, data in taken])
+
+
+def unpack_taken(payload) -> list[tuple[int, int, bytes]]:
+    """The (ref, delivery count, data) of ``pack_taken``; ValueError for a payload it did not make."""
+    out = []
+    for blob in unpack_blobs(payload):
+        if len(blob) < _TAKEN.size:
+            raise ValueError("a taken message cut short")
+        ref, delivered = _TAKEN.unpack_from(blob)
+        out.append((ref, delivered, blob[_TAKEN.size:]))
+    return out
 
 
 def pack_message(message_id: str, destination: str, headers: dict, body: bytes, expires_ms: int = 0) -> bytes:

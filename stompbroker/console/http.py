@@ -455,9 +455,10 @@ class Site:
         self.noted(action, request, peer, None, 403, {})
         return response
 
-    def act(self, broker, request, user: str | None, peer: str, now: float) -> bytes:
+    def act(self, broker, request, user: str | None, peer: str, now: float, answer=None) -> bytes | None:
         """An action asked by ``user`` (its login checked): the permission, the rate limit, then the
-        action; each is audited and counted."""
+        action; each is audited and counted. None when the cluster answers it later: then
+        ``answer(response)`` is called with its answer (audited and counted then)."""
         action, _ = manage.action_of(request.method, urlsplit(request.target).path)
         if not manage.allowed(broker.auth, user, action, request):
             status, response, noted = 403, manage.refusal(403, f"{user} may not {action.name} here: an admin or "
@@ -468,11 +469,26 @@ class Site:
                 status, response, noted = 429, manage.too_many(wait), {}
             else:
                 try:
-                    status, response, noted = manage.perform(broker, self.config, action, request, now)
+                    result = manage.perform(broker, self.config, action, request, now)
+                    if isinstance(result, manage.Waiting):
+                        result.later.when_done(lambda status, value: self._finished(
+                            result, status, value, action, request, peer, user, answer))
+                        return None
+                    status, response, noted = result
                 except Exception as exc:  # a bug costs this request a 500, never the broker
                     status, response, noted = 500, self.failed(request.method, request.target, exc), {}
         self.noted(action, request, peer, user, status, noted)
         return response
+
+    def _finished(self, waiting, status, value, action, request, peer: str, user: str | None, answer) -> None:
+        """An action the cluster answered: audited, counted and answered now."""
+        try:
+            status, response, noted = manage.finished(waiting, status, value)
+        except Exception as exc:  # a bug costs this request a 500, never the broker
+            status, response, noted = 500, self.failed(request.method, request.target, exc), {}
+        self.noted(action, request, peer, user, status, noted)
+        if answer is not None:
+            answer(response)
 
     def noted(self, action, request, peer: str, user: str | None, status: int, result: dict) -> None:
         """One action in the audit log and the counts of /metrics."""

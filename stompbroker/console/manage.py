@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import orjson
 
 from ..broker import manage, vhosts
+from ..broker.model import Later
 from ..broker.selector import compile_selector
 from ..broker.selector_lexer import SelectorError
 from ..diag import answers
@@ -246,19 +247,56 @@ def allowed(auth, user: str, action: Action, request) -> bool:
     return all(isinstance(name, str) and name and auth.can_manage(user, name) for name in names)
 
 
-def perform(broker, config, action: Action, request, now: float) -> tuple[int, bytes, dict]:
-    """Do ``action``: (HTTP status, answer, what the audit log keeps of its arguments and result)."""
+class Waiting(NamedTuple):
+    """An action the cluster answers later (cluster mode): ``later`` (``broker.model.Later``) comes
+    with its result, which ``shape`` makes into (status, value, noted); ``noted``: what the audit
+    log keeps of its arguments whatever the result."""
+
+    later: Later
+    shape: object
+    noted: dict
+
+
+def perform(broker, config, action: Action, request, now: float) -> tuple[int, bytes, dict] | Waiting:
+    """Do ``action``: (HTTP status, answer, what the audit log keeps of its arguments and result), or
+    ``Waiting`` when the cluster answers it later (``finished`` then makes the same)."""
     query = parse_qs(urlsplit(request.target).query)
     first = {name: values[0] for name, values in query.items()}
     try:
         body = body_of(request)
         if action.vhost not in config.vhosts:
             return 404, refusal(404, no_vhost(action.vhost, config)), {}
-        status, value, noted = _perform(broker, config, action, first, body, now)
+        result = _perform(broker, config, action, first, body, now)
     except Invalid as exc:
         return 400, refusal(400, str(exc)), {}
     except manage.Refused as exc:
         return exc.status, refusal(exc.status, exc.reason), {}
+    if isinstance(result, Waiting):
+        return result
+    return _answer(*result)
+
+
+def finished(waiting: Waiting, status: int | None, value) -> tuple[int, bytes, dict]:
+    """(HTTP status, answer, audit) of an action the cluster answered: ``status`` None and its
+    result, or the HTTP status it failed with and the reason."""
+    if status is not None:
+        return status, refusal(status, value), {**waiting.noted, "reason": value}
+    try:
+        return _answer(*waiting.shape(value))
+    except Invalid as exc:
+        return 400, refusal(400, str(exc)), waiting.noted
+    except manage.Refused as exc:
+        return exc.status, refusal(exc.status, exc.reason), {**waiting.noted, "reason": exc.reason}
+
+
+def later_or_now(result, shape, noted: dict):
+    """``shape(result)`` now, or ``Waiting`` for a result the cluster gives later."""
+    if isinstance(result, Later):
+        return Waiting(result, shape, noted)
+    return shape(result)
+
+
+def _answer(status: int, value, noted: dict) -> tuple[int, bytes, dict]:
     if status != 200:
         return status, refusal(status, value), noted
     if isinstance(value, bytes):
@@ -288,14 +326,20 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
         encoding = query.get("encoding", "auto")
         if encoding not in ("auto", "base64"):
             raise Invalid("encoding must be auto or base64")
-        depth, messages = broker.manage(manage.peek, target, offset, count, now=now)
-        shown = [preview(m, truncate, encoding) for m in messages]
-        listed, end = answers.json_items(shown, 0, config.answer_bytes - 300)
-        envelope = {"destination": action.target, "vhost": action.vhost, "depth": depth, "offset": offset,
-                    "count": end, "truncated": end < len(shown)}
-        return 200, b'{"messages":' + listed + b"," + orjson.dumps(envelope)[1:], {"count": end}
+        def peeked(result):
+            depth, messages = result[:2]
+            cut = len(result) > 2 and result[2]  # (cluster mode: the bridge stopped reading at a bound)
+            shown = [preview(m, truncate, encoding) for m in messages]
+            listed, end = answers.json_items(shown, 0, config.answer_bytes - 300)
+            envelope = {"destination": action.target, "vhost": action.vhost, "depth": depth, "offset": offset,
+                        "count": end, "truncated": end < len(shown) or bool(cut)}
+            return 200, b'{"messages":' + listed + b"," + orjson.dumps(envelope)[1:], {"count": end}
+        return later_or_now(broker.manage(manage.peek, target, offset, count, now=now), peeked, {})
     if name == "purge":
-        return 200, {"purged": broker.manage(manage.purge, target, now=now)}, {}
+        def purged(result):
+            n, cut = result if isinstance(result, tuple) else (result, False)  # (cut: cluster mode, time ran out)
+            return 200, {"purged": n, **({"truncated": True} if cut else {})}, {}
+        return later_or_now(broker.manage(manage.purge, target, now=now), purged, {})
     if name == "delete":
         purged = broker.manage(manage.delete, target, now=now)
         return 200, {"deleted": purged is not None, "purged": purged or 0}, {}
@@ -310,14 +354,16 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
             except SelectorError as exc:
                 raise Invalid(f"selector: {exc}") from None
         inner = vhosts.inside(action.vhost, to) if to is not None else None
-        moved, left = broker.manage(manage.move, target, inner, count, accepts, now=now)
-        return 200, {"moved": moved, "left": left}, {"to": to, "count": count, "selector": selector}
+        noted = {"to": to, "count": count, "selector": selector}
+        return later_or_now(broker.manage(manage.move, target, inner, count, accepts, now=now),
+                            lambda result: (200, {"moved": result[0], "left": result[1]}, noted), noted)
     if name == "publish":
         vhost, destination, headers, data = publish_args(body, config)
         if vhost not in config.vhosts:
             return 404, no_vhost(vhost, config), {}
         delivered = broker.manage(manage.publish, vhosts.inside(vhost, destination), headers, data, now=now)
-        return 200, {"published": True, "delivered": delivered}, {"destination": destination, "size": len(data)}
+        noted = {"destination": destination, "size": len(data)}
+        return later_or_now(delivered, lambda n: (200, {"published": True, "delivered": n}, noted), noted)
     if name == "close":
         reason = text(body.get("reason", query.get("reason")), "reason", 500) or "closed by an operator"
         conn = int(target) if target.isascii() and target.isdigit() and len(target) < 20 else -1

@@ -416,7 +416,10 @@ class Dispatcher:
             heapq.heappush(self.http_delayed, (now + delay, conn, http.unauthorized("access refused")))
         elif route == "action":  # admins, or a manage grant (console/manage.py); answered once on disk
             if session is not None and not session.closing:
-                self.http_answer(conn, self.site.act(self.broker, request, user, session.peer, now), held=True)
+                response = self.site.act(self.broker, request, user, session.peer, now,
+                                         lambda answer: self.http_answer(conn, answer, held=True))
+                if response is not None:  # (None: the cluster answers it later, through the lambda)
+                    self.http_answer(conn, response, held=True)
         elif not self.auth.is_admin(user):
             self.http_answer(conn, http.forbidden())
         elif route == "token":  # the page's STOMP passcode: the browser keeps Basic credentials to itself

@@ -145,8 +145,9 @@ def run(args, api: Api, out) -> None:
         body = {k: v for k, v in (("to", args.to), ("count", args.count), ("selector", args.selector)) if v is not None}
         answer = api.call("POST", api.queue(args.destination, "/move"), body)
         where = args.to or "their original destinations"
+        left = "" if answer.get("left") is None else f"; {answer['left']} left"  # (None: not counted, cluster mode)
         return show(args, answer, out, lambda: print(f"moved {answer['moved']} messages from {args.destination} to "
-                                                      f"{where}; {answer['left']} left", file=out))
+                                                      f"{where}{left}", file=out))
     if what == ("connection", "list"):
         answer = api.call("GET", "/api/connections", query={"page": args.page, "page_size": args.page_size})
         return show(args, answer, out, lambda: (table(answer["items"], ["id", "peer", "login", "version", "websocket",

@@ -179,3 +179,17 @@ def test_a_peek_is_cut_to_the_answer_budget():
     assert status == 200 and len(body) <= rig.config.answer_bytes
     assert answer["truncated"] and 0 < answer["count"] == len(answer["messages"]) < 50 and answer["depth"] == 50
     assert noted == {"count": answer["count"]}
+
+
+def test_an_action_the_cluster_answers_later_is_shaped_then_or_refused_with_its_reason():
+    from stompbroker.broker.model import Later
+    assert manage.later_or_now(3, lambda n: (200, {"n": n}, {}), {}) == (200, {"n": 3}, {})
+    waiting = manage.later_or_now(Later(), lambda n: (200, {"published": True, "delivered": n}, {"size": 1}),
+                                  {"size": 1})
+    assert isinstance(waiting, manage.Waiting)
+    status, response, noted = manage.finished(waiting, None, 0)
+    assert status == 200 and response.endswith(b'{"published":true,"delivered":0}')
+    assert noted == {"size": 1, "published": True, "delivered": 0}
+    status, response, noted = manage.finished(waiting, 409, "queue full: no room")
+    assert status == 409 and b'"reason":"queue full: no room"' in response
+    assert noted == {"size": 1, "reason": "queue full: no room"}
