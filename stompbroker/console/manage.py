@@ -192,10 +192,10 @@ def publish_args(body: dict, config) -> tuple[str, str, dict, bytes]:
             raise Invalid(f"header {name[:40]!r}: a name without ':' or line breaks and a string value, "
                           f"at most {config.max_header_line} characters together")
         headers[name] = value
-    if body.get("persistent") is False:
-        headers["persistent"] = "false"
-    elif body.get("persistent") is True:
-        headers.pop("persistent", None)
+    if body.get("persistent") is not None:  # as a SEND's header: true keeps a topic message too (docs/admin.md)
+        if not isinstance(body["persistent"], bool):
+            raise Invalid("persistent must be true or false")
+        headers["persistent"] = "true" if body["persistent"] else "false"
     payload = body.get("body", "")
     encoding = body.get("body_encoding", "string")
     if not isinstance(payload, str) or encoding not in ("string", "base64"):

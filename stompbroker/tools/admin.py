@@ -190,8 +190,9 @@ def run(args, api: Api, out) -> None:
                 raise Failed(EXIT_USAGE, f"--header takes NAME=VALUE, not {item!r}")
             headers[name] = value
         payload = {"vhost": api.vhost, "destination": args.destination, "headers": headers,
-                   "body": base64.b64encode(body).decode(), "body_encoding": "base64",
-                   "persistent": not args.non_persistent}
+                   "body": base64.b64encode(body).decode(), "body_encoding": "base64"}
+        if args.non_persistent:  # (else as a SEND without the header: a --header persistent=true says more)
+            payload["persistent"] = False
         answer = api.call("POST", "/api/publish", payload)
         return show(args, answer, out, lambda: print(f"published to {args.destination} "
                                                       f"({answer['delivered']} delivered at once)", file=out))

@@ -180,6 +180,24 @@ def test_each_action_over_http_is_done_audited_and_counted(managed, tmp_path):
     assert 'stompbroker_http_actions_total{action="purge",status="403"} 2.0' in metrics
 
 
+def test_publish_persistent_true_is_the_sends_header(managed):
+    """``"persistent": true`` publishes as a SEND with ``persistent:true``: a kept topic message,
+    so a dedup-id holds for it (it was dropped, and the repeat delivered)."""
+    b = managed()
+    api = Api(b)
+    listener = Collect()
+    sub = client(b, listener=listener)
+    sub.subscribe("/topic/kept", id="t")
+    time.sleep(0.2)
+    for delivered in (1, 0):
+        assert api.ok("POST", "/api/publish", {"destination": "/topic/kept", "body": "kept", "persistent": True,
+                                               "headers": {"dedup-id": "once"}}) == \
+            {"published": True, "delivered": delivered}
+    assert api.call("POST", "/api/publish", {"destination": "/topic/kept", "persistent": "yes"})[0] == 400
+    assert [body for _, body in listener.wait("messages")] == ["kept"]
+    sub.disconnect()
+
+
 def test_a_page_of_a_foreign_origin_cannot_act(managed, tmp_path):
     b = managed()
     send(b, "/queue/jobs", ["a", "b"])

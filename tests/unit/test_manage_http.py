@@ -77,7 +77,11 @@ def test_publish_args():
             "body_encoding": "base64", "persistent": False}
     assert manage.publish_args(body, CONFIG) == ("/", "/queue/a", {"n": "1", "b": "true", "s": "x",
                                                                     "persistent": "false"}, b"hi")
-    for bad in ({"headers": {"a": "1"}}, {"destination": "/q", "headers": {"a:b": "1"}},
+    assert manage.publish_args({"destination": "/topic/a", "persistent": True}, CONFIG)[2] == {"persistent": "true"}
+    assert manage.publish_args({"destination": "/topic/a", "headers": {"persistent": "true"}, "persistent": False},
+                               CONFIG)[2] == {"persistent": "false"}
+    assert manage.publish_args({"destination": "/topic/a"}, CONFIG)[2] == {}
+    for bad in ({"destination": "/q", "persistent": "yes"}, {"headers": {"a": "1"}}, {"destination": "/q", "headers": {"a:b": "1"}},
                 {"destination": "/q", "headers": {"a": "x\0"}}, {"destination": "/q", "headers": {"a": ["x"]}},
                 {"destination": "/q", "headers": {str(i): "" for i in range(4)}},
                 {"destination": "/q", "body": "!!", "body_encoding": "base64"},
