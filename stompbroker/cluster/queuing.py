@@ -486,7 +486,7 @@ class ClusterQueues:
                 split.append(pack)
         for pack in split:   # (the answer waits for them too: the source holds them when it comes)
             self._return(b, pack, b.now, later if later.outcome is None else None)
-        later.value = (state.moved, None)
+        later.value = (state.moved, None, cut)   # (cut: the bridge stopped at its time, more may wait)
         state.hold[2] = True
         self.backplane._release(b, later)
 

@@ -356,7 +356,9 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
         inner = vhosts.inside(action.vhost, to) if to is not None else None
         noted = {"to": to, "count": count, "selector": selector}
         return later_or_now(broker.manage(manage.move, target, inner, count, accepts, now=now),
-                            lambda result: (200, {"moved": result[0], "left": result[1]}, noted), noted)
+                            lambda result: (200, {"moved": result[0], "left": result[1],
+                                                  **({"truncated": True} if result[2:3] == (True,) else {})},
+                                            noted), noted)
     if name == "publish":
         vhost, destination, headers, data = publish_args(body, config)
         if vhost not in config.vhosts:

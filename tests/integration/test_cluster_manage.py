@@ -383,7 +383,9 @@ def test_a_move_and_a_peek_take_at_most_max_answer_bytes_at_once(start_nodes, ad
     moved, asks = 0, 0
     while moved < 60 and asks < 60:
         answer = api.ok("POST", f"/api/queues/%2F/{q('/queue/big')}/move", {"to": "/queue/small"})
-        assert 0 < answer["moved"] < 60, answer
+        # (0 only when cut short, and then it says so: the queue's consumer, made by the first move,
+        # can have its leader elected for longer than the move's time on a loaded machine)
+        assert 0 < answer["moved"] < 60 or (answer["moved"] == 0 and answer.get("truncated")), answer
         moved += answer["moved"]
         asks += 1
     assert moved == 60 and asks > 1, (moved, asks)

@@ -162,7 +162,7 @@ def test_a_move_copies_what_it_chooses_the_dead_letters_way_and_gives_the_rest_b
     for c in copies:                                    # (the others put back by themselves: a copy each)
         for token in c[1]:
             cq.event(a.broker, ("stored", token), None)
-    assert later.outcome == (None, (2, None))
+    assert later.outcome == (None, (2, None, False))
     assert ("term", 11) in cq.commands()               # the pack, once every copy of it is stored
     late = a.broker.manage(manage.move, "/queue/src", "/queue/dst", 1, None, now=a.now)
     (take,) = [c for c in cq.commands() if c[0] == "take"]
@@ -170,3 +170,16 @@ def test_a_move_copies_what_it_chooses_the_dead_letters_way_and_gives_the_rest_b
     assert late.outcome == (503, "cluster unavailable: no") and late not in a.broker.backplane.waiting
     cq.event(a.broker, ("taken", take[1], False, pack_taken([(13, 1, stays)])), None)   # too late: back
     assert ("nak", 13) in cq.commands()
+
+
+def test_a_move_the_bridge_cut_short_says_so():
+    """The bridge stops taking at half of cluster_timeout_ms (a consumer's leader being elected can
+    take that long): the answer says truncated, so that 0 moved is not read as an empty queue."""
+    from stompbroker.cluster.records import pack_taken
+    js = FakeJetStream()
+    a = js.join()
+    cq = a.broker.backplane.queues
+    later = a.broker.manage(manage.move, "/queue/src", "/queue/dst", None, None, now=a.now)
+    (take,) = [c for c in cq.commands() if c[0] == "take"]
+    cq.event(a.broker, ("taken", take[1], True, pack_taken([])), None)
+    assert later.outcome == (None, (0, None, True))
