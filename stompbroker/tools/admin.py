@@ -134,8 +134,9 @@ def run(args, api: Api, out) -> None:
         return show(args, answer, out, human)
     if what == ("queue", "purge"):
         answer = api.call("DELETE", api.queue(args.destination, "/messages"))
-        return show(args, answer, out, lambda: print(f"purged {answer['purged']} messages from {args.destination}",
-                                                      file=out))
+        more = " (stopped at its time: run it again for the rest)" if answer.get("truncated") else ""
+        return show(args, answer, out, lambda: print(f"purged {answer['purged']} messages from {args.destination}"
+                                                      f"{more}", file=out))
     if what == ("queue", "delete"):
         answer = api.call("DELETE", api.queue(args.destination))
         return show(args, answer, out, lambda: print(
@@ -146,6 +147,8 @@ def run(args, api: Api, out) -> None:
         answer = api.call("POST", api.queue(args.destination, "/move"), body)
         where = args.to or "their original destinations"
         left = "" if answer.get("left") is None else f"; {answer['left']} left"  # (None: not counted, cluster mode)
+        if answer.get("truncated"):
+            left += " (stopped at its time: run it again for the rest)"
         return show(args, answer, out, lambda: print(f"moved {answer['moved']} messages from {args.destination} to "
                                                       f"{where}{left}", file=out))
     if what == ("connection", "list"):
