@@ -45,6 +45,7 @@ PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for mess
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
 PURGE_BATCH = 256          # JetStream messages a purge asks its consumer for at a time
+DELETE_HOLDS = 1024        # JetStream messages given back that a delete takes (and holds) at most
 ACTION_TRY = 2.0           # seconds an operator's action gives one JetStream request before asking again
 TAKE_GRACE = 0.5           # seconds an action that stopped still naks what its last pull brings
 PEEK_READS = 2000          # JetStream messages a peek reads of each stream at most (each one request)
@@ -914,7 +915,7 @@ class QueueBridge:
             if info.num_waiting:
                 return found, f"{info.num_waiting} pull requests of nodes with subscribers on it"
             counts[stream] = info.num_ack_pending or 0
-        pending = 0
+        pending, capped = 0, False
         for stream, count in counts.items():
             if not count:
                 continue
@@ -922,14 +923,17 @@ class QueueBridge:
 
             async def hold(msg):
                 taken.append(msg)
-            await self._take(stream, consumer, 2 ** 62, min(count, PURGE_BATCH * 4), stop, hold)
+            capped = capped or count > DELETE_HOLDS
+            await self._take(stream, consumer, 2 ** 62, min(count, DELETE_HOLDS), stop, hold)
             held += taken
             info = await until(stop, lambda: self.js.consumer_info(stream, consumer))
             if info.num_waiting:
                 return found, f"{info.num_waiting} pull requests of nodes with subscribers on it"
             pending += max((info.num_ack_pending or 0) - len(taken), 0)
         if pending:
-            return found, f"{pending} messages delivered to nodes and not acknowledged"
+            return found, f"{pending} messages delivered to nodes and not acknowledged" + (
+                f" (or given back, more than the {DELETE_HOLDS} a delete takes to tell: purge it first)"
+                if capped else "")
         return found, ""
 
     async def _give_back(self, held: list) -> None:

@@ -483,8 +483,8 @@ def test_a_subscriber_whose_queues_consumer_is_deleted_under_it_has_it_made_agai
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 info = await js.consumer_info(stream, "q_%2Fqueue%2Fraced")
-                held = await js.stream_info(stream, subjects_filter=shards.queue_subject(cluster_name, 6, "/queue/raced",
-                                                                                         DEFAULT_PACK))
+                subject = shards.queue_subject(cluster_name, 6, "/queue/raced", DEFAULT_PACK)
+                held = await js.stream_info(stream, subjects_filter=subject)
                 if not info.num_ack_pending and info.num_waiting and not held.state.subjects:
                     break
                 await asyncio.sleep(0.05)
