@@ -278,9 +278,10 @@ def close_connection(b, conn: int, reason: str) -> bool:
 def remove_durable(b, key: str) -> int | None:
     """Remove a detached durable subscription and its waiting messages; the messages dropped, or
     None when there is no such subscription. Refused while a client is attached to it."""
-    local_only(b, "removing a durable subscription", "the node it was made on keeps its interest in the "
-                                                  "cluster; subscribe to it again from a client (on any node) "
-                                                  "and UNSUBSCRIBE it instead")
+    local_only(b, "removing a durable subscription", "only the node it was made on keeps its record (the "
+                                                  "others know its topic pattern, not its name), and nodes do "
+                                                  "not ask each other for it yet; subscribe to it again from a "
+                                                  "client (on any node) and UNSUBSCRIBE it instead")
     durable = b.durables.get(key)
     if durable is None:
         return None
