@@ -98,22 +98,30 @@ def _purge_here(b, name: str) -> int:
     return purged
 
 
-def delete(b, name: str) -> int | None:
+def delete(b, name: str) -> int | None | Later:
     """Forget a queue, its waiting messages and its counters; the messages dropped, None when there
     was no such queue. Refused while a subscription names it or a consumer holds its messages
-    unacknowledged (they would come back to a queue nobody lists)."""
-    local_only(b, "deleting a queue", "whether a subscription on another node names the queue, or a consumer "
-                                      "there holds its messages, is not known here; purge it instead")
+    unacknowledged (they would come back to a queue nobody lists). In cluster mode the queue is its
+    JetStream consumer and messages, shared by every node (``ClusterQueues.delete``): a ``Later`` of
+    the same, refused there while a node pulls it or holds its messages unacknowledged."""
+    if b.backplane is not None and (not name.startswith(QUEUE_PREFIX) or name == MONITOR):
+        return None  # (only queues live in the cluster's queue streams)
     queue = b.queues.get(name)
-    if queue is None:
+    if queue is None and b.backplane is None:
         return None
-    if queue.owner is not None:
+    if queue is not None and queue.owner is not None:
         raise Refused(409, f"{short(name)} is a durable subscription's queue: remove the subscription "
                            "(DELETE /api/subscriptions/...)")
     subscribed = len(b.index.exact.get(name) or ())
-    if subscribed or queue.unacked:
-        raise Refused(409, f"{short(name)} is in use ({subscribed} subscriptions, {queue.unacked} messages "
-                           "unacknowledged): purge it, or close its consumers first")
+    if subscribed or (queue is not None and queue.unacked):
+        raise Refused(409, f"{short(name)} is in use ({subscribed} subscriptions, "
+                           f"{queue.unacked if queue is not None else 0} messages unacknowledged): purge it, "
+                           "or close its consumers first")
+    if b.backplane is not None:
+        if queue is not None and queue.depth():   # (pulled here, its consumers gone: going back to JetStream)
+            raise Refused(409, f"{short(name)} is in use: this node is giving {queue.depth()} of its messages "
+                               "back to the cluster; try again in a moment")
+        return b.backplane.queues.delete(b, name)
     purged = purge(b, name)
     b.queues.pop(name, None)
     return purged
@@ -270,9 +278,10 @@ def close_connection(b, conn: int, reason: str) -> bool:
 def remove_durable(b, key: str) -> int | None:
     """Remove a detached durable subscription and its waiting messages; the messages dropped, or
     None when there is no such subscription. Refused while a client is attached to it."""
-    local_only(b, "removing a durable subscription", "the node it was made on keeps its interest in the "
-                                                  "cluster; subscribe to it again from a client (on any node) "
-                                                  "and UNSUBSCRIBE it instead")
+    local_only(b, "removing a durable subscription", "only the node it was made on keeps its record (the "
+                                                  "others know its topic pattern, not its name), and nodes do "
+                                                  "not ask each other for it yet; subscribe to it again from a "
+                                                  "client (on any node) and UNSUBSCRIBE it instead")
     durable = b.durables.get(key)
     if durable is None:
         return None

@@ -45,6 +45,7 @@ PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for mess
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
 PURGE_BATCH = 256          # JetStream messages a purge asks its consumer for at a time
+DELETE_HOLDS = 1024        # JetStream messages given back that a delete takes (and holds) at most
 ACTION_TRY = 2.0           # seconds an operator's action gives one JetStream request before asking again
 TAKE_GRACE = 0.5           # seconds an action that stopped still naks what its last pull brings
 PEEK_READS = 2000          # JetStream messages a peek reads of each stream at most (each one request)
@@ -184,6 +185,7 @@ class Puller:
         self.requests: dict[bytes, list] = {}  # reply subject -> [JetStream messages still expected, deadline]
         self.ids = itertools.count(1)
         self.closed = False
+        self.lost = False      # its consumer may be gone (deleted by an operator's delete meanwhile)
         self.per = float(shards.pack_of(stream))  # messages per JetStream message, lately
 
     @property
@@ -212,7 +214,7 @@ class Puller:
         return int(sum(left for left, _ in self.requests.values()) * self.per)
 
     def ask(self) -> None:
-        if self.closed or self.sub is None or self.nc.is_closed:
+        if self.closed or self.lost or self.sub is None or self.nc.is_closed:
             return
         asked = self.asked()
         more = self.want - asked
@@ -228,6 +230,8 @@ class Puller:
         if status:  # status messages come on the request's own inbox subject
             if status != "100":  # 404 no messages, 408 expired, 409 over a limit: that request ended
                 self.requests.pop(subject, None)
+                if status in ("409", "503"):  # (409 also: the consumer was deleted; 503: nobody answers)
+                    self.lost = True   # the keeper makes sure the consumer is there first (QueueBridge._found)
                 self.ask()
             return
         if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
@@ -541,6 +545,11 @@ class QueueBridge:
                     held[1] = now
                     self.fast.send(pub(held[0], b"", b"+WPI"))
             for group in list(self.pullers.values()):
+                for stream, puller in list(group.members.items()):
+                    if puller.lost and not group.binding:
+                        task = self.spawn(self._found(group, puller, stream))
+                        group.binding.add(task)
+                        task.add_done_callback(group.binding.discard)
                 group.ask()
             if self.ready.is_set() and now >= self.listing.due:
                 await self.survey()
@@ -607,6 +616,10 @@ class QueueBridge:
         elif kind == "take":
             _, token, name, consumer, want, max_bytes, timeout_ms = command
             self.spawn(self._action(token, timeout_ms, self.take(token, name, consumer, want, max_bytes, timeout_ms)))
+        elif kind == "delete":
+            _, token, name, consumer, timeout_ms = command
+            done = [0]
+            self.spawn(self._action(token, timeout_ms, self.delete(token, name, consumer, timeout_ms, done), done))
         elif kind == "purge":
             _, token, name, consumer, timeout_ms = command
             done = [0]   # (terminated so far: said even when the time runs out)
@@ -702,6 +715,26 @@ class QueueBridge:
                 log.info("JetStream consumer %s not ready yet: %s", group.consumer, exc)
                 await asyncio.sleep(0.5)
 
+    async def _found(self, group: PullGroup, puller: Puller, stream: str) -> None:
+        """A pull was refused (409, 503): the consumer is declared again if it is gone (a queue an
+        operator deleted while a subscriber arrived here; it is the same consumer made anew), and
+        the puller asks again."""
+        if group.deleted or group.closed or puller.closed:
+            return
+        filters = dict(self.sources(group.kind, group.pattern)).get(stream)
+        if filters is None:
+            return
+        try:
+            await asyncio.wait_for(declare_consumer(self.js, stream, group.consumer, filters, self.ack_wait,
+                                                    start_time=await self._start_time(group, stream)),
+                                   self.config.cluster_timeout_ms / 1000)
+        except Exception as exc:
+            log.info("JetStream consumer %s not checked: %r", group.consumer, exc)
+            return   # (still lost: the keeper tries again)
+        puller.lost = False
+        puller.requests.clear()   # (those out went to the consumer that is gone)
+        puller.ask()
+
     async def _replace(self, key: str, group: PullGroup) -> None:
         await self._delete(group.consumer)
         if self.pullers.get(key) is group:
@@ -738,7 +771,7 @@ class QueueBridge:
         except Exception as exc:
             log.warning("cluster: an operator's action failed: %r", exc, exc_info=True)
             event = ("refused", token, 503, f"cluster unavailable: JetStream: {exc!r}"[:500])
-        if event[0] == "refused" and done:
+        if event[0] == "refused" and done and event[2] != 409:   # (a 409 refused before it took any)
             event = event[:3] + (f"{event[3]}; {done[0]} messages were purged before it stopped",)
         self.emit(event)
 
@@ -808,6 +841,106 @@ class QueueBridge:
                 break
         await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
         return "purged", token, done[0], cut
+
+    async def delete(self, token: int, name: str, consumer: str, timeout_ms: int, done: list) -> tuple:
+        """("deleted", token, found, n): a queue deleted across the cluster, or ("refused", token,
+        409, why) while it is in use (``_in_use``). Otherwise its stored messages are terminated as
+        a purge does (``n`` queue messages) and, once the stream has removed them, its consumer is
+        deleted from every stream; ``found``: a consumer or a message was there. A delete cut short
+        by the time bound deletes no consumer (503: ask again)."""
+        stop = time.monotonic() + timeout_ms / 1000 * 0.75
+        await self.ready.wait()
+        await self._relist()
+        sources = self.sources(shards.QUEUES, name)
+        held: list = []   # messages given back by nodes, taken to tell them from those nodes hold
+        try:
+            found, why = await self._in_use(sources, consumer, stop, held)
+        except BaseException:
+            await self._give_back(held)
+            raise
+        if why:
+            await self._give_back(held)
+            return "refused", token, 409, f"the queue is in use in the cluster: {why} (close its consumers first, " \
+                                          "or purge it)"
+        for msg in held:
+            await self.nc.publish(msg.reply, b"+TERM")
+            done[0] += packs.count(msg.data)
+
+        async def term(msg) -> None:
+            await self.nc.publish(msg.reply, b"+TERM")
+            done[0] += packs.count(msg.data)
+        late = ("refused", token, 503, "cluster unavailable: the delete ran out of time before every message "
+                                       "was taken; the queue was not deleted, ask again")
+        taken = []
+        async for stream, filters, last, left in self._waiting(name, consumer, stop):
+            found = True
+            taken.append((stream, filters[0], last))
+            if await self._take(stream, consumer, last, left, stop, term):
+                await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
+                return late
+        await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
+        # A termination is applied by the stream a moment after it is sent; a message whose consumer
+        # is deleted before that would stay. The consumer goes once the stream holds none of the
+        # queue's messages stored up to ``last`` (one stored later stays for the next consumer).
+        for stream, subject, last in taken:
+            while True:
+                try:
+                    first = await until(stop, lambda: self.js.get_msg(stream, seq=1, subject=subject, next=True))
+                except nats.js.errors.NotFoundError:
+                    break
+                if first.seq > last:
+                    break
+                if time.monotonic() > stop:
+                    return late
+                await asyncio.sleep(0.05)
+        for stream, _ in sources:
+            await until(stop + timeout_ms / 8000, lambda: delete_consumer(self.js, stream, consumer))
+        return "deleted", token, found, done[0]
+
+    async def _in_use(self, sources, consumer: str, stop: float, held: list) -> tuple[bool, str]:
+        """(found, why the queue is in use or ""): whether its consumer exists in any stream, and in
+        use when a pull request of a node waits there (``num_waiting``: a node pulls only while it
+        has subscribers on the queue) or a node holds one of its messages, delivered (or pulled) and
+        not acknowledged. JetStream counts as pending (``num_ack_pending``) also what nodes gave
+        back (a NAK, a node's consumers gone, past the ack wait) until it is delivered again; so
+        when some are pending, up to that many are taken (redeliveries come first, into ``held``)
+        and the consumer asked again: pending beyond those taken are held by nodes."""
+        found, counts = False, {}
+        for stream, _ in sources:
+            try:
+                info = await until(stop, lambda: self.js.consumer_info(stream, consumer))
+            except nats.js.errors.NotFoundError:
+                continue
+            found = True
+            if info.num_waiting:
+                return found, f"{info.num_waiting} pull requests of nodes with subscribers on it"
+            counts[stream] = info.num_ack_pending or 0
+        pending, capped = 0, False
+        for stream, count in counts.items():
+            if not count:
+                continue
+            taken = []
+
+            async def hold(msg):
+                taken.append(msg)
+            capped = capped or count > DELETE_HOLDS
+            await self._take(stream, consumer, 2 ** 62, min(count, DELETE_HOLDS), stop, hold)
+            held += taken
+            info = await until(stop, lambda: self.js.consumer_info(stream, consumer))
+            if info.num_waiting:
+                return found, f"{info.num_waiting} pull requests of nodes with subscribers on it"
+            pending += max((info.num_ack_pending or 0) - len(taken), 0)
+        if pending:
+            return found, f"{pending} messages delivered to nodes and not acknowledged" + (
+                f" (or given back, more than the {DELETE_HOLDS} a delete takes to tell: purge it first)"
+                if capped else "")
+        return found, ""
+
+    async def _give_back(self, held: list) -> None:
+        for msg in held:
+            await self.nc.publish(msg.reply, b"-NAK")
+        if held:
+            await self.nc.flush(timeout=2)
 
     async def take(self, token: int, name: str, consumer: str, want: int, max_bytes: int, timeout_ms: int) -> tuple:
         """("taken", token, cut, payload): up to ``want`` of a queue's messages JetStream has not

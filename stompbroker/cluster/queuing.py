@@ -25,6 +25,10 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
   ("purge", token, destination, consumer, timeout_ms)       an operator's purge: the queue's messages
                                                             not handed to any node, taken through its
                                                             consumer and terminated
+  ("delete", token, destination, consumer, timeout_ms)      an operator's delete: refused while a node
+                                                            pulls the queue's consumer or holds its
+                                                            messages unacknowledged; else its stored
+                                                            messages terminated, its consumer deleted
   ("take", token, destination, consumer, want, max_bytes, timeout_ms)
                                                             an operator's move: up to ``want`` of them,
                                                             taken and held for the dispatcher, which
@@ -36,7 +40,8 @@ and takes the bridge's answers (``event``): ("stored", token), ("failed", token,
 ("peeked", token, stored, cut, payload) (``records.pack_blobs`` of the JetStream messages read, in
 order; ``stored``: JetStream messages stored for the destination; ``cut``: the read stopped at its
 bound of bytes or JetStream messages), ("purged", token, n, cut) (``n`` queue messages terminated;
-``cut``: it stopped at its time bound with more left), ("taken", token, cut, payload)
+``cut``: it stopped at its time bound with more left), ("deleted", token, found, n) (``found``: the
+queue's consumer or messages were there; ``n`` queue messages terminated), ("taken", token, cut, payload)
 (``records.pack_taken``: each message taken, its ref and delivery count), ("refused", token, status, reason) (an
 operator's action JetStream failed or did not answer in time: an HTTP status and why).
 Both travel as one record each, packed by ``pack``/``unpack``. ``out`` holds one publish per
@@ -209,7 +214,7 @@ class Pulled:
 class Moving:
     """An operator's move in cluster mode (``ClusterQueues.move``)."""
 
-    __slots__ = ("name", "choose", "elsewhere", "added", "later", "moved", "hold")
+    __slots__ = ("name", "choose", "elsewhere", "added", "later", "moved", "hold", "want")
 
     def __init__(self, name: str, choose, elsewhere, added: dict, later: Later):
         self.name = name              # the source queue
@@ -219,6 +224,7 @@ class Moving:
         self.later = later
         self.moved = 0
         self.hold = [0, None, False, None]   # its place in the Later's waits (Backplane.waiting) until taken
+        self.want = 0                 # the most it moves (the count asked, or the move's bound)
 
 
 class ClusterQueues:
@@ -404,6 +410,15 @@ class ClusterQueues:
         through the queue's consumer and terminates them): a Later of (``here`` plus those, cut)."""
         return self.ask(b, "purge", name, consumer_name("q", name), shape=lambda n, cut: (here + n, cut))
 
+    def delete(self, b, name: str) -> Later:
+        """Delete a queue across the cluster (this node checked it has no subscription on it and
+        holds none of its messages): the bridge refuses it (409) while the queue's JetStream consumer
+        has a pull request waiting (a node with subscribers on it) or a message delivered and not
+        acknowledged, else terminates its stored messages and deletes the consumer. A Later of the
+        messages dropped, None when there was nothing (no consumer, no message)."""
+        return self.ask(b, "delete", name, consumer_name("q", name),
+                        shape=lambda found, n: n if found else None)
+
     def move(self, b, name: str, choose, elsewhere, added: dict, later: Later, max_bytes: int,
              want: int) -> Later:
         """Move a queue's waiting messages (``manage.move`` decides which, and where: ``choose``):
@@ -414,6 +429,7 @@ class ClusterQueues:
         is not counted, it would take reading the queue) once every copy is stored (its sender:
         ``Backplane.waiting``), failed when one cannot be."""
         state = Moving(name, choose, elsewhere, added, later)
+        state.want = want
         self.backplane.waiting.setdefault(later, []).append(state.hold)   # (until the bridge has answered)
         queue = b.queues.get(name)
         if queue is not None:
@@ -486,7 +502,8 @@ class ClusterQueues:
                 split.append(pack)
         for pack in split:   # (the answer waits for them too: the source holds them when it comes)
             self._return(b, pack, b.now, later if later.outcome is None else None)
-        later.value = (state.moved, None, cut)   # (cut: the bridge stopped at its time, more may wait)
+        # truncated: the bridge stopped (its time, max_answer_bytes) before the move had its count
+        later.value = (state.moved, None, cut and state.moved < state.want)
         state.hold[2] = True
         self.backplane._release(b, later)
 
@@ -543,6 +560,8 @@ class ClusterQueues:
         elif kind == "peeked":
             self.answered(item[1], item[2], item[3], item[4])
         elif kind == "purged":
+            self.answered(item[1], item[2], item[3])
+        elif kind == "deleted":
             self.answered(item[1], item[2], item[3])
         elif kind == "taken":
             self.took(b, item[1], item[2], item[3])

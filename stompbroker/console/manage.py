@@ -341,8 +341,8 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
             return 200, {"purged": n, **({"truncated": True} if cut else {})}, {}
         return later_or_now(broker.manage(manage.purge, target, now=now), purged, {})
     if name == "delete":
-        purged = broker.manage(manage.delete, target, now=now)
-        return 200, {"deleted": purged is not None, "purged": purged or 0}, {}
+        return later_or_now(broker.manage(manage.delete, target, now=now),
+                            lambda purged: (200, {"deleted": purged is not None, "purged": purged or 0}, {}), {})
     if name == "move":
         to = text(body.get("to"), "to", config.max_destination_length)
         count = whole(body.get("count"), "count", 1, 10 ** 9)

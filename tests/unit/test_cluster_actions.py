@@ -183,3 +183,33 @@ def test_a_move_the_bridge_cut_short_says_so():
     (take,) = [c for c in cq.commands() if c[0] == "take"]
     cq.event(a.broker, ("taken", take[1], True, pack_taken([])), None)
     assert later.outcome == (None, (0, None, True))
+
+
+def test_a_delete_is_refused_here_while_this_node_uses_the_queue_else_asked_of_the_bridge():
+    import pytest
+    from stompbroker.cluster.queuing import consumer_name, pack, unpack
+    js = FakeJetStream()
+    a = js.join()
+    cq = a.broker.backplane.queues
+    a.connect(1)
+    a.subscribe(1, "/queue/q", ack="client-individual", prefetch_count="1")
+    js.run()
+    with pytest.raises(manage.Refused) as refused:   # a subscription here: nothing asked of the bridge
+        a.broker.manage(manage.delete, "/queue/q", now=a.now)
+    assert refused.value.status == 409 and "in use" in refused.value.reason
+    assert not [c for c in cq.commands() if c[0] == "delete"]
+    assert a.broker.manage(manage.delete, "/topic/t", now=a.now) is None   # (only queues live in JetStream)
+    later = a.broker.manage(manage.delete, "/queue/other", now=a.now)
+    (command,) = [c for c in cq.commands() if c[0] == "delete"]
+    assert unpack(pack(command)) == ("delete", command[1], "/queue/other", consumer_name("q", "/queue/other"),
+                                     10000)
+    cq.event(a.broker, ("deleted", command[1], True, 7), None)
+    assert later.outcome == (None, 7)
+    nothing = a.broker.manage(manage.delete, "/queue/none", now=a.now)
+    (command,) = [c for c in cq.commands() if c[0] == "delete"]
+    cq.event(a.broker, ("deleted", command[1], False, 0), None)
+    assert nothing.outcome == (None, None)                    # (answered {"deleted": false, "purged": 0})
+    busy = a.broker.manage(manage.delete, "/queue/busy", now=a.now)
+    (command,) = [c for c in cq.commands() if c[0] == "delete"]
+    cq.event(a.broker, ("refused", command[1], 409, "the queue is in use in the cluster: ..."), None)
+    assert busy.outcome == (409, "the queue is in use in the cluster: ...")

@@ -84,3 +84,22 @@ def test_an_ended_request_asks_again():
     [(reply, _)] = requests(fast)
     puller._arrived(reply, b"", b"", "408")  # expired on the server
     assert len(requests(fast)) == 2
+
+
+def test_a_pull_refused_for_a_consumer_gone_asks_no_more_until_the_consumer_is_there_again():
+    # (a queue deleted by an operator while a subscriber arrived here: 409 Consumer Deleted, then
+    # 503 no responders for each request: asked again at once, that would spin)
+    puller, fast, got = make("C_Q_0")
+    puller.want = 10
+    puller.ask()
+    [(reply, _)] = requests(fast)
+    for status in ("409", "503"):
+        puller._arrived(reply, b"", b"", status)
+        assert puller.lost and requests(fast) == [(reply, 10)]
+        puller.ask()
+        assert len(requests(fast)) == 1
+    puller.lost = False   # (QueueBridge._found: the consumer is there)
+    puller.ask()
+    assert len(requests(fast)) == 2
+    puller._arrived(requests(fast)[-1][0], b"", b"", "408")   # (an expired request: asked again at once)
+    assert not puller.lost and len(requests(fast)) == 3
