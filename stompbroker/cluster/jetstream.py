@@ -42,6 +42,7 @@ from .records import ACK, NAK, SETTLE_OPS, TERM, pack_blobs, pack_taken
 log = logging.getLogger("stompbroker.cluster")
 
 PULL_EXPIRES = 10.0        # seconds a pull request waits on the server for messages
+LOST_RETRY = 0.25          # seconds before a puller whose request got 409/503 asks again
 PULL_SLACK = 2.0           # a request not ended by the server this long after its expiry is forgotten
 DUPLICATE_WINDOW = 120.0   # seconds JetStream remembers a Nats-Msg-Id (documented in docs/cluster.md)
 PURGE_BATCH = 256          # JetStream messages a purge asks its consumer for at a time
@@ -186,6 +187,8 @@ class Puller:
         self.ids = itertools.count(1)
         self.closed = False
         self.lost = False      # its consumer may be gone (deleted by an operator's delete meanwhile)
+        self.wait_until = 0.0  # after a 409/503: no request before this (monotonic)
+        self.loop = None
         self.per = float(shards.pack_of(stream))  # messages per JetStream message, lately
 
     @property
@@ -197,6 +200,7 @@ class Puller:
         self.shared.value = value
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self.sub = await self.nc.subscribe(self.inbox + ".*", pending_bytes_limit=0, pending_msgs_limit=0)
         self.fast.route(self.sub, self._arrived)
         self.prefix = self.inbox.encode() + b"."
@@ -214,7 +218,7 @@ class Puller:
         return int(sum(left for left, _ in self.requests.values()) * self.per)
 
     def ask(self) -> None:
-        if self.closed or self.lost or self.sub is None or self.nc.is_closed:
+        if self.closed or self.sub is None or self.nc.is_closed or time.monotonic() < self.wait_until:
             return
         asked = self.asked()
         more = self.want - asked
@@ -231,7 +235,14 @@ class Puller:
             if status != "100":  # 404 no messages, 408 expired, 409 over a limit: that request ended
                 self.requests.pop(subject, None)
                 if status in ("409", "503"):  # (409 also: the consumer was deleted; 503: nobody answers)
-                    self.lost = True   # the keeper makes sure the consumer is there first (QueueBridge._found)
+                    # The consumer may be gone (the keeper declares it again: QueueBridge._found) or
+                    # its leader being elected (503 for a while): asked again a moment later, not
+                    # at once, which would spin.
+                    self.lost = True
+                    self.wait_until = time.monotonic() + LOST_RETRY
+                    if self.loop is not None:
+                        self.loop.call_later(LOST_RETRY, self.ask)
+                    return
                 self.ask()
             return
         if self.closed:  # sent before the server saw the unsubscribe: let another pull have it
@@ -732,6 +743,7 @@ class QueueBridge:
             log.info("JetStream consumer %s not checked: %r", group.consumer, exc)
             return   # (still lost: the keeper tries again)
         puller.lost = False
+        puller.wait_until = 0.0
         puller.requests.clear()   # (those out went to the consumer that is gone)
         puller.ask()
 

@@ -86,20 +86,43 @@ def test_an_ended_request_asks_again():
     assert len(requests(fast)) == 2
 
 
-def test_a_pull_refused_for_a_consumer_gone_asks_no_more_until_the_consumer_is_there_again():
-    # (a queue deleted by an operator while a subscriber arrived here: 409 Consumer Deleted, then
-    # 503 no responders for each request: asked again at once, that would spin)
+def test_a_pull_refused_asks_again_a_moment_later_and_flags_the_consumer_for_the_keeper():
+    # 409 Consumer Deleted (a queue deleted by an operator while a subscriber arrived here), 503 no
+    # responders (that, or a consumer whose leader is being elected): asked again at once, that
+    # would spin; never asked again, a puller without a keeper (or before it comes) would stall.
     puller, fast, got = make("C_Q_0")
     puller.want = 10
     puller.ask()
     [(reply, _)] = requests(fast)
     for status in ("409", "503"):
         puller._arrived(reply, b"", b"", status)
-        assert puller.lost and requests(fast) == [(reply, 10)]
+        assert puller.lost and requests(fast) == [(reply, 10)]   # flagged for QueueBridge._found
         puller.ask()
-        assert len(requests(fast)) == 1
-    puller.lost = False   # (QueueBridge._found: the consumer is there)
+        assert len(requests(fast)) == 1                          # not at once
+    puller.wait_until = 0.0                                      # (LOST_RETRY later)
     puller.ask()
-    assert len(requests(fast)) == 2
+    assert len(requests(fast)) == 2 and puller.lost              # asked again, still checked by the keeper
+    puller.lost = False                                          # (QueueBridge._found: the consumer is there)
     puller._arrived(requests(fast)[-1][0], b"", b"", "408")   # (an expired request: asked again at once)
     assert not puller.lost and len(requests(fast)) == 3
+
+
+def test_a_refused_pull_is_asked_again_by_the_puller_itself():
+    """Without waiting for the bridge's keeper: a consumer just made answers 503 until its leader is
+    elected, and a puller left waiting took none of the credit it had (CI: competing pullers)."""
+    import asyncio
+
+    from stompbroker.cluster import jetstream
+
+    async def main():
+        puller, fast, _ = make("C_Q_0")
+        puller.loop = asyncio.get_running_loop()
+        puller.want = 5
+        puller.ask()
+        [(reply, _)] = requests(fast)
+        puller._arrived(reply, b"", b"", "503")
+        assert len(requests(fast)) == 1
+        await asyncio.sleep(jetstream.LOST_RETRY + 0.1)
+        assert len(requests(fast)) == 2
+
+    asyncio.run(main())
