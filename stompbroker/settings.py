@@ -170,6 +170,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_replicas", _int, 0, "copies JetStream keeps of queue and durable streams (0 = 3 when the NATS cluster has at least 3 servers, else 1)"),
     Setting("cluster_streams", _int, 6, "shards of queues and of durable/replay topic messages: each destination lives in one of this many JetStream streams of each kind, by a hash of its name, and their leaders are spread over the NATS servers (1 = one stream of each kind; give every node the same; see docs/cluster.md for changing it)"),
     Setting("cluster_pack_max", _int, 16, "under load, up to this many queue messages of one destination go to JetStream as one message (those one round of the dispatcher has for it; a quiet node sends each at once): a fraction of JetStream's work per message. An auto-ack consumer pulls up to 4 packs ahead (at least 64 messages). A queue then holds at most max_queue_messages // cluster_pack_max JetStream messages, so between that many and max_queue_messages messages before a SEND gets 'queue full' (fewer per pack when max_queue_messages is under 1000 x this; 1 = one message each, the limit exact; give every node the same; see docs/cluster.md)"),
+    Setting("cluster_topic_pack_max", _int, 64, "under load, up to this many topic messages that one round of the dispatcher publishes in a row to one destination go to NATS as one message (a quiet node sends each at once): a fraction of NATS's and the bridges' work per message, order kept; 1 = each message alone (every node reads both)"),
     Setting("cluster_ack_wait_ms", _int, 30_000, "a queue message delivered by a node and not acknowledged within this is redelivered elsewhere (a dead node's unacked messages come back after it)"),
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
@@ -372,6 +373,9 @@ def validate(values: dict) -> None:
         raise ValueError(f"cluster_streams must be 1 to {MAX_CLUSTER_STREAMS}, got {values['cluster_streams']}")
     if not 1 <= values["cluster_pack_max"] <= MAX_CLUSTER_PACK:
         raise ValueError(f"cluster_pack_max must be 1 to {MAX_CLUSTER_PACK}, got {values['cluster_pack_max']}")
+    if not 1 <= values["cluster_topic_pack_max"] <= MAX_CLUSTER_PACK:
+        raise ValueError(f"cluster_topic_pack_max must be 1 to {MAX_CLUSTER_PACK}, "
+                         f"got {values['cluster_topic_pack_max']}")
     if bool(values["cluster_tls_cert"]) != bool(values["cluster_tls_key"]):
         raise ValueError("cluster_tls_cert and cluster_tls_key go together")
     if values["cluster"] and not values["node_id"]:

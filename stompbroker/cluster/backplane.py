@@ -70,6 +70,12 @@ class Backplane:
         self.stats = {"published": 0, "received": 0, "held": 0, "failed": 0, "unrouted_remote": 0,
                       "stale_sent": 0, "bridge_starts": 0}
         self.queues = ClusterQueues(config, self)  # queues, durables and replay-from on JetStream (cluster/queuing.py)
+        # this round's topic messages published in a row to one subject: one NATS message (records.pack_topic)
+        self.run_subject = ""
+        self.run: list[bytes] = []
+        self.run_bytes = 0
+        self.run_max = max(int(getattr(config, "cluster_topic_pack_max", 1) or 1), 1)
+        self.subjects: dict[str, str] = {}   # destination -> its topic subject (made once, not per message)
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -109,9 +115,15 @@ class Backplane:
     # -- publishing ------------------------------------------------------------------------------
     def publish(self, b, message, sender=None) -> bool:
         """A topic message published on this node: to NATS if another node wants it. True if sent."""
-        if not self.remote.match(message.destination) or not shared(message.destination):
+        destination = message.destination
+        if not self.remote.match(destination) or not shared(destination):
             return False
-        self._send(b, topic_subject(self.cluster, message.destination), message, 0, sender)
+        subject = self.subjects.get(destination)
+        if subject is None:
+            if len(self.subjects) >= SUBJECTS_KEPT:
+                self.subjects.clear()
+            subject = self.subjects[destination] = topic_subject(self.cluster, destination)
+        self._send(b, subject, message, 0, sender)
         return True
 
     def worker(self, b, message, subs: tuple, sender=None) -> bool:
@@ -134,8 +146,18 @@ class Backplane:
     def _send(self, b, subject: str, message, flags: int, sender=None) -> None:
         headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
         expires_ms = max(int((message.expires - b.now) * 1000), 1) if message.expires else 0
-        payload = C.pack_publish(subject, C.pack_message(message.id, message.destination, headers, message.body,
-                                                         expires_ms))
+        data = C.pack_message(message.id, message.destination, headers, message.body, expires_ms)
+        self.stats["published"] += 1
+        if self.connected and not flags and self.run_max > 1:  # (a worker message goes alone: NATS picks its node)
+            if self.run and (subject != self.run_subject or len(self.run) >= self.run_max
+                             or self.run_bytes + len(data) > TOPIC_PACK_BYTES):
+                self.close_run()
+            self.run_subject = subject
+            self.run.append(data)
+            self.run_bytes += len(data)
+            return
+        self.close_run()
+        payload = C.pack_publish(subject, data)
         token = 0
         if not self.connected:  # the bridge answers for it: its sender's replies wait, and it hears if it failed
             token = next(self.tokens)
@@ -144,7 +166,13 @@ class Backplane:
                 self.waiting.setdefault(sender, []).append([token, None, False, message.headers.get("receipt")])
             self.stats["held"] += 1
         self.out.add(C.PUBLISH, token, payload, flags)
-        self.stats["published"] += 1
+
+    def close_run(self) -> None:
+        """The topic messages gathered in a row go to the bridge: one alone, more as a pack."""
+        run = self.run
+        if run:
+            self.out.add(C.PUBLISH, 0, C.pack_publish(self.run_subject, run[0] if len(run) == 1 else C.pack_topic(run)))
+            self.run, self.run_bytes = [], 0
 
     def hold_reply(self, session, kind: int, payload: bytes) -> bool:
         """Any reply to a session with a message waiting for NATS (receipts of later frames, an
@@ -228,8 +256,10 @@ class Backplane:
                 self._failed(b, token)
         self.queues.on_tick(b, now, queues)
 
-    def queues_out(self, b) -> None:
-        """Once per dispatcher round: the queues' credits, and their commands as records for the bridge."""
+    def round_out(self, b) -> None:
+        """Once per dispatcher round: its topic messages, the queues' credits, and their commands as
+        records for the bridge."""
+        self.close_run()
         queues = (_BROKER or _broker_modules())[0]
         cq = self.queues
         cq.refill(b, queues)
@@ -268,11 +298,7 @@ class Backplane:
         b.now = now
         try:
             if kind == C.MESSAGE:
-                message_id, destination, headers, body, expires_ms = C.unpack_message(payload)
-                self.stats["received"] += 1
-                if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms
-                                       else 0.0, origin=message_id):
-                    self.stats["unrouted_remote"] += 1
+                self.arrived(b, C.topic_members(payload), 0, now)
             elif kind == C.REMOTE:
                 self._remote(b, payload.decode(), aux)
             elif kind == C.REMOTE_RESET:
@@ -313,6 +339,20 @@ class Backplane:
             log.exception("cluster record %s could not be handled", kind)
         if b.ending:  # sessions it closed (an ERROR for a failed publish, a bound passed by a delivery)
             b.end_closed()
+
+    def arrived(self, b, members: list, start: int, now: float) -> None:
+        """Topic messages from another node (one, or a pack's), published here in order. A fan-out
+        stopped over an outbox's limit leaves the rest as the broker's next unfinished step."""
+        routing, stats = (_BROKER or _broker_modules())[1], self.stats
+        for i in range(start, len(members)):
+            message_id, destination, headers, body, expires_ms = C.unpack_message(members[i])
+            stats["received"] += 1
+            if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms else 0.0,
+                                   origin=message_id):
+                stats["unrouted_remote"] += 1
+            if b.unfinished and i + 1 < len(members):
+                b.unfinished.append((lambda broker, rest: self.arrived(broker, members, rest, now), (i + 1,)))
+                return
 
     def _remote(self, b, pattern: str, count: int) -> None:
         if pattern.startswith(DURABLE_MARK):
@@ -382,6 +422,9 @@ def _broker_modules() -> tuple:
     _BROKER = (queues, routing)
     return _BROKER
 
+
+SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
+TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).
 NOT_SENT = frozenset(("receipt", "transaction", "content-length", "destination"))

@@ -300,7 +300,7 @@ class Topics:
                                   subject, message, token))
             return False
         self.seq += 1
-        self.stats["messages_out"] += 1
+        self.stats["messages_out"] += C.topic_count(message)
         self.stats["bytes_out"] += len(data)
         if token:
             self.bridge.emit(C.PUBLISHED, token)
@@ -330,6 +330,6 @@ class Topics:
             if len(self.last) > 10_000:
                 self.last.clear()
             self.last[origin] = seq
-        self.stats["messages_in"] += 1
+        self.stats["messages_in"] += C.topic_count(message)
         self.stats["bytes_in"] += len(data)
         self.bridge.emit(C.MESSAGE, 0, message, C.PUBLISH_WORKER if worker else 0)

@@ -523,7 +523,7 @@ class Dispatcher:
             if box.count:
                 self.flush_one(box)
         if self.backplane is not None:
-            self.backplane.queues_out(self.broker)  # pulls the queues' consumers have room for
+            self.backplane.round_out(self.broker)  # topic packs, pulls the queues' consumers have room for
             if self.backplane.out.count or self.bridge_backlog:
                 self.to_cluster()
 

@@ -145,6 +145,44 @@ def test_topics_and_wildcards_reach_each_matching_subscription_once_in_producer_
         conn.disconnect()
 
 
+def nats_messages_in(nats_cluster) -> int:
+    """Messages every NATS server of the cluster has read from its clients (its monitor's /varz)."""
+    total = 0
+    for server in nats_cluster.servers:
+        with urllib.request.urlopen(server.monitor_url + "/varz", timeout=5) as r:
+            total += json.loads(r.read())["in_msgs"]
+    return total
+
+
+def test_a_burst_crosses_nats_in_packs_and_arrives_whole_in_order(start_nodes, nats_cluster):
+    """A producer's burst to one topic: the rounds' messages go to NATS as packs (NATS reads far
+    fewer messages than were sent) and each subscriber elsewhere gets every one, once, in order."""
+    n0, n1 = start_nodes(2)
+    c1, g1 = client(n1)
+    c1.subscribe("/topic/burst", id="a")
+    c1.subscribe("/topic/bur*", id="b")
+    wait_interest(n0, 2)
+    c0, g0 = client(n0)
+    n = 3000
+    before = nats_messages_in(nats_cluster)
+    for i in range(n):
+        c0.send("/topic/burst", f"{i}:" + "x" * (i % 300))
+    c0.send("/topic/burst", "end", receipt="end")
+    wait_for(lambda: len(g1.messages) == 2 * (n + 1), 30, "every delivery")
+    read = nats_messages_in(nats_cluster) - before
+    for sub in ("a", "b"):
+        bodies = [body for s, _, body in g1.messages if s == sub]
+        assert [int(b.split(":")[0]) for b in bodies[:-1]] == list(range(n)) and bodies[-1] == "end"
+        ids = [mid for s, mid in g1.ids if s == sub]
+        assert len(set(ids)) == n + 1
+    print("NATS messages read for", n + 1, "sent:", read)
+    assert read < n / 4, read
+    wait_for(lambda: cluster_diag(n0)["messages_out"] == n + 1 and cluster_diag(n1)["messages_in"] == n + 1, 5,
+             "the bridges count messages, not packs")
+    for c in (c0, c1):
+        c.disconnect()
+
+
 def test_a_late_subscriber_on_another_node_gets_the_stale_message(start_nodes):
     n0, n1, n2 = start_nodes(3, "TTL=20000")
     c0, g0 = client(n0)

@@ -19,7 +19,9 @@ def rig(**settings) -> Rig:
 
 
 def to_bridge(r: Rig) -> list[tuple]:
-    """Records the backplane made for the bridge since the last call: (kind name, conn, aux, payload)."""
+    """Records the backplane made for the bridge since the last call, the dispatcher's round ended:
+    (kind name, conn, aux, payload)."""
+    r.broker.backplane.close_run()
     buf, _ = r.broker.backplane.out.take()
     return [(C.Kind(kind).name, conn, aux, bytes(payload)) for kind, conn, aux, _, payload in C.iter_records(bytes(buf))]
 
@@ -41,8 +43,9 @@ def published(records) -> list[tuple]:
     for name, conn, aux, payload in records:
         if name == "PUBLISH":
             subject, message = C.unpack_publish(payload)
-            mid, destination, headers, body, expires = C.unpack_message(message)
-            out.append((subject, destination, body, conn, aux))
+            for member in C.topic_members(message):
+                mid, destination, headers, body, expires = C.unpack_message(member)
+                out.append((subject, destination, body, conn, aux))
     return out
 
 
@@ -339,7 +342,7 @@ def test_a_rounds_settles_travel_as_one_record_in_order_with_the_other_commands(
     cq.out += [("ack", 1), ("nak", 2, 0.25), ("publish", 10, "c.q6_0p16.queue.b", "", one, 10000, "/queue/b"),
                ("credit", "/queue/a", 5), ("term", 3), ("publish", 9, "c.q.queue.a", "id", b"m", 10000, ""),
                ("publish", 11, "c.q6_0p16.queue.b", "", two, 10000, "/queue/b")]
-    bp.queues_out(r.broker)
+    bp.round_out(r.broker)
     records = [(kind, conn, aux, bytes(payload)) for kind, conn, aux, _, payload in C.iter_records(bp.out.buf)]
     assert [r[0] for r in records] == [C.QUEUE_SETTLE, C.QUEUE_CMD, C.QUEUE_SETTLE, C.QUEUE_PUBLISH, C.QUEUE_PUBLISH]
     assert list(C.iter_settles(records[0][3])) == [(1, C.ACK, 0), (2, C.NAK, 250)]
@@ -382,3 +385,117 @@ def test_the_fast_paths_fallback_takes_apart_several_commands_in_one_blob():
     assert asyncio.run(main()) == [("$JS.ACK.s.c.1.2.3", b"", "", None), ("$JS.ACK.s.c.1.3.4", b"-NAK", "", None),
                                    ("c.q.a", b"bo\r\ndy", "_INBOX.x.1", {"Nats-Msg-Id": "id 1"}),
                                    ("s.next", b'{"batch":5}', "_INBOX.y.2", None)]
+
+
+def publish_records(records) -> list[tuple[str, int]]:
+    """(subject, how many messages) of each PUBLISH record: one NATS message each."""
+    out = []
+    for name, conn, aux, payload in records:
+        if name == "PUBLISH":
+            subject, message = C.unpack_publish(payload)
+            out.append((subject, len(C.topic_members(message))))
+    return out
+
+
+def test_a_rounds_topic_messages_in_a_row_to_one_subject_go_to_nats_as_one_pack_in_order():
+    r = rig()
+    r.connect(1)
+    feed(r, status(True), remote("/topic/*"))
+    to_bridge(r)
+    for i in range(5):
+        r.send(1, "/topic/a", b"a%d" % i)
+    r.send(1, "/topic/b", b"b0")
+    r.send(1, "/topic/a", b"a5")
+    records = to_bridge(r)   # (the round ends)
+    assert publish_records(records) == [("c.t.topic.a", 5), ("c.t.topic.b", 1), ("c.t.topic.a", 1)]
+    assert [body for _, _, body, _, _ in published(records)] == [b"a0", b"a1", b"a2", b"a3", b"a4", b"b0", b"a5"]
+    r.send(1, "/topic/a", b"quiet")   # alone in its round: sent as it is, no pack
+    (record,) = [p for name, _, _, p in to_bridge(r) if name == "PUBLISH"]
+    assert not C.unpack_publish(record)[1].startswith(C.TOPIC_PACK)
+
+
+def test_a_topic_pack_is_bounded_by_count_and_bytes():
+    r = rig(cluster_topic_pack_max=3)
+    r.connect(1)
+    feed(r, status(True), remote("/topic/*"))
+    to_bridge(r)
+    for i in range(7):
+        r.send(1, "/topic/a", b"m%d" % i)
+    assert [n for _, n in publish_records(to_bridge(r))] == [3, 3, 1]
+    r = rig()
+    r.connect(1)
+    feed(r, status(True), remote("/topic/*"))
+    to_bridge(r)
+    for i in range(4):
+        r.send(1, "/topic/a", bytes([65 + i]) * 30_000)
+    assert [n for _, n in publish_records(to_bridge(r))] == [2, 2]
+    r = rig(cluster_topic_pack_max=1)
+    r.connect(1)
+    feed(r, status(True), remote("/topic/*"))
+    to_bridge(r)
+    for i in range(3):
+        r.send(1, "/topic/a", b"m%d" % i)
+    records = to_bridge(r)
+    assert [n for _, n in publish_records(records)] == [1, 1, 1]
+    assert not any(C.unpack_publish(p)[1].startswith(C.TOPIC_PACK) for name, _, _, p in records if name == "PUBLISH")
+
+
+def test_worker_messages_and_held_messages_are_never_packed_and_keep_their_place():
+    r = rig()
+    r.connect(1)
+    feed(r, status(True), remote("/topic/*"), remote("#jobs"))
+    to_bridge(r)
+    r.send(1, "/topic/a", b"t1")
+    r.send(1, "/topic/a", b"t2")
+    r.send(1, "#jobs", b"w1")
+    r.send(1, "#jobs", b"w2")
+    r.send(1, "/topic/a", b"t3")
+    records = to_bridge(r)
+    assert [(body, aux) for _, _, body, _, aux in published(records)] == [
+        (b"t1", 0), (b"t2", 0), (b"w1", C.PUBLISH_WORKER), (b"w2", C.PUBLISH_WORKER), (b"t3", 0)]
+    assert [n for _, n in publish_records(records)] == [2, 1, 1, 1]
+    r.send(1, "/topic/a", b"before")
+    feed(r, status(False))             # NATS gone mid-round: what was gathered goes first, then the held one
+    r.send(1, "/topic/a", b"held", receipt="r")
+    sent = published(to_bridge(r))
+    assert [(body, bool(token)) for _, _, body, token, _ in sent] == [(b"before", False), (b"held", True)]
+
+
+def test_a_pack_from_another_node_is_delivered_in_order_and_resumes_after_an_outboxs_limit():
+    r = rig()
+    for conn in range(1, 11):
+        r.connect(conn)
+        r.subscribe(conn, "/topic/p")
+    feed(r, status(True))
+    to_bridge(r)
+    members = [C.pack_message("n2-%d" % i, "/topic/p", {"n": str(i)}, b"m%d" % i) for i in range(20)]
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic(members)))
+    assert all(r.bodies(c) == [b"m%d" % i for i in range(20)] for c in range(1, 11))
+    for box in r.outboxes:
+        box.take()
+        box.limit = 700
+    r.connect(11)
+    r.subscribe(11, "/topic/p")
+    r.take(11)
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic(members)))
+    stops = 0
+    while r.broker.unfinished:
+        r._drain()
+        r.broker.resume()
+        stops += 1
+    assert stops > 1
+    assert all(r.bodies(c) == [b"m%d" % i for i in range(20)] for c in range(1, 12))
+    assert r.broker.backplane.stats["received"] == 40
+
+
+def test_topic_members_reads_one_message_or_a_pack_and_refuses_a_pack_cut_short():
+    one = C.pack_message("n-1", "/topic/x", {}, b"body")
+    assert [bytes(m) for m in C.topic_members(one)] == [one]
+    pack = C.pack_topic([one, one + b"2"])
+    assert [bytes(m) for m in C.topic_members(pack)] == [one, one + b"2"]
+    for cut in range(4, len(pack) - 1):
+        try:
+            C.topic_members(pack[:cut])
+        except ValueError:
+            continue
+        raise AssertionError(f"a pack cut at {cut} was read")
