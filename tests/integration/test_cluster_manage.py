@@ -6,6 +6,7 @@ lines and /metrics counts."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import time
@@ -531,6 +532,22 @@ def feed_pending(nats_cluster, cluster_name: str) -> int | None:
     return asyncio.run(main())
 
 
+def feed_kept(nats_cluster, cluster_name: str) -> int:
+    """The topic messages to /topic/feed JetStream keeps (for durables, replay-from)."""
+    import nats
+
+    async def main():
+        nc = await nats.connect(nats_cluster.urls[1])
+        try:
+            stream = shards.stream_name(cluster_name, shards.TOPICS, 6, shards.shard_of("/topic/feed", 6))
+            subject = shards.topic_subject(cluster_name, 6, "/topic/feed")
+            info = await nc.jetstream(timeout=10).stream_info(stream, subjects_filter=subject)
+            return (info.state.subjects or {}).get(subject, 0)
+        finally:
+            await nc.close()
+    return asyncio.run(main())
+
+
 def durables(node) -> list[str]:
     return [s["key"] for s in Api(node).ok("GET", "/api/subscriptions")["items"] if s["durable"]]
 
@@ -557,6 +574,15 @@ def test_remove_a_durable_from_any_node_drops_every_nodes_record_and_its_message
     assert [durables(n) for n in nodes] == [[], [], []]
     status, value, _ = api.call("DELETE", path)           # a retry: as for an unknown one, on one node
     assert status == 404 and value["reason"] == "no such durable subscription", (status, value)
+    deadline = time.monotonic() + 10       # no node keeps /topic/feed's messages once it heard
+    for i in itertools.count():
+        kept = feed_kept(nats_cluster, cluster_name)
+        sender.conn.send("/topic/feed", "unkept", headers={"receipt": f"u{i}"})
+        sender.wait(lambda c: f"u{i}" in c.receipts, what="receipt")   # (a kept one's once stored)
+        if feed_kept(nats_cluster, cluster_name) == kept:
+            break
+        assert time.monotonic() < deadline, "topic messages are still kept for the removed durable"
+        time.sleep(0.1)
     again = feed(nodes[2])                  # the same name again: afresh, none of the old messages
     sender.conn.send("/topic/feed", "new", headers={"persistent": "true", "receipt": "new"})
     again.wait(lambda c: len(c.messages) >= 1, what="the new message")
