@@ -29,9 +29,10 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
                                                             pulls the queue's consumer or holds its
                                                             messages unacknowledged; else its stored
                                                             messages terminated, its consumer deleted
-  ("forget", token, key, consumer, timeout_ms)               an operator's removal of a durable subscription:
-                                                            every node asked (``cluster/removal.py``),
-                                                            then its consumers deleted
+  ("forget", token, key, consumer, timeout_ms)              an operator's removal of a durable
+                                                            subscription: every node asked
+                                                            (``cluster/removal.py``), then its
+                                                            consumers deleted
   ("durable_answer", n, held, attached)                     this node's answer to removal request ``n``
   ("take", token, destination, consumer, want, max_bytes, timeout_ms)
                                                             an operator's move: up to ``want`` of them,
@@ -375,7 +376,7 @@ class ClusterQueues:
             return
         if until > b.now:
             raise ProtocolError("durable subscription being removed", "an operator is removing this durable "
-                                "subscription; subscribe again in a moment (it starts afresh)", receipt)
+                                "subscription; subscribe again in a moment", receipt)
         del self.removing[key]
 
     def drop_durable(self, b, durable) -> None:
