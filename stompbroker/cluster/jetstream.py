@@ -50,6 +50,7 @@ DELETE_HOLDS = 1024        # JetStream messages given back that a delete takes (
 ACTION_TRY = 2.0           # seconds an operator's action gives one JetStream request before asking again
 TAKE_GRACE = 0.5           # seconds an action that stopped still naks what its last pull brings
 PEEK_READS = 2000          # JetStream messages a peek reads of each stream at most (each one request)
+ANSWER_GRACE = 0.1         # seconds a removal still listens once every node it knew of answered
 REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach the end its stream's leader named
 
 
@@ -1009,15 +1010,20 @@ class QueueBridge:
         n = self._tell_nodes(op, key, inbox)
         self.answering[n] = got
         answers: dict[str, dict] = {}
-        stop = time.monotonic() + wait_ms / 1000
+        asked = time.monotonic()
+        stop = deadline = asked + wait_ms / 1000
         try:
-            while not expected <= answers.keys() and time.monotonic() < stop:
+            while (left := stop - time.monotonic()) > 0:
                 try:
-                    answer = removal.read_answer(await asyncio.wait_for(got.get(), stop - time.monotonic()))
+                    answer = removal.read_answer(await asyncio.wait_for(got.get(), left))
                 except asyncio.TimeoutError:
                     break
                 if answer is not None:
                     answers[answer["node"]] = answer
+                if stop == deadline and expected <= answers.keys():
+                    # a node the bucket does not list yet (just started) answers about as fast: a moment for it
+                    now = time.monotonic()
+                    stop = min(deadline, now + max(ANSWER_GRACE, now - asked))
             return answers
         finally:
             self.answering.pop(n, None)

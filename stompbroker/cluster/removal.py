@@ -13,7 +13,8 @@ all on ``<cluster>.admin.durable``; each bridge hands the request to its dispatc
 - ``release``: the removal is over (done or refused); not answered.
 
 The nodes expected to answer are this one and those whose entry the interest bucket holds (every
-live node writes one, empty or not, every few seconds; a killed one is forgotten after its TTL).
+live node writes one, empty or not, every few seconds; a killed one is forgotten after its TTL);
+once they all answered, the answers of others (a node just started) are taken for a moment more.
 """
 
 from __future__ import annotations

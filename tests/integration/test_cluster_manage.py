@@ -552,6 +552,26 @@ def durables(node) -> list[str]:
     return [s["key"] for s in Api(node).ok("GET", "/api/subscriptions")["items"] if s["durable"]]
 
 
+def remote_patterns(node) -> int:
+    """The other nodes' topic patterns ``node`` knows (its DIAG's cluster figures)."""
+    w = Wire(node.connect())
+    try:
+        w.connect(login="root", passcode="toor")
+        w.send(b"DIAG\n\ncluster\0")
+        command, headers, _ = w.read()
+        assert command == "DIAG", (command, headers)
+        return json.loads(headers["cluster"])["remote_patterns"]
+    finally:
+        w.close()
+
+
+def wait_remote_patterns(node, n: int, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while remote_patterns(node) < n:
+        assert time.monotonic() < deadline, f"{node.address} never heard of {n} patterns of other nodes"
+        time.sleep(0.05)
+
+
 def test_remove_a_durable_from_any_node_drops_every_nodes_record_and_its_messages(start_nodes, admin, tmp_path,
                                                                                   nats_cluster, cluster_name):
     nodes = start_nodes(3, "cluster_ack_wait_ms=5000", *admin)
@@ -600,6 +620,8 @@ def test_remove_a_durable_attached_on_another_node_is_409_and_removes_nothing(st
     away = feed(nodes[0])                   # made on n0, left, kept on n0 too
     away.close()
     attached = feed(nodes[2])
+    attached.conn.subscribe("/topic/here", id="h")   # (seen on n1: n1 lists n2 among the nodes to ask)
+    wait_remote_patterns(nodes[1], 1)
     status, value, _ = Api(nodes[1]).call("DELETE", f"/api/subscriptions/%2F/{q(FEED)}")
     assert status == 409 and "attached to a connection on node n2" in value["reason"], (status, value)
     assert "nothing was removed" in value["reason"]
@@ -621,19 +643,6 @@ def test_remove_an_unknown_durable_is_404_as_on_one_node(start_nodes, admin):
     assert status == 404 and value["reason"] == "no such durable subscription", (status, value)
 
 
-def remote_patterns(node) -> int:
-    """The other nodes' topic patterns ``node`` knows (its DIAG's cluster figures)."""
-    w = Wire(node.connect())
-    try:
-        w.connect(login="root", passcode="toor")
-        w.send(b"DIAG\n\ncluster\0")
-        command, headers, _ = w.read()
-        assert command == "DIAG", (command, headers)
-        return json.loads(headers["cluster"])["remote_patterns"]
-    finally:
-        w.close()
-
-
 def test_remove_a_durable_while_a_node_does_not_answer_is_503_and_removes_nothing(start_nodes, admin):
     import os
     import signal
@@ -643,10 +652,7 @@ def test_remove_a_durable_while_a_node_does_not_answer_is_503_and_removes_nothin
         feed(node).close()
     alive = login(nodes[0])   # (a topic subscription there: seen on n1, n0's durable is known there too)
     alive.conn.subscribe("/topic/alive", id="a")
-    deadline = time.monotonic() + 15
-    while remote_patterns(nodes[1]) < 1:
-        assert time.monotonic() < deadline, "n1 never heard of n0's interest"
-        time.sleep(0.05)
+    wait_remote_patterns(nodes[1], 1)
     os.killpg(nodes[0].proc.pid, signal.SIGKILL)   # its interest stays in the bucket until it expires
     started = time.monotonic()
     status, value, _ = Api(nodes[1]).call("DELETE", f"/api/subscriptions/%2F/{q(FEED)}")
