@@ -34,13 +34,6 @@ class Refused(Exception):
         self.reason = reason
 
 
-def local_only(b, what: str, why: str) -> None:
-    """The actions not done in cluster mode yet (queues and durable subscriptions live in JetStream
-    there, shared by every node): 409 saying ``why``."""
-    if b.backplane is not None:
-        raise Refused(409, f"{what} is not available in cluster mode: {why} (see docs/admin.md, Cluster mode)")
-
-
 def check_target(b, destination: str) -> None:
     """A destination an operator may publish or move messages to."""
     if not destination or len(destination) > b.config.max_destination_length:
@@ -275,13 +268,14 @@ def close_connection(b, conn: int, reason: str) -> bool:
     return True
 
 
-def remove_durable(b, key: str) -> int | None:
+def remove_durable(b, key: str) -> int | None | Later:
     """Remove a detached durable subscription and its waiting messages; the messages dropped, or
-    None when there is no such subscription. Refused while a client is attached to it."""
-    local_only(b, "removing a durable subscription", "only the node it was made on keeps its record (the "
-                                                  "others know its topic pattern, not its name), and nodes do "
-                                                  "not ask each other for it yet; subscribe to it again from a "
-                                                  "client (on any node) and UNSUBSCRIBE it instead")
+    None when there is no such subscription. Refused while a client is attached to it. In cluster
+    mode every node that held a client of it keeps its record, and its messages wait in JetStream
+    (``ClusterQueues.remove_durable``): a ``Later`` of the same, refused while a client is attached
+    on any node."""
+    if b.backplane is not None:
+        return b.backplane.queues.remove_durable(b, key)
     durable = b.durables.get(key)
     if durable is None:
         return None

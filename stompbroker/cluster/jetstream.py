@@ -34,7 +34,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from . import leaders, packs, shards
+from . import leaders, packs, removal, shards
 from .fastpath import FastPath, pub
 from .publisher import Publisher
 from .records import ACK, NAK, SETTLE_OPS, TERM, pack_blobs, pack_taken
@@ -50,6 +50,7 @@ DELETE_HOLDS = 1024        # JetStream messages given back that a delete takes (
 ACTION_TRY = 2.0           # seconds an operator's action gives one JetStream request before asking again
 TAKE_GRACE = 0.5           # seconds an action that stopped still naks what its last pull brings
 PEEK_READS = 2000          # JetStream messages a peek reads of each stream at most (each one request)
+ANSWER_GRACE = 0.1         # seconds a removal still listens once every node it knew of answered
 REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach the end its stream's leader named
 
 
@@ -485,6 +486,10 @@ class QueueBridge:
         self.replicas = 0
         self.replicas_hint = config.cluster_replicas   # 0: 3 if the NATS cluster takes them, else 1
         self.listing = leaders.Survey(nc, self.cluster, self.own(shards.QUEUES) + self.own(shards.TOPICS))
+        self.node = config.node_id
+        self.peers = lambda: ()   # the other live nodes, None before the interest bucket was read (QueuesPart)
+        self.answering: dict[int, asyncio.Queue | str] = {}   # removal request -> where its answer goes
+        self.removals = itertools.count(1)
 
     def own(self, kind: str) -> list[str]:
         """This node's layout's streams of ``kind``."""
@@ -499,6 +504,7 @@ class QueueBridge:
 
     async def start(self) -> None:
         await self.publisher.start()
+        await self.nc.subscribe(removal.subject(self.cluster), cb=self._removal_asked)
         self.spawn(self._declare())
         self.spawn(self._keeper())
 
@@ -635,6 +641,12 @@ class QueueBridge:
             _, token, name, consumer, timeout_ms = command
             done = [0]   # (terminated so far: said even when the time runs out)
             self.spawn(self._action(token, timeout_ms, self.purge(token, name, consumer, timeout_ms, done), done))
+        elif kind == "forget":
+            _, token, key, consumer, timeout_ms = command
+            self.spawn(self._action(token, timeout_ms, self.forget(token, key, consumer, timeout_ms)))
+        elif kind == "durable_answer":
+            _, n, held, attached = command
+            self._removal_answered(n, removal.answer(self.node, held, attached))
 
     def sources(self, kind: str, pattern: str) -> list[tuple[str, list[str]]]:
         """(stream, filters) holding a queue's or topic pattern's messages: its shards in this
@@ -752,15 +764,19 @@ class QueueBridge:
         if self.pullers.get(key) is group:
             self.reconcile(key, group)
 
+    def topic_streams(self) -> list[str]:
+        """Every layout's topic streams (a durable's consumers may be in any of them)."""
+        topics = shards.layouts(self.cluster, self.listing.present, shards.TOPICS)
+        return sorted(shards.stream_name(self.cluster, shards.TOPICS, n, i) for (n, _), ids in topics.items()
+                      for i in ids)
+
     async def _delete(self, consumer: str, group: PullGroup | None = None) -> None:
         """A durable's consumers go from every topic stream (once any being declared are made)."""
         try:
             if group is not None and group.binding:
                 await asyncio.wait(list(group.binding), timeout=self.config.cluster_timeout_ms / 1000)
             await self.ready.wait()
-            topics = shards.layouts(self.cluster, self.listing.present, shards.TOPICS)
-            for stream in sorted(shards.stream_name(self.cluster, shards.TOPICS, n, i)
-                                 for (n, _), ids in topics.items() for i in ids):
+            for stream in self.topic_streams():
                 await delete_consumer(self.js, stream, consumer)
         except Exception as exc:
             log.warning("durable consumer %s not deleted: %s", consumer, exc)
@@ -948,6 +964,114 @@ class QueueBridge:
                 if capped else "")
         return found, ""
 
+    async def forget(self, token: int, key: str, consumer: str, timeout_ms: int) -> tuple:
+        """("forgotten", token, found, n): durable subscription ``key`` removed across the cluster,
+        or ("refused", token, status, why) (``removal.verdict``). Every node is asked to hold it,
+        then to drop its record, each step waiting at most a quarter of ``timeout_ms`` for them;
+        then its consumer is deleted from every topic stream, ``n`` counting the JetStream messages
+        it had not had acknowledged. ``found``: a node held its record, or a stream its consumer."""
+        stop = time.monotonic() + timeout_ms / 1000 * 0.75
+        wait_ms = timeout_ms // 4
+        peers = await self._peers(wait_ms)
+        if peers is None:
+            return "refused", token, 503, ("cluster unavailable: this node has not read the other nodes' entries "
+                                           "in the interest bucket yet; nothing was removed, ask again")
+        expected = {self.node, *peers}
+        try:
+            held = await self._ask_nodes(removal.HOLD, key, expected, wait_ms)
+            refused = removal.verdict(removal.HOLD, expected, held, wait_ms)
+            if refused is None:
+                dropped = await self._ask_nodes(removal.DROP, key, expected, wait_ms)
+                refused = removal.verdict(removal.DROP, expected, dropped, wait_ms)
+            if refused is not None:
+                return ("refused", token, *refused)
+            found, n = await self._forget_consumer(consumer, stop)
+            return "forgotten", token, found or removal.held_anywhere(held), n
+        finally:
+            self._tell_nodes(removal.RELEASE, key)
+
+    async def _peers(self, wait_ms: int) -> list[str] | None:
+        """The other nodes, waited for at most ``wait_ms`` while the bucket was not read yet (a bridge
+        just connected)."""
+        stop = time.monotonic() + wait_ms / 1000
+        while (peers := self.peers()) is None and time.monotonic() < stop:
+            await asyncio.sleep(0.05)
+        return peers
+
+    async def _ask_nodes(self, op: str, key: str, expected: set, wait_ms: int) -> dict[str, dict]:
+        """Every node's answer to a removal's ``op`` (this node's own dispatcher's too: NATS does not
+        echo), by node, gathered until all of ``expected`` answered or ``wait_ms`` passed."""
+        inbox = self.nc.new_inbox()
+        got: asyncio.Queue = asyncio.Queue()
+
+        async def heard(msg) -> None:
+            got.put_nowait(msg.data)
+        sub = await self.nc.subscribe(inbox, cb=heard)
+        n = self._tell_nodes(op, key, inbox)
+        self.answering[n] = got
+        answers: dict[str, dict] = {}
+        asked = time.monotonic()
+        stop = deadline = asked + wait_ms / 1000
+        try:
+            while (left := stop - time.monotonic()) > 0:
+                try:
+                    answer = removal.read_answer(await asyncio.wait_for(got.get(), left))
+                except asyncio.TimeoutError:
+                    break
+                if answer is not None:
+                    answers[answer["node"]] = answer
+                if stop == deadline and expected <= answers.keys():
+                    # a node the bucket does not list yet (just started) answers about as fast: a moment for it
+                    now = time.monotonic()
+                    stop = min(deadline, now + max(ANSWER_GRACE, now - asked))
+            return answers
+        finally:
+            self.answering.pop(n, None)
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:
+                pass
+
+    def _tell_nodes(self, op: str, key: str, reply: str = "") -> int:
+        """A removal's request to every node, this one's dispatcher included: its number here."""
+        n = next(self.removals)
+        self.fast.send(pub(removal.subject(self.cluster).encode(), reply.encode(), removal.request(op, key)))
+        self.emit(("durable_asked", n, op, key))
+        return n
+
+    async def _removal_asked(self, msg) -> None:
+        """Another node's removal asks this one: its dispatcher answers (``_removal_answered``)."""
+        asked = removal.read_request(msg.data)
+        if asked is None:
+            return
+        n = next(self.removals)
+        if msg.reply:
+            self.answering[n] = msg.reply
+        self.emit(("durable_asked", n, *asked))
+
+    def _removal_answered(self, n: int, answer: bytes) -> None:
+        to = self.answering.pop(n, None)
+        if isinstance(to, asyncio.Queue):
+            to.put_nowait(answer)
+        elif to:
+            self.fast.send(pub(to.encode(), b"", answer))
+
+    async def _forget_consumer(self, consumer: str, stop: float) -> tuple[bool, int]:
+        """(found, n): a durable's consumer deleted from every topic stream; ``n`` its JetStream
+        messages not acknowledged (waiting, or given back by a node)."""
+        await self.ready.wait()
+        await self._relist()
+        found, n = False, 0
+        for stream in self.topic_streams():
+            try:
+                info = await until(stop, lambda: self.js.consumer_info(stream, consumer))
+            except nats.js.errors.NotFoundError:
+                continue
+            found = True
+            n += (info.num_pending or 0) + (info.num_ack_pending or 0)
+            await until(stop, lambda: delete_consumer(self.js, stream, consumer))
+        return found, n
+
     async def _give_back(self, held: list) -> None:
         for msg in held:
             await self.nc.publish(msg.reply, b"-NAK")
@@ -1087,6 +1211,10 @@ class QueuesPart:
         self.unpack = queuing.unpack
         self.pack = queuing.pack
         self.queues = QueueBridge(bridge.nc, None, bridge.config, self._emit, self._emit_message, self._emit_stored)
+        # the nodes whose entry the interest bucket holds, empty or not (``Topics.heard``), once read
+        topics = next((part for part in bridge.parts if hasattr(part, "heard")), None)
+        if topics is not None:
+            self.queues.peers = lambda: list(topics.heard) if topics.started else None
         self.handlers = {C.QUEUE_CMD: self._command, C.QUEUE_PUBLISH: self._publish, C.QUEUE_SETTLE: self._settle}
         self.stored: list[int] = []
         self.keys: dict[str, bytes] = {}

@@ -29,6 +29,11 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
                                                             pulls the queue's consumer or holds its
                                                             messages unacknowledged; else its stored
                                                             messages terminated, its consumer deleted
+  ("forget", token, key, consumer, timeout_ms)              an operator's removal of a durable
+                                                            subscription: every node asked
+                                                            (``cluster/removal.py``), then its
+                                                            consumers deleted
+  ("durable_answer", n, held, attached)                     this node's answer to removal request ``n``
   ("take", token, destination, consumer, want, max_bytes, timeout_ms)
                                                             an operator's move: up to ``want`` of them,
                                                             taken and held for the dispatcher, which
@@ -41,7 +46,9 @@ and takes the bridge's answers (``event``): ("stored", token), ("failed", token,
 order; ``stored``: JetStream messages stored for the destination; ``cut``: the read stopped at its
 bound of bytes or JetStream messages), ("purged", token, n, cut) (``n`` queue messages terminated;
 ``cut``: it stopped at its time bound with more left), ("deleted", token, found, n) (``found``: the
-queue's consumer or messages were there; ``n`` queue messages terminated), ("taken", token, cut, payload)
+queue's consumer or messages were there; ``n`` queue messages terminated), ("forgotten", token, found, n)
+(``found``: a node held the durable's record or JetStream its consumer; ``n``: its messages waiting
+there), ("durable_asked", n, op, key) (a removal's request to this node), ("taken", token, cut, payload)
 (``records.pack_taken``: each message taken, its ref and delivery count), ("refused", token, status, reason) (an
 operator's action JetStream failed or did not answer in time: an HTTP status and why).
 Both travel as one record each, packed by ``pack``/``unpack``. ``out`` holds one publish per
@@ -85,11 +92,11 @@ import struct
 
 import orjson
 
-from ..broker import vhosts
+from ..broker import durables, vhosts
 from ..broker.model import Later, Message
 from ..broker.names import DIAG_PREFIX, MONITOR, OWNER_SEP, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX
 from ..protocol.stomp import ProtocolError
-from . import packs, shards
+from . import packs, removal, shards
 from .records import unpack_blobs, unpack_taken
 
 SETTLE_NAMES = {packs.ACK: "ack", packs.NAK: "nak", packs.TERM: "term"}
@@ -249,6 +256,7 @@ class ClusterQueues:
         self.returning: dict[Pack, None] = {}               # packs with members given back, in order
         self.ledger = packs.Ledger()                        # pulled packs whose members are not all settled
         self.asked: dict[int, tuple] = {}                   # operators' actions: token -> (Later, deadline, shape)
+        self.removing: dict[str, float] = {}                # durable key -> until when its removal holds it
         pack_ids = itertools.count(1)
         self.packer = packs.Packer(self.pack, lambda: f"{self.run}-p{next(pack_ids)}")
 
@@ -346,6 +354,7 @@ class ClusterQueues:
         if destination.startswith(TEMP_PREFIXES):
             return
         if durable_key is not None:
+            self._not_removing(b, durable_key, receipt)
             existing = b.durables.get(durable_key)
             if existing is None or existing.pattern != destination:  # (durables.attach makes it anew)
                 if existing is not None:
@@ -359,6 +368,16 @@ class ClusterQueues:
                 raise ProtocolError("wildcard queue subscription", "in cluster mode a queue subscription names "
                                     "one queue (queues live in JetStream, one consumer each)", receipt)
             self.bind(b, destination)
+
+    def _not_removing(self, b, key: str, receipt) -> None:
+        """A durable an operator is removing (held by ``durable_asked``) takes no client meanwhile."""
+        until = self.removing.get(key)
+        if until is None:
+            return
+        if until > b.now:
+            raise ProtocolError("durable subscription being removed", "an operator is removing this durable "
+                                "subscription; subscribe again in a moment", receipt)
+        del self.removing[key]
 
     def drop_durable(self, b, durable) -> None:
         """An UNSUBSCRIBE ended a durable subscription: its consumer goes, on every node."""
@@ -418,6 +437,41 @@ class ClusterQueues:
         messages dropped, None when there was nothing (no consumer, no message)."""
         return self.ask(b, "delete", name, consumer_name("q", name),
                         shape=lambda found, n: n if found else None)
+
+    def remove_durable(self, b, key: str) -> Later:
+        """Remove a durable subscription across the cluster: the bridge asks every node
+        (``cluster/removal.py``: refused, 409, while a client is attached anywhere; 503 when a node
+        does not answer), then deletes its consumers. A Later of the messages that waited for it in
+        JetStream, None when no node and no stream knew it."""
+        return self.ask(b, "forget", key, durable_consumer(key), shape=lambda found, n: n if found else None)
+
+    def durable_asked(self, b, n: int, op: str, key: str) -> None:
+        """A removal asks this node (``cluster/removal.py``): held (no SUBSCRIBE of the key until
+        released) unless a client is attached here, its record dropped on ``drop``."""
+        durable = b.durables.get(key)
+        attached = durable is not None and durable.sub is not None
+        if op == removal.RELEASE:
+            self.removing.pop(key, None)
+        elif not attached:
+            self.removing[key] = b.now + self.config.cluster_timeout_ms / 1000
+            if op == removal.DROP and durable is not None:
+                self._forget(b, durable)
+        self.out.append(("durable_answer", n, durable is not None, attached))
+
+    def _forget(self, b, durable) -> None:
+        """Drop a detached durable's record here. What this node pulled for it goes back to JetStream
+        (not acknowledged: the remover counts it there, then deletes the consumer with it)."""
+        queue = durable.queue
+        if self.bound.pop(queue.name, None) is not None:   # (the unbind before the naks: see sweep)
+            self.binds.pop(queue.name, None)
+            self.dirty.discard(queue.name)
+            self.out.append(("unbind", queue.name, ""))
+        for source in (queue.messages, queue.parked, queue.blocked):
+            for message in source:
+                self.give_back(b, message)
+            source.clear()
+        durables.drop(b, durable)
+        self.backplane.durable(durable.pattern, -1)
 
     def move(self, b, name: str, choose, elsewhere, added: dict, later: Later, max_bytes: int,
              want: int) -> Later:
@@ -561,8 +615,10 @@ class ClusterQueues:
             self.answered(item[1], item[2], item[3], item[4])
         elif kind == "purged":
             self.answered(item[1], item[2], item[3])
-        elif kind == "deleted":
+        elif kind == "deleted" or kind == "forgotten":
             self.answered(item[1], item[2], item[3])
+        elif kind == "durable_asked":
+            self.durable_asked(b, item[1], item[2], item[3])
         elif kind == "taken":
             self.took(b, item[1], item[2], item[3])
         elif kind == "refused":

@@ -378,7 +378,8 @@ def _perform(broker, config, action: Action, query: dict, body: dict, now: float
             return 404, f"no scheduled message {action.item[:60]!r} for {action.target[:100]!r}", {}
         return 200, {"cancelled": cancelled}, {}
     # unsubscribe
-    dropped = broker.manage(manage.remove_durable, durable_key(action.vhost, target), now=now)
-    if dropped is None:
-        return 404, "no such durable subscription", {}
-    return 200, {"removed": target, "dropped": dropped}, {}
+    def removed(dropped):
+        if dropped is None:
+            return 404, "no such durable subscription", {}
+        return 200, {"removed": target, "dropped": dropped}, {}
+    return later_or_now(broker.manage(manage.remove_durable, durable_key(action.vhost, target), now=now), removed, {})

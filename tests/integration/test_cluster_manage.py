@@ -6,6 +6,7 @@ lines and /metrics counts."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import time
@@ -17,6 +18,7 @@ from stompbroker.security import hash_secret
 from tests.integration.test_cluster_queues import Client
 from tests.integration.test_manage_api import Api, q
 from tests.natscluster import DEFAULT_PACK, free_ports
+from tests.stompwire import Wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -169,8 +171,6 @@ def test_purge_from_any_node_drops_what_waits_in_jetstream_and_is_retry_safe(sta
     assert not set(delivered) - set(sent)
     assert api.ok("GET", path)["messages"] == []
     assert [(e["status"], e["purged"]) for e in audit(tmp_path, "purge")] == [(200, purged), (200, 0), (200, 0)]
-    status, value, _ = api.call("DELETE", "/api/subscriptions/%2F/k")   # not done: 409, why
-    assert status == 409 and "not available in cluster mode" in value["reason"], (status, value)
     producer.close()
     consumer.close()
 
@@ -500,3 +500,162 @@ def test_a_subscriber_whose_queues_consumer_is_deleted_under_it_has_it_made_agai
     assert [m.body for m in consumer.messages] == ["before", "after"]
     consumer.close()
     producer.close()
+
+
+FEED = "root\x1fapp1/feed"   # the key of client-id app1's subscription "feed" (login root)
+
+
+def feed(node, **headers) -> Client:
+    """A client of the durable subscription ``feed`` of /topic/feed on ``node``."""
+    c = Client(node, login="root", passcode="toor", **{"client-id": "app1"})
+    c.conn.subscribe("/topic/feed", id="f", ack="client-individual",
+                     headers={"activemq.subscriptionName": "feed", "receipt": "sub", **headers})
+    c.wait(lambda c: "sub" in c.receipts or c.errors, what="subscribed")
+    return c
+
+
+def feed_pending(nats_cluster, cluster_name: str) -> int | None:
+    """The messages the feed's JetStream consumer has not had acknowledged; None: no consumer."""
+    import nats
+    import nats.js.errors
+
+    async def main():
+        nc = await nats.connect(nats_cluster.urls[1])
+        try:
+            stream = shards.stream_name(cluster_name, shards.TOPICS, 6, shards.shard_of("/topic/feed", 6))
+            info = await nc.jetstream(timeout=10).consumer_info(stream, "d_root%2Fapp1%2Ffeed")
+            return info.num_pending + info.num_ack_pending
+        except nats.js.errors.NotFoundError:
+            return None
+        finally:
+            await nc.close()
+    return asyncio.run(main())
+
+
+def feed_kept(nats_cluster, cluster_name: str) -> int:
+    """The topic messages to /topic/feed JetStream keeps (for durables, replay-from)."""
+    import nats
+
+    async def main():
+        nc = await nats.connect(nats_cluster.urls[1])
+        try:
+            stream = shards.stream_name(cluster_name, shards.TOPICS, 6, shards.shard_of("/topic/feed", 6))
+            subject = shards.topic_subject(cluster_name, 6, "/topic/feed")
+            info = await nc.jetstream(timeout=10).stream_info(stream, subjects_filter=subject)
+            return (info.state.subjects or {}).get(subject, 0)
+        finally:
+            await nc.close()
+    return asyncio.run(main())
+
+
+def durables(node) -> list[str]:
+    return [s["key"] for s in Api(node).ok("GET", "/api/subscriptions")["items"] if s["durable"]]
+
+
+def remote_patterns(node) -> int:
+    """The other nodes' topic patterns ``node`` knows (its DIAG's cluster figures)."""
+    w = Wire(node.connect())
+    try:
+        w.connect(login="root", passcode="toor")
+        w.send(b"DIAG\n\ncluster\0")
+        command, headers, _ = w.read()
+        assert command == "DIAG", (command, headers)
+        return json.loads(headers["cluster"])["remote_patterns"]
+    finally:
+        w.close()
+
+
+def wait_remote_patterns(node, n: int, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while remote_patterns(node) < n:
+        assert time.monotonic() < deadline, f"{node.address} never heard of {n} patterns of other nodes"
+        time.sleep(0.05)
+
+
+def test_remove_a_durable_from_any_node_drops_every_nodes_record_and_its_messages(start_nodes, admin, tmp_path,
+                                                                                  nats_cluster, cluster_name):
+    nodes = start_nodes(3, "cluster_ack_wait_ms=5000", *admin)
+    api = Api(nodes[1])
+    path = f"/api/subscriptions/%2F/{q(FEED)}"
+    for node in (nodes[0], nodes[2]):       # attached and left on two nodes: both keep its record
+        c = feed(node)
+        c.close()
+    assert [durables(n) for n in nodes] == [[FEED], [], [FEED]]
+    sender = login(nodes[1])
+    for i in range(3):                      # kept for it while it is away
+        sender.conn.send("/topic/feed", f"old{i}", headers={"persistent": "true", "receipt": f"old{i}"})
+    sender.wait(lambda c: len(c.receipts) == 3, what="stored")
+    deadline = time.monotonic() + 10   # (JetStream counts a consumer's pending messages a moment after storing)
+    while feed_pending(nats_cluster, cluster_name) < 3:
+        assert time.monotonic() < deadline, "the feed's consumer never counted its 3 messages"
+        time.sleep(0.1)
+    assert api.ok("DELETE", path) == {"removed": FEED, "dropped": 3}
+    assert feed_pending(nats_cluster, cluster_name) is None   # its consumer is gone
+    assert [durables(n) for n in nodes] == [[], [], []]
+    status, value, _ = api.call("DELETE", path)           # a retry: as for an unknown one, on one node
+    assert status == 404 and value["reason"] == "no such durable subscription", (status, value)
+    deadline = time.monotonic() + 10       # no node keeps /topic/feed's messages once it heard
+    for i in itertools.count():
+        kept = feed_kept(nats_cluster, cluster_name)
+        sender.conn.send("/topic/feed", "unkept", headers={"receipt": f"u{i}"})
+        sender.wait(lambda c: f"u{i}" in c.receipts, what="receipt")   # (a kept one's once stored)
+        if feed_kept(nats_cluster, cluster_name) == kept:
+            break
+        assert time.monotonic() < deadline, "topic messages are still kept for the removed durable"
+        time.sleep(0.1)
+    again = feed(nodes[2])                  # the same name again: afresh, none of the old messages
+    sender.conn.send("/topic/feed", "new", headers={"persistent": "true", "receipt": "new"})
+    again.wait(lambda c: len(c.messages) >= 1, what="the new message")
+    time.sleep(0.5)
+    assert [m.body for m in again.messages] == ["new"]
+    again.close()
+    sender.close()
+    assert [(e["status"], e.get("dropped")) for e in audit(tmp_path, "unsubscribe")] == [(200, 3), (404, None)]
+    metrics = api.call("GET", "/metrics")[1].decode()
+    assert 'stompbroker_http_actions_total{action="unsubscribe",status="200"} 1.0' in metrics
+
+
+def test_remove_a_durable_attached_on_another_node_is_409_and_removes_nothing(start_nodes, admin):
+    nodes = start_nodes(3, *admin)
+    away = feed(nodes[0])                   # made on n0, left, kept on n0 too
+    away.close()
+    attached = feed(nodes[2])
+    attached.conn.subscribe("/topic/here", id="h")   # (seen on n1: n1 lists n2 among the nodes to ask)
+    wait_remote_patterns(nodes[1], 1)
+    status, value, _ = Api(nodes[1]).call("DELETE", f"/api/subscriptions/%2F/{q(FEED)}")
+    assert status == 409 and "attached to a connection on node n2" in value["reason"], (status, value)
+    assert "nothing was removed" in value["reason"]
+    assert [durables(n) for n in nodes] == [[FEED], [], [FEED]]
+    sender = login(nodes[1])
+    sender.conn.send("/topic/feed", "still", headers={"persistent": "true", "receipt": "still"})
+    attached.wait(lambda c: len(c.messages) == 1, what="a message to the durable kept")
+    assert attached.messages[0].body == "still"
+    attached.close()
+    back = feed(nodes[0])                   # (its hold on n0 was released: it attaches again)
+    assert not back.errors and "sub" in back.receipts
+    back.close()
+    sender.close()
+
+
+def test_remove_an_unknown_durable_is_404_as_on_one_node(start_nodes, admin):
+    nodes = start_nodes(2, *admin)
+    status, value, _ = Api(nodes[0]).call("DELETE", f"/api/subscriptions/%2F/{q('root' + chr(31) + 'never')}")
+    assert status == 404 and value["reason"] == "no such durable subscription", (status, value)
+
+
+def test_remove_a_durable_while_a_node_does_not_answer_is_503_and_removes_nothing(start_nodes, admin):
+    import os
+    import signal
+
+    nodes = start_nodes(3, "cluster_timeout_ms=4000", *admin)
+    for node in (nodes[0], nodes[2]):
+        feed(node).close()
+    alive = login(nodes[0])   # (a topic subscription there: seen on n1, n0's durable is known there too)
+    alive.conn.subscribe("/topic/alive", id="a")
+    wait_remote_patterns(nodes[1], 1)
+    os.killpg(nodes[0].proc.pid, signal.SIGKILL)   # its interest stays in the bucket until it expires
+    started = time.monotonic()
+    status, value, _ = Api(nodes[1]).call("DELETE", f"/api/subscriptions/%2F/{q(FEED)}")
+    assert status == 503 and "node n0 did not answer within 1000 ms" in value["reason"], (status, value)
+    assert "nothing was removed" in value["reason"] and time.monotonic() - started < 5
+    assert durables(nodes[2]) == [FEED]

@@ -163,16 +163,6 @@ def test_remove_durable_refuses_an_attached_one():
     assert not rig.broker.durables and act(rig, manage.remove_durable, key) is None
 
 
-def test_the_actions_not_done_in_cluster_mode_are_refused_saying_why():
-    rig = filled(1)
-    rig.broker.backplane = object()  # (only its presence matters to these actions)
-    for action, args, why in ((manage.remove_durable, ("k",), "UNSUBSCRIBE it instead"),):
-        with pytest.raises(manage.Refused) as refused:
-            act(rig, action, *args)
-        assert refused.value.status == 409 and "not available in cluster mode" in refused.value.reason
-        assert why in refused.value.reason
-
-
 def test_an_actions_http_answer_waits_for_the_store_to_commit_what_it_wrote(tmp_path):
     from stompbroker.broker.core import Broker
     from stompbroker.ipc import records as R
