@@ -99,6 +99,7 @@ from ..protocol.stomp import ProtocolError
 from . import packs, removal, shards
 from .records import unpack_blobs, unpack_taken
 
+REMOVALS_HELD = 1024   # durable keys a node holds for removals at once (more only from a misbehaving peer)
 SETTLE_NAMES = {packs.ACK: "ack", packs.NAK: "nak", packs.TERM: "term"}
 AUTO_WINDOW = 64     # messages pulled ahead for an auto-ack subscription (or prefetch 0) ...
 WINDOW_PACKS = 4     # ... at least this many full packs: a pull of fewer packs leaves JetStream idle between
@@ -453,10 +454,20 @@ class ClusterQueues:
         if op == removal.RELEASE:
             self.removing.pop(key, None)
         elif not attached:
+            if key not in self.removing and len(self.removing) >= REMOVALS_HELD:
+                self._prune_removing(b.now)
             self.removing[key] = b.now + self.config.cluster_timeout_ms / 1000
             if op == removal.DROP and durable is not None:
                 self._forget(b, durable)
         self.out.append(("durable_answer", n, durable is not None, attached))
+
+    def _prune_removing(self, now: float) -> None:
+        """Past REMOVALS_HELD keys held (requests from a broken or hostile peer): the ended holds go,
+        then the oldest, so the table stays bounded."""
+        for key in [k for k, until in self.removing.items() if until <= now]:
+            del self.removing[key]
+        while len(self.removing) >= REMOVALS_HELD:
+            del self.removing[next(iter(self.removing))]
 
     def _forget(self, b, durable) -> None:
         """Drop a detached durable's record here. What this node pulled for it goes back to JetStream

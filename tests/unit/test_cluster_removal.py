@@ -116,3 +116,16 @@ def test_the_removal_is_the_bridges_answer_and_unknown_is_none_as_on_one_node():
     (command,) = [c for c in cq.commands() if c[0] == "forget"]
     cq.event(a.broker, ("refused", command[1], 409, "attached on node n2"), None)
     assert refused.outcome == (409, "attached on node n2")
+
+
+def test_holds_asked_for_are_bounded_however_many_keys_a_peer_names():
+    from stompbroker.cluster.queuing import REMOVALS_HELD
+    js = FakeJetStream()
+    a, key = detached_durable(js)
+    cq = a.broker.backplane.queues
+    for i in range(3 * REMOVALS_HELD):
+        cq.event(a.broker, ("durable_asked", i + 1, removal.HOLD, f"nobody\x1f{i}"), None)
+    cq.out.clear()
+    assert len(cq.removing) <= REMOVALS_HELD
+    assert asked(a, 10**6, removal.HOLD, key) == ("durable_answer", 10**6, True, False)
+    assert key in cq.removing and len(cq.removing) <= REMOVALS_HELD
