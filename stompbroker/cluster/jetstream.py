@@ -864,7 +864,7 @@ class QueueBridge:
             done[0] += packs.count(msg.data)
         cut = False
         async for stream, filters, last, left in self._waiting(name, consumer, stop):
-            cut = await self._take(stream, consumer, last, left, stop, term)
+            cut = await self._take(stream, consumer, last, left, stop, term, filters[0])
             if cut:
                 break
         await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
@@ -903,7 +903,7 @@ class QueueBridge:
         async for stream, filters, last, left in self._waiting(name, consumer, stop):
             found = True
             taken.append((stream, filters[0], last))
-            if await self._take(stream, consumer, last, left, stop, term):
+            if await self._take(stream, consumer, last, left, stop, term, filters[0]):
                 await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
                 return late
         await self.nc.flush(timeout=max(stop + timeout_ms / 4000 - time.monotonic(), 0.1))
@@ -1102,7 +1102,7 @@ class QueueBridge:
         try:
             cut = False
             async for stream, filters, last, left in self._waiting(name, consumer, stop):
-                cut = await self._take(stream, consumer, last, min(left, want - counted[0]), stop, hold)
+                cut = await self._take(stream, consumer, last, min(left, want - counted[0]), stop, hold, filters[0])
                 if cut:
                     break
             return "taken", token, cut, pack_taken(taken)
@@ -1135,14 +1135,17 @@ class QueueBridge:
             # are not yet right just after it was made)
             yield stream, filters, last, stored
 
-    async def _take(self, stream: str, consumer: str, last: int, left: int, stop: float, each) -> bool:
+    async def _take(self, stream: str, consumer: str, last: int, left: int, stop: float, each,
+                    subject: str = "") -> bool:
         """Pull up to ``left`` JetStream messages of ``consumer`` (no waiting: what it has now) and
         hand those stored up to sequence ``last`` to ``each`` (a coroutine; False: no more); nak
         the others (stored after the action began, or past ``each``'s end). The queue's own
         consumer, the one every node pulls: what it hands here it hands to no node, and a message a
         node holds (delivered or not) is never among them. True when it stopped before the end:
         ``each`` had enough, or ``stop`` came (what the server still sends for the pull then is
-        nak'ed for up to TAKE_GRACE seconds; later, it comes back after cluster_ack_wait_ms)."""
+        nak'ed for up to TAKE_GRACE seconds; later, it comes back after cluster_ack_wait_ms).
+        ``subject``: the queue's; a pull that found nothing is asked again while the stream holds
+        more of its messages than nodes hold unacknowledged (``_undelivered``)."""
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
@@ -1164,7 +1167,8 @@ class QueueBridge:
                     if status == "100":
                         continue
                     if status:  # 404 no messages, 408, 409: the request ended; 503: nobody answered it
-                        unanswered = status == "503"
+                        unanswered = status == "503" or (status == "404" and not got and subject != "" and
+                                                         await self._undelivered(stream, consumer, subject, stop))
                         break
                     got += 1
                     if late or enough or stream_sequence(msg.reply) > last:
@@ -1173,7 +1177,7 @@ class QueueBridge:
                     enough = await each(msg) is False
                 if late:
                     return True
-                if unanswered and not got:  # (a consumer just made: its leader is being elected)
+                if unanswered and not got:  # (a consumer just made: its leader is being elected, or catching up)
                     await asyncio.sleep(0.2)
                     continue
                 if got < batch:
@@ -1185,6 +1189,19 @@ class QueueBridge:
                 await sub.unsubscribe()
             except nats.errors.Error:
                 pass
+
+    async def _undelivered(self, stream: str, consumer: str, subject: str, stop: float) -> bool:
+        """Does the stream hold messages of ``subject`` that no node holds unacknowledged? Then a
+        pull that found none met a consumer not caught up yet (made a moment ago, or its leader
+        just changed), and is asked again. (Messages a node gave back with a delay count as
+        available: asked again until the action's bound, which then says it was cut short.)"""
+        try:
+            info = await until(stop, lambda: self.js.stream_info(stream, subjects_filter=subject))
+            consumer_info = await until(stop, lambda: self.js.consumer_info(stream, consumer))
+        except Exception:
+            return False
+        stored = (info.state.subjects or {}).get(subject, 0)
+        return stored > (consumer_info.num_ack_pending or 0)
 
     async def _replay(self, token: int, pattern: str, since_ms: float) -> None:
         try:
