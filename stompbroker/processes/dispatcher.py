@@ -167,8 +167,9 @@ class Dispatcher:
                         self.broker.on_auth(conn, user, now, delay)
                         self.drain()
                 self.commit()
-            if self.backplane is not None:
-                self.from_cluster()
+            if self.backplane is not None and (self.from_bridge.used_bytes or (
+                    ready is not None and self.from_bridge.data_fd in ready)):
+                self.from_cluster()  # (else not: an empty eventfd's read raises, a cost per round)
             self.flush()  # receipts released by the store, replies to checked logins: out now
             if ready is None or self.signal_r in ready:
                 self.signals()
