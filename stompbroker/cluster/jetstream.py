@@ -644,6 +644,9 @@ class QueueBridge:
         elif kind == "forget":
             _, token, key, consumer, timeout_ms = command
             self.spawn(self._action(token, timeout_ms, self.forget(token, key, consumer, timeout_ms)))
+        elif kind == "forget_elsewhere":
+            for op in (removal.DROP, removal.RELEASE):   # (no answers: the end is this node's client's)
+                self.fast.send(pub(removal.subject(self.cluster).encode(), b"", removal.request(op, command[1])))
         elif kind == "durable_answer":
             _, n, held, attached = command
             self._removal_answered(n, removal.answer(self.node, held, attached))

@@ -34,6 +34,8 @@ commands for the bridge to ``out`` as plain tuples (the backplane turns them int
                                                             (``cluster/removal.py``), then its
                                                             consumers deleted
   ("durable_answer", n, held, attached)                     this node's answer to removal request ``n``
+  ("forget_elsewhere", key)                                 a client ended durable subscription ``key`` here:
+                                                            the other nodes drop their detached record of it
   ("take", token, destination, consumer, want, max_bytes, timeout_ms)
                                                             an operator's move: up to ``want`` of them,
                                                             taken and held for the dispatcher, which
@@ -386,6 +388,7 @@ class ClusterQueues:
         self.bound.pop(durable.queue.name, None)
         self.binds.pop(durable.queue.name, None)
         self.out.append(("unbind", durable.queue.name, durable_consumer(durable.name)))
+        self.out.append(("forget_elsewhere", durable.name))   # other nodes that held a client of it drop theirs
 
     def replay(self, b, sub, since_ms: float) -> None:
         self.tokens += 1

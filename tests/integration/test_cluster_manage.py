@@ -615,6 +615,39 @@ def test_remove_a_durable_from_any_node_drops_every_nodes_record_and_its_message
     assert 'stompbroker_http_actions_total{action="unsubscribe",status="200"} 1.0' in metrics
 
 
+def test_a_durable_a_client_ends_on_one_node_is_dropped_by_the_nodes_it_was_on_before(start_nodes, admin,
+                                                                                      nats_cluster, cluster_name):
+    """Made on n0 and left there, taken up on n2 and ended there by its client (UNSUBSCRIBE): n0
+    drops its record too, so no node keeps /topic/feed's messages for it any more."""
+    nodes = start_nodes(3, *admin)
+    away = feed(nodes[0])
+    away.close()
+    client = feed(nodes[2])
+    assert [durables(n) for n in nodes] == [[FEED], [], [FEED]]
+    client.conn.unsubscribe(id="f", headers={"receipt": "gone"})
+    client.wait(lambda c: "gone" in c.receipts, what="the UNSUBSCRIBE's receipt")
+    deadline = time.monotonic() + 10
+    while durables(nodes[0]):
+        assert time.monotonic() < deadline, "n0 kept its record of the ended durable subscription"
+        time.sleep(0.05)
+    assert [durables(n) for n in nodes] == [[], [], []]
+    sender = login(nodes[1])
+    deadline = time.monotonic() + 10       # no node keeps /topic/feed's messages once it heard
+    for i in itertools.count():
+        kept = feed_kept(nats_cluster, cluster_name)
+        sender.conn.send("/topic/feed", "unkept", headers={"receipt": f"u{i}"})
+        sender.wait(lambda c: f"u{i}" in c.receipts, what="receipt")
+        if feed_kept(nats_cluster, cluster_name) == kept:
+            break
+        assert time.monotonic() < deadline, "topic messages are still kept for the ended durable"
+        time.sleep(0.1)
+    again = feed(nodes[0])                 # the same name on n0 again: no hold left, afresh
+    assert not again.errors and "sub" in again.receipts
+    again.close()
+    client.close()
+    sender.close()
+
+
 def test_remove_a_durable_attached_on_another_node_is_409_and_removes_nothing(start_nodes, admin):
     nodes = start_nodes(3, *admin)
     away = feed(nodes[0])                   # made on n0, left, kept on n0 too
