@@ -12,6 +12,9 @@ all on ``<cluster>.admin.durable``; each bridge hands the request to its dispatc
   for it any more once the interest bucket tells them).
 - ``release``: the removal is over (done or refused); not answered.
 
+A client's UNSUBSCRIBE of a durable subscription sends ``drop`` then ``release`` too, asking for
+no answer: the nodes that held a client of it before drop their record.
+
 The nodes expected to answer are this one and those whose entry the interest bucket holds (every
 live node writes one, empty or not, every few seconds; a killed one is forgotten after its TTL);
 once they all answered, the answers of others (a node just started) are taken for a moment more.
