@@ -218,6 +218,7 @@ class Dispatcher:
         for box in self.outboxes:
             box.add(R.STOP, 0)
         if self.backplane is not None:
+            self.backplane.close_run()  # (this round's topic messages go before the STOP)
             self.backplane.out.add(C.STOP)
         self.flush()
         if self.store is not None:
