@@ -71,11 +71,12 @@ class Backplane:
                       "stale_sent": 0, "bridge_starts": 0}
         self.queues = ClusterQueues(config, self)  # queues, durables and replay-from on JetStream (cluster/queuing.py)
         # this round's topic messages published in a row to one subject: one NATS message (records.pack_topic)
-        self.run_subject = ""
+        self.run_subject = self.run_destination = ""
         self.run: list[bytes] = []
         self.run_bytes = 0
         self.run_max = max(int(getattr(config, "cluster_topic_pack_max", 1) or 1), 1)
         self.subjects: dict[str, str] = {}   # destination -> its topic subject (made once, not per message)
+        self.header_json: dict[bytes, dict] = {}   # headers from other nodes, as JSON -> decoded (once each)
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -146,18 +147,19 @@ class Backplane:
     def _send(self, b, subject: str, message, flags: int, sender=None) -> None:
         headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
         expires_ms = max(int((message.expires - b.now) * 1000), 1) if message.expires else 0
-        data = C.pack_message(message.id, message.destination, headers, message.body, expires_ms)
         self.stats["published"] += 1
         if self.connected and not flags and self.run_max > 1:  # (a worker message goes alone: NATS picks its node)
+            member = C.topic_member(message.id, headers, message.body, expires_ms)
             if self.run and (subject != self.run_subject or len(self.run) >= self.run_max
-                             or self.run_bytes + len(data) > TOPIC_PACK_BYTES):
+                             or self.run_bytes + len(member) > TOPIC_PACK_BYTES):
                 self.close_run()
-            self.run_subject = subject
-            self.run.append(data)
-            self.run_bytes += len(data)
+            self.run_subject, self.run_destination = subject, message.destination
+            self.run.append(member)
+            self.run_bytes += len(member)
             return
         self.close_run()
-        payload = C.pack_publish(subject, data)
+        payload = C.pack_publish(subject, C.pack_message(message.id, message.destination, headers, message.body,
+                                                         expires_ms))
         token = 0
         if not self.connected:  # the bridge answers for it: its sender's replies wait, and it hears if it failed
             token = next(self.tokens)
@@ -168,10 +170,9 @@ class Backplane:
         self.out.add(C.PUBLISH, token, payload, flags)
 
     def close_run(self) -> None:
-        """The topic messages gathered in a row go to the bridge: one alone, more as a pack."""
-        run = self.run
-        if run:
-            self.out.add(C.PUBLISH, 0, C.pack_publish(self.run_subject, run[0] if len(run) == 1 else C.pack_topic(run)))
+        """The topic messages gathered in a row go to the bridge as one pack."""
+        if self.run:
+            self.out.add(C.PUBLISH, 0, C.pack_publish(self.run_subject, C.pack_topic(self.run_destination, self.run)))
             self.run, self.run_bytes = [], 0
 
     def hold_reply(self, session, kind: int, payload: bytes) -> bool:
@@ -298,7 +299,7 @@ class Backplane:
         b.now = now
         try:
             if kind == C.MESSAGE:
-                self.arrived(b, C.topic_members(payload), 0, now)
+                self.arrived(b, payload, now)
             elif kind == C.REMOTE:
                 self._remote(b, payload.decode(), aux)
             elif kind == C.REMOTE_RESET:
@@ -340,19 +341,42 @@ class Backplane:
         if b.ending:  # sessions it closed (an ERROR for a failed publish, a bound passed by a delivery)
             b.end_closed()
 
-    def arrived(self, b, members: list, start: int, now: float) -> None:
-        """Topic messages from another node (one, or a pack's), published here in order. A fan-out
-        stopped over an outbox's limit leaves the rest as the broker's next unfinished step."""
-        routing, stats = (_BROKER or _broker_modules())[1], self.stats
+    def arrived(self, b, payload, now: float) -> None:
+        """A topic message from another node (``records.pack_message``), or a pack of them."""
+        if bytes(payload[:4]) == C.TOPIC_PACK:
+            destination, members = C.unpack_topic(payload)
+            self._publish_members(b, destination, members, 0, now)
+            return
+        message_id, destination, headers, body, expires_ms = C.unpack_message(payload)
+        self._publish_remote(b, destination, headers, body, expires_ms, message_id, now)
+
+    def _publish_members(self, b, destination: str, members: list, start: int, now: float) -> None:
+        """A pack's messages, published in order. A fan-out stopped over an outbox's limit leaves
+        the rest as the broker's next unfinished step."""
+        cache = self.header_json
         for i in range(start, len(members)):
-            message_id, destination, headers, body, expires_ms = C.unpack_message(members[i])
-            stats["received"] += 1
-            if not routing.publish(b, destination, headers, body, now + expires_ms / 1000 if expires_ms else 0.0,
-                                   origin=message_id):
-                stats["unrouted_remote"] += 1
+            message_id, head, body, expires_ms = members[i]
+            headers = cache.get(head)
+            if headers is None:
+                if len(cache) >= HEADERS_KEPT:
+                    cache.clear()
+                headers = cache[head] = orjson.loads(head)
+                if not isinstance(headers, dict):
+                    del cache[head]
+                    raise ValueError("a topic pack member's headers are not an object")
+            self._publish_remote(b, destination, dict(headers), body, expires_ms, message_id, now)
             if b.unfinished and i + 1 < len(members):
-                b.unfinished.append((lambda broker, rest: self.arrived(broker, members, rest, now), (i + 1,)))
+                b.unfinished.append((lambda broker, rest: self._publish_members(broker, destination, members, rest,
+                                                                                now), (i + 1,)))
                 return
+
+    def _publish_remote(self, b, destination: str, headers: dict, body: bytes, expires_ms: int, message_id: str,
+                        now: float) -> None:
+        self.stats["received"] += 1
+        if not (_BROKER or _broker_modules())[1].publish(b, destination, headers, body,
+                                                         now + expires_ms / 1000 if expires_ms else 0.0,
+                                                         origin=message_id):
+            self.stats["unrouted_remote"] += 1
 
     def _remote(self, b, pattern: str, count: int) -> None:
         if pattern.startswith(DURABLE_MARK):
@@ -424,6 +448,7 @@ def _broker_modules() -> tuple:
 
 
 SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
+HEADERS_KEPT = 512            # distinct headers of other nodes' topic messages kept decoded
 TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).

@@ -21,7 +21,7 @@ __all__ = ["Kind", "record", "iter_records", "unpack_header", "HEADER_SIZE", "Re
            "unpack_publish", "pack_message", "unpack_message", "wire", "unwire", "pack_queue_publish",
            "unpack_queue_publish", "pack_settle", "iter_settles", "pack_tokens", "unpack_tokens", "pack_pulled",
            "unpack_pulled", "pack_blobs", "unpack_blobs",
-           "pack_taken", "unpack_taken", "pack_topic", "topic_members", "topic_count"]
+           "pack_taken", "unpack_taken", "pack_topic", "topic_member", "unpack_topic", "topic_count"]
 
 
 class Kind(enum.IntEnum):
@@ -208,18 +208,29 @@ def unpack_message(data) -> tuple[str, str, dict, bytes, int]:
 
 # Under load the topic messages one round of the dispatcher publishes in a row to one subject go
 # to NATS as one message (``Backplane``): NATS's and both bridges' work is per NATS message, nearly
-# the same for 64 of them as for one. Layout: TOPIC_PACK | n: u32 | (len: u32 | pack_message) * n.
-# A pack_message starts with "{", so a receiver tells the two apart by the first bytes.
+# the same for 64 of them as for one. Layout (little-endian):
+#   TOPIC_PACK | n: u32 | len(destination): u16 | destination | member * n
+#   member = len(id): u16 | len(headers): u32 | len(body): u32 | ms left to live: u64 (0 = none)
+#            | id | headers (JSON object) | body
+# A pack_message (one message alone) starts with "{", so a receiver tells the two apart by the
+# first bytes. The headers stay JSON bytes until the receiver decodes them: it decodes each
+# distinct one once (a producer's messages mostly carry the same headers).
 TOPIC_PACK = b"SBt1"
+_PACK = struct.Struct("<IH")
+_MEMBER = struct.Struct("<HIIQ")
 _COUNT = struct.Struct("<I")
 
 
-def pack_topic(members: list) -> bytes:
-    out = [TOPIC_PACK, _COUNT.pack(len(members))]
-    for m in members:
-        out.append(_COUNT.pack(len(m)))
-        out.append(m)
-    return b"".join(out)
+def topic_member(message_id: str, headers: dict, body: bytes, expires_ms: int = 0) -> bytes:
+    mid = message_id.encode()
+    head = orjson.dumps(headers)
+    return _MEMBER.pack(len(mid), len(head), len(body), expires_ms) + mid + head + body
+
+
+def pack_topic(destination: str, members: list) -> bytes:
+    """A topic pack of ``members`` (made by ``topic_member``) to ``destination``."""
+    d = destination.encode()
+    return TOPIC_PACK + _PACK.pack(len(members), len(d)) + d + b"".join(members)
 
 
 def topic_count(data) -> int:
@@ -227,26 +238,29 @@ def topic_count(data) -> int:
     return _COUNT.unpack_from(data, 4)[0] if data[:4] == TOPIC_PACK and len(data) >= 8 else 1
 
 
-def topic_members(data) -> list:
-    """The messages a topic message from NATS carries: itself, or a pack's members (each a
-    pack_message). Raises ValueError for a pack cut short."""
-    if bytes(data[:4]) != TOPIC_PACK:
-        return [data]
-    data = memoryview(data)
-    if len(data) < 8:
+def unpack_topic(data) -> tuple[str, list]:
+    """A topic pack: (destination, [(message id, headers as JSON bytes, body, ms left to live)]).
+    ValueError for a pack cut short or unreadable."""
+    data = bytes(data)
+    end = len(data)
+    try:
+        n, dlen = _PACK.unpack_from(data, 4)
+        pos = 4 + _PACK.size + dlen
+        destination = data[4 + _PACK.size:pos].decode()
+        members = []
+        for _ in range(n):
+            idlen, hlen, blen, expires_ms = _MEMBER.unpack_from(data, pos)
+            at = pos + _MEMBER.size
+            pos = at + idlen + hlen + blen
+            if pos > end:
+                raise ValueError("a topic pack cut short")
+            members.append((data[at:at + idlen].decode(), data[at + idlen:at + idlen + hlen],
+                            data[at + idlen + hlen:pos], expires_ms))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"unreadable topic pack: {exc}") from None
+    if pos != end or end < 4 + _PACK.size + dlen:
         raise ValueError("a topic pack cut short")
-    (n,) = _COUNT.unpack_from(data, 4)
-    pos, end, members = 8, len(data), []
-    for _ in range(n):
-        if pos + 4 > end:
-            raise ValueError("a topic pack cut short")
-        (size,) = _COUNT.unpack_from(data, pos)
-        pos += 4
-        if pos + size > end:
-            raise ValueError("a topic pack cut short")
-        members.append(data[pos:pos + size])
-        pos += size
-    return members
+    return destination, members
 
 
 # On NATS every message the bridge publishes starts with its origin (node and bridge run) and a

@@ -38,13 +38,21 @@ def remote(pattern: str, count: int = 1) -> bytes:
     return C.record(C.REMOTE, 0, pattern.encode(), count)
 
 
+def messages_of(message: bytes) -> list[tuple[str, bytes]]:
+    """(destination, body) of each message a topic message to NATS carries (a pack, or one alone)."""
+    if message.startswith(C.TOPIC_PACK):
+        destination, members = C.unpack_topic(message)
+        return [(destination, body) for _, _, body, _ in members]
+    _, destination, _, body, _ = C.unpack_message(message)
+    return [(destination, body)]
+
+
 def published(records) -> list[tuple]:
     out = []
     for name, conn, aux, payload in records:
         if name == "PUBLISH":
             subject, message = C.unpack_publish(payload)
-            for member in C.topic_members(message):
-                mid, destination, headers, body, expires = C.unpack_message(member)
+            for destination, body in messages_of(message):
                 out.append((subject, destination, body, conn, aux))
     return out
 
@@ -94,8 +102,8 @@ def test_headers_and_expiry_travel_the_broker_ones_do_not():
     r.send(1, "/topic/a", b"x", receipt="r1", colour="red", expiration="5000")
     ((_, _, _, payload),) = [x for x in to_bridge(r) if x[0] == "PUBLISH"]
     _, message = C.unpack_publish(payload)
-    mid, destination, headers, body, expires_ms = C.unpack_message(message)
-    assert headers == {"colour": "red", "expiration": "5000"}
+    destination, ((mid, head, body, expires_ms),) = C.unpack_topic(message)
+    assert orjson.loads(head) == {"colour": "red", "expiration": "5000"}
     assert 4990 <= expires_ms <= 5000
     assert mid.endswith("-1")
 
@@ -393,7 +401,7 @@ def publish_records(records) -> list[tuple[str, int]]:
     for name, conn, aux, payload in records:
         if name == "PUBLISH":
             subject, message = C.unpack_publish(payload)
-            out.append((subject, len(C.topic_members(message))))
+            out.append((subject, C.topic_count(message)))
     return out
 
 
@@ -409,9 +417,8 @@ def test_a_rounds_topic_messages_in_a_row_to_one_subject_go_to_nats_as_one_pack_
     records = to_bridge(r)   # (the round ends)
     assert publish_records(records) == [("c.t.topic.a", 5), ("c.t.topic.b", 1), ("c.t.topic.a", 1)]
     assert [body for _, _, body, _, _ in published(records)] == [b"a0", b"a1", b"a2", b"a3", b"a4", b"b0", b"a5"]
-    r.send(1, "/topic/a", b"quiet")   # alone in its round: sent as it is, no pack
-    (record,) = [p for name, _, _, p in to_bridge(r) if name == "PUBLISH"]
-    assert not C.unpack_publish(record)[1].startswith(C.TOPIC_PACK)
+    r.send(1, "/topic/a", b"quiet")   # alone in its round: goes at the round's end, waiting for no company
+    assert publish_records(to_bridge(r)) == [("c.t.topic.a", 1)]
 
 
 def test_a_topic_pack_is_bounded_by_count_and_bytes():
@@ -468,8 +475,8 @@ def test_a_pack_from_another_node_is_delivered_in_order_and_resumes_after_an_out
         r.subscribe(conn, "/topic/p")
     feed(r, status(True))
     to_bridge(r)
-    members = [C.pack_message("n2-%d" % i, "/topic/p", {"n": str(i)}, b"m%d" % i) for i in range(20)]
-    feed(r, C.record(C.MESSAGE, 0, C.pack_topic(members)))
+    members = [C.topic_member("n2-%d" % i, {"n": str(i % 3)}, b"m%d" % i) for i in range(20)]
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/p", members)))
     assert all(r.bodies(c) == [b"m%d" % i for i in range(20)] for c in range(1, 11))
     for box in r.outboxes:
         box.take()
@@ -477,7 +484,7 @@ def test_a_pack_from_another_node_is_delivered_in_order_and_resumes_after_an_out
     r.connect(11)
     r.subscribe(11, "/topic/p")
     r.take(11)
-    feed(r, C.record(C.MESSAGE, 0, C.pack_topic(members)))
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/p", members)))
     stops = 0
     while r.broker.unfinished:
         r._drain()
@@ -488,14 +495,29 @@ def test_a_pack_from_another_node_is_delivered_in_order_and_resumes_after_an_out
     assert r.broker.backplane.stats["received"] == 40
 
 
-def test_topic_members_reads_one_message_or_a_pack_and_refuses_a_pack_cut_short():
-    one = C.pack_message("n-1", "/topic/x", {}, b"body")
-    assert [bytes(m) for m in C.topic_members(one)] == [one]
-    pack = C.pack_topic([one, one + b"2"])
-    assert [bytes(m) for m in C.topic_members(pack)] == [one, one + b"2"]
-    for cut in range(4, len(pack) - 1):
+def test_a_topic_pack_travels_whole_and_one_cut_short_or_with_more_is_refused():
+    members = [C.topic_member("n-1", {"a": "1"}, b"body", 5000), C.topic_member("n-2", {}, b"", 0)]
+    pack = C.pack_topic("/topic/x", members)
+    assert C.unpack_topic(pack) == ("/topic/x", [("n-1", b'{"a":"1"}', b"body", 5000), ("n-2", b"{}", b"", 0)])
+    assert C.topic_count(pack) == 2 and C.topic_count(C.pack_message("n-3", "/topic/x", {}, b"")) == 1
+    for bad in [pack[:cut] for cut in range(4, len(pack))] + [pack + b"x"]:
         try:
-            C.topic_members(pack[:cut])
+            C.unpack_topic(bad)
         except ValueError:
             continue
-        raise AssertionError(f"a pack cut at {cut} was read")
+        raise AssertionError(f"a pack of {len(bad)} bytes was read")
+
+
+def test_headers_of_a_pack_are_decoded_once_each_and_each_message_gets_its_own():
+    r = rig()
+    r.connect(1)
+    r.subscribe(1, "/topic/h")
+    feed(r, status(True))
+    members = [C.topic_member("n2-%d" % i, {"colour": "red"}, b"x") for i in range(3)]
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/h", members)))
+    got = r.messages(1)
+    assert [m["colour"] for m in got] == ["red"] * 3 and [m["message-id"] for m in got] == ["n2-0", "n2-1", "n2-2"]
+    assert list(r.broker.backplane.header_json) == [b'{"colour":"red"}']
+    bad = C.pack_topic("/topic/h", [C.topic_member("n2-9", {}, b"x")]).replace(b"{}", b"[]")
+    feed(r, C.record(C.MESSAGE, 0, bad))   # (logged, not delivered, not kept)
+    assert r.messages(1) == [] and b"[]" not in r.broker.backplane.header_json
