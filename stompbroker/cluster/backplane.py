@@ -358,12 +358,13 @@ class Backplane:
             message_id, head, body, expires_ms = members[i]
             headers = cache.get(head)
             if headers is None:
-                if len(cache) >= HEADERS_KEPT:
-                    cache.clear()
-                headers = cache[head] = orjson.loads(head)
+                headers = orjson.loads(head)
                 if not isinstance(headers, dict):
-                    del cache[head]
                     raise ValueError("a topic pack member's headers are not an object")
+                if len(head) <= HEADERS_KEPT_BYTES:   # (long ones are rarely repeated: decoded each time)
+                    if len(cache) >= HEADERS_KEPT:
+                        cache.clear()
+                    cache[head] = headers
             self._publish_remote(b, destination, dict(headers), body, expires_ms, message_id, now)
             if b.unfinished and i + 1 < len(members):
                 b.unfinished.append((lambda broker, rest: self._publish_members(broker, destination, members, rest,
@@ -449,6 +450,7 @@ def _broker_modules() -> tuple:
 
 SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
 HEADERS_KEPT = 512            # distinct headers of other nodes' topic messages kept decoded
+HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
 TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).

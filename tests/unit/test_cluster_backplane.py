@@ -521,3 +521,7 @@ def test_headers_of_a_pack_are_decoded_once_each_and_each_message_gets_its_own()
     bad = C.pack_topic("/topic/h", [C.topic_member("n2-9", {}, b"x")]).replace(b"{}", b"[]")
     feed(r, C.record(C.MESSAGE, 0, bad))   # (logged, not delivered, not kept)
     assert r.messages(1) == [] and b"[]" not in r.broker.backplane.header_json
+    long = {"x": "y" * 2000}
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/h", [C.topic_member("n2-10", long, b"x")])))
+    assert [m["x"] for m in r.messages(1)] == ["y" * 2000]
+    assert len(r.broker.backplane.header_json) == 1   # (a long one is not kept)
