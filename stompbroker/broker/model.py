@@ -138,7 +138,11 @@ class Message:
             body = self.body
             # Everything after the message-id line repeats from one message of a producer to the
             # next: it is rendered once and the message-id spliced in front of it.
-            key = (self.destination, len(body), *self.headers.items())
+            headers = self.headers
+            if "receipt" in headers:  # (never rendered: a producer's receipts differ, its blocks need not)
+                key = (self.destination, len(body), *[h for h in headers.items() if h[0] != "receipt"])
+            else:
+                key = (self.destination, len(body), *headers.items())
             blocks = _BLOCKS[escaped]
             block = blocks.get(key)
             if block is None:

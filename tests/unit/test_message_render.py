@@ -41,3 +41,10 @@ def test_a_header_or_destination_that_differs_gets_its_own_block_and_the_table_s
     for i in range(model.BLOCK_CACHE_ENTRIES * 2):
         assert Message("t", "/topic/a", {"n": str(i)}, b"").shared(False).endswith(f"\nn:{i}\ncontent-length:0\n\n\0".encode())
     assert len(model._BLOCKS[False]) <= model.BLOCK_CACHE_ENTRIES
+
+
+def test_a_producers_receipts_do_not_defeat_the_block_cache_and_are_never_rendered():
+    model._BLOCKS[True].clear()
+    parts = [Message(f"m{i}", "/topic/r", {"receipt": f"r{i}", "k": "v"}, b"x").shared(True) for i in range(3)]
+    assert len(model._BLOCKS[True]) == 1
+    assert parts[2] == b"message-id:m2\ndestination:/topic/r\nk:v\ncontent-length:1\n\nx\0"
