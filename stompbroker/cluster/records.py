@@ -209,15 +209,15 @@ def unpack_message(data) -> tuple[str, str, dict, bytes, int]:
 # Under load the topic messages one round of the dispatcher publishes in a row to one subject go
 # to NATS as one message (``Backplane``): NATS's and both bridges' work is per NATS message, nearly
 # the same for 64 of them as for one. Layout (little-endian):
-#   TOPIC_PACK | n: u32 | len(destination): u16 | destination | member * n
-#   member = len(id): u16 | len(headers): u32 | len(body): u32 | ms left to live: u64 (0 = none)
+#   TOPIC_PACK | n: u32 | len(destination): u32 | destination | member * n
+#   member = len(id): u32 | len(headers): u32 | len(body): u32 | ms left to live: u64 (0 = none)
 #            | id | headers (JSON object) | body
 # A pack_message (one message alone) starts with "{", so a receiver tells the two apart by the
 # first bytes. The headers stay JSON bytes until the receiver decodes them: it decodes each
 # distinct one once (a producer's messages mostly carry the same headers).
 TOPIC_PACK = b"SBt1"
-_PACK = struct.Struct("<IH")
-_MEMBER = struct.Struct("<HIIQ")
+_PACK = struct.Struct("<II")
+_MEMBER = struct.Struct("<IIIQ")
 _COUNT = struct.Struct("<I")
 
 
@@ -258,7 +258,7 @@ def unpack_topic(data) -> tuple[str, list]:
                             data[at + idlen + hlen:pos], expires_ms))
     except (struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"unreadable topic pack: {exc}") from None
-    if pos != end or end < 4 + _PACK.size + dlen:
+    if pos != end:
         raise ValueError("a topic pack cut short")
     return destination, members
 

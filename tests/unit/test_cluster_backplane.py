@@ -525,3 +525,9 @@ def test_headers_of_a_pack_are_decoded_once_each_and_each_message_gets_its_own()
     feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/h", [C.topic_member("n2-10", long, b"x")])))
     assert [m["x"] for m in r.messages(1)] == ["y" * 2000]
     assert len(r.broker.backplane.header_json) == 1   # (a long one is not kept)
+
+
+def test_a_topic_pack_takes_any_destination_the_settings_allow():
+    long = "/topic/" + "d" * 70_000
+    pack = C.pack_topic(long, [C.topic_member("n-1", {}, b"x")])
+    assert C.unpack_topic(pack) == (long, [("n-1", b"{}", b"x", 0)])
