@@ -41,11 +41,12 @@ write = os.write      # on a socket's fd, send() without flags
 
 class Conn:
     __slots__ = ("id", "fd", "ws", "batches", "cur", "cur_stamp", "cur_frames", "cur_marks", "pending",
-                 "closing", "deadline", "hb", "last_write", "writing", "lingering", "written", "gone")
+                 "closing", "deadline", "hb", "last_write", "writing", "lingering", "written")
 
     def __init__(self, conn_id: int, fd: int):
         self.id = conn_id
-        self.fd = fd                    # a bare fd (a socket object is 100 bytes more), -1 once closed
+        # A bare fd (a socket object is 100 bytes more); -1 once discarded, and then its count is final.
+        self.fd = fd
         self.ws = False
         # Full batches waiting to be sent, as (bytes, stamp of the first frame, frame count, marked
         # frame count); the first may be part-sent (then its bytes are a memoryview of the rest).
@@ -56,7 +57,6 @@ class Conn:
         self.cur_frames = 0
         self.cur_marks = 0
         self.written = 0                # marked frames sent (cumulative), reported to the dispatcher
-        self.gone = False               # discarded: its count is final
         self.pending = 0                # bytes queued, not yet sent
         self.closing = False
         self.deadline = 0.0
@@ -220,7 +220,7 @@ class Writer:
         if sock is None:
             self.progress.clear()
             return
-        pairs = [R.WRITTEN_PAIR.pack(c.id, c.written | (R.WRITTEN_FINAL if c.lingering or c.gone else 0))
+        pairs = [R.WRITTEN_PAIR.pack(c.id, c.written | (R.WRITTEN_FINAL if c.lingering or c.fd < 0 else 0))
                  for c in self.progress]
         starts = range(0, max(len(pairs), 1), 4096)
         for i in starts:
@@ -344,7 +344,6 @@ class Writer:
             c.writing = False
         if fd >= 0:
             os.close(fd)
-        c.gone = True
         self.progress.add(c)  # what was not sent never will be: its count is final
         self.heartbeats.discard(c)
         self.stats["pending_bytes"] -= c.pending

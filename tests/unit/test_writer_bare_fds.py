@@ -32,7 +32,7 @@ def test_output_for_a_discarded_connection_never_reaches_the_one_that_gets_its_f
         old = adopt(w, res, 1, old_theirs)
         fd = old.fd
         w.discard(old)
-        assert old.fd == -1 and old.gone
+        assert old.fd == -1
         new = adopt(w, res, 2, new_theirs)
         assert new.fd == fd  # the kernel gave the number again
         w.append(old, b"MESSAGE\n\nfor the old one\0")  # (a late frame for it, as a bug might send)
@@ -65,3 +65,27 @@ def test_a_connection_closed_twice_closes_its_fd_once(resources):
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_discarded_connection_s_written_count_is_reported_final(resources):
+    """(Discarded is told by its fd, -1, not by a field of its own.)"""
+    config, res = resources
+    report, dispatcher_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    w = writer.Writer(0, config, res.output_rings[0], res.fd_pairs[0][1], res.writer_stats[0],
+                      res.writer_latency[0], report)
+    w.fd_sock.setblocking(False)
+    ours, theirs = socket.socketpair()
+    try:
+        c = adopt(w, res, 1, theirs)
+        w.progress.add(c)
+        w.report()  # open: its count may still grow
+        w.discard(c)
+        w.report()
+        pairs = []
+        for _ in range(2):
+            data = dispatcher_end.recv(4096)
+            pairs.append(R.WRITTEN_PAIR.unpack_from(data, R.WRITTEN_HEAD.size))
+        assert pairs == [(1, 0), (1, R.WRITTEN_FINAL)]
+    finally:
+        for s in (report, dispatcher_end, ours, theirs):
+            s.close()
