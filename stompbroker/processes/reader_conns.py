@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import os
-import socket
 import struct
 
 from ..protocol.stomp import FrameParser
