@@ -48,6 +48,8 @@ ROWS = [
     ("latency at RATE msg/s, receipt p99, ms", "latency-tcp", ("receipt_latency_ms", "p99"), "ms", False),
     ("memory per idle connection (PSS), bytes", "idle", ("broker", "pss_bytes_per_connection"), "B", False),
     ("memory per idle connection (USS), bytes", "idle", ("broker", "uss_bytes_per_connection"), "B", False),
+    ("of the PSS: ring pages first touched (shared memory), bytes", "idle",
+     ("broker", "shm_pss_bytes_per_connection"), "B", False),
 ]
 
 

@@ -116,9 +116,37 @@ class BrokerProcs:
             uss += info.uss
         return total, by, uss
 
+    def shm_pss(self) -> int | None:
+        """PSS of the tree's shared-memory mappings (/dev/shm: the broker's rings and statistics),
+        summed: pages of the rings first touched show here, once, whichever processes touched them."""
+        procs = self.processes()
+        if not procs:
+            return None
+        total = 0
+        for p in procs:
+            try:
+                with open(f"/proc/{p.pid}/smaps") as f:
+                    total += shm_pss_of(f.read())
+            except OSError:
+                continue
+        return total
+
     @staticmethod
     def delta(before: dict, after: dict) -> dict:
         return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+
+
+def shm_pss_of(smaps: str) -> int:
+    """Bytes of PSS of the /dev/shm mappings in a /proc/PID/smaps text."""
+    total, inside = 0, False
+    for line in smaps.splitlines():
+        first = line.split(None, 1)[0] if line else ""
+        if "-" in first and not first.endswith(":"):  # a mapping's header line: "start-end perms ... path"
+            parts = line.split(None, 5)
+            inside = len(parts) == 6 and parts[5].startswith("/dev/shm/")
+        elif inside and first == "Pss:":
+            total += int(line.split()[1]) * 1024
+    return total
 
 
 class SpawnedBroker(BrokerProcs):

@@ -99,6 +99,8 @@ def summary_line(res: dict) -> str:
         extra.append(f"receipt p50 {rlat['p50']} p99 {rlat['p99']} ms")
     if res["broker"].get("uss_bytes_per_connection") is not None:
         extra.append(f"USS {res['broker']['uss_bytes_per_connection']} B/conn")
+    if res["broker"].get("shm_pss_bytes_per_connection") is not None:
+        extra.append(f"of it ring pages {res['broker']['shm_pss_bytes_per_connection']} B/conn")
     if res["mb_per_s"].get("payload"):
         extra.append(f"{res['mb_per_s']['payload']} MB/s payload")
     if res.get("machine"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import logging
@@ -154,6 +155,28 @@ class Resources:
             stats.reset()
         for ready in (self.reader_ready[0], self.dispatcher_ready[0]):
             drain(ready)  # a reader restarted alone said "ready" to nobody: not this generation's
+
+
+@contextlib.contextmanager
+def socket_of(fd: int):
+    """A socket object over ``fd`` for a rare call (an option, the peer's address, a shutdown); the fd
+    stays open and is not the object's."""
+    sock = socket.socket(fileno=fd)
+    try:
+        yield sock
+    finally:
+        sock.detach()
+
+
+def shutdown(fd: int, how: int) -> None:
+    """shutdown(2) on a connection's bare fd; one closed here already (-1) or by its peer is left be."""
+    if fd < 0:
+        return
+    try:
+        with socket_of(fd) as sock:
+            sock.shutdown(how)
+    except OSError:
+        pass
 
 
 def drain(fd: int) -> None:

@@ -127,9 +127,9 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
             if self.undecided:
                 self.expire_undecided(now)
             if closing_tls:
-                for conn in [c for c in closing_tls if now > c.tls.deadline or c.sock.fileno() < 0]:
+                for conn in [c for c in closing_tls if now > c.tls.deadline or c.fd < 0]:
                     closing_tls.discard(conn)
-                    if conn.sock.fileno() >= 0:
+                    if conn.fd >= 0:
                         self.drop(conn)
             self.push()
             if self.pushed:
@@ -151,7 +151,7 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         # socket pair, whose readable side carries plaintext from the writer, to encrypt.
         from_writer = type(what) is TlsLink
         conn = what.conn if from_writer else what
-        if conn.sock.fileno() < 0:
+        if conn.fd < 0:
             # Dropped by an earlier event of the same batch (a TLS connection has two sockets,
             # so its client's close and its writer's output can arrive together): nothing to do.
             return

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import selectors
 import socket
 import time
 
 from ..ipc import records as R
 from ..protocol.stomp import render_frame
+from .common import shutdown
 from .reader_conns import PROXY, Conn
 from .reader_tls import TlsLink
 
@@ -48,7 +50,7 @@ class Accepting:
                     sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 inner, writer_end = socket.socketpair()
                 inner.setblocking(False)
-                link = TlsLink(inner)
+                link = TlsLink(sock, inner)
             try:
                 handed = writer_end if link is not None else sock
                 socket.send_fds(self.fd_socks[writer], [R.CONN_ID.pack(conn_id)], [handed.fileno()])
@@ -56,11 +58,13 @@ class Accepting:
                 log.error("cannot hand connection to writer %d: %s", writer, exc)
                 sock.close()
                 continue
-            conn = Conn(conn_id, sock, writer)
+            # A plain connection keeps its bare fd, not the socket object (TLS: its TlsLink keeps it).
+            fd = sock.fileno() if link is not None else sock.detach()
+            conn = Conn(conn_id, fd, writer)
             if proxied:
                 conn.mode = PROXY
-            self.conns[sock.fileno()] = conn
-            self.sel.register(sock, selectors.EVENT_READ, conn)
+            self.conns[fd] = conn
+            self.sel.register(fd, selectors.EVENT_READ, conn)
             if link is not None:
                 writer_end.close()  # the writer has its own copy now
                 conn.tls, link.conn = link, conn
@@ -89,9 +93,13 @@ class Accepting:
         if conn.tls is not None:
             self.pause_inner(conn.tls)
             conn.tls.inner.close()  # the writer sees its socket closed and lets go
-        self.sel.unregister(conn.sock)
-        del self.conns[conn.sock.fileno()]
-        conn.sock.close()
+        fd, conn.fd = conn.fd, -1
+        self.sel.unregister(fd)
+        del self.conns[fd]
+        if conn.tls is not None:
+            conn.tls.sock.close()
+        else:
+            os.close(fd)
         self.release(conn)
         self.emit(R.CLOSED, conn.id)
 
@@ -100,8 +108,5 @@ class Accepting:
         doomed = [c for c in self.conns.values() if c.writer == writer]
         log.warning("writer %d restarted: closing its %d connections", writer, len(doomed))
         for conn in doomed:
-            try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            shutdown(conn.fd, socket.SHUT_RDWR)
             self.drop(conn)

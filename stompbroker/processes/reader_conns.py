@@ -1,10 +1,10 @@
 """The reader's plain data: one connection's state (``Conn``), what it speaks (``Mode``), and one
-recv() on a plain socket."""
+read on a plain connection's fd."""
 
 from __future__ import annotations
 
 import enum
-import socket
+import os
 import struct
 
 from ..protocol.stomp import FrameParser
@@ -27,12 +27,14 @@ NEW, STOMP, HTTP, WEBSOCKET, DEAD, PROXY = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode
 
 
 class Conn:
-    __slots__ = ("id", "sock", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held",
+    __slots__ = ("id", "fd", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held",
                  "dropped")
 
-    def __init__(self, conn_id: int, sock: socket.socket, writer: int, parser: FrameParser | None = None):
+    def __init__(self, conn_id: int, fd: int, writer: int, parser: FrameParser | None = None):
         self.id = conn_id
-        self.sock = sock
+        # A bare fd, -1 once closed: a socket object would cost 100 bytes per idle connection. A TLS
+        # connection's socket (the ssl module reads it) is its TlsLink's ``sock``.
+        self.fd = fd
         self.writer = writer
         self.mode = NEW
         self.parser = parser    # only while it holds an unfinished frame (see Framing.feed)
@@ -46,10 +48,10 @@ class Conn:
                                 # -1 once it is no longer read (Poller.quiet)
 
 
-def receive(sock: socket.socket) -> bytes | None:
-    """What one recv() gives: bytes, b"" at the end of the stream (or on an error), None if nothing yet."""
+def receive(fd: int) -> bytes | None:
+    """What one read gives: bytes, b"" at the end of the stream (or on an error), None if nothing yet."""
     try:
-        return sock.recv(READ_SIZE)
+        return os.read(fd, READ_SIZE)
     except (BlockingIOError, InterruptedError):
         return None
     except OSError:

@@ -11,6 +11,7 @@ from ..ipc import records as R
 from ..protocol import proxy
 from ..protocol.sniff import sniff
 from . import undecided
+from .common import socket_of
 from .reader_conns import DEAD, HTTP, NEW, PROXY, STOMP, Conn
 
 log = logging.getLogger("stompbroker.reader")
@@ -65,7 +66,8 @@ class FirstBytes:
         """No PROXY header from a trusted proxy, a bad one, or one from anyone else: close without a word
         (who is behind a broken proxy, or what an untrusted peer speaks, is not known)."""
         try:
-            peer = "%s:%s" % conn.sock.getpeername()[:2]
+            with socket_of(conn.fd) as sock:
+                peer = "%s:%s" % sock.getpeername()[:2]
         except OSError:
             peer = "?"
         log.warning("connection %d from %s: %s; closing it", conn.id, peer, reason)
@@ -85,7 +87,7 @@ class FirstBytes:
                 continue  # (refused meanwhile: a PROXY header where none is believed)
             if conn.tls is None:
                 self.read(conn, now)
-                if conn.sock.fileno() < 0 or conn.mode not in (NEW, PROXY):
+                if conn.fd < 0 or conn.mode not in (NEW, PROXY):
                     continue
             under_way = conn.mode == PROXY or (conn.tls is not None and conn.tls.handshaking)
             answer = undecided.answer(conn.buf, under_way)

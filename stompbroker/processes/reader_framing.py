@@ -11,6 +11,7 @@ from ..ipc import records as R
 from ..protocol import websocket as ws
 from ..protocol.stomp import FrameParser, ProtocolError
 from ..protocol.websocket import WsEvent
+from .common import socket_of
 from .reader_conns import DEAD, HTTP, NEW, PROXY, RESET, STOMP, WEBSOCKET, Conn, receive
 
 TRIM_AFTER = 1 << 20     # freeing a buffer this big asks the allocator to give memory back (once a second)
@@ -27,10 +28,11 @@ class Framing:
             # No longer read, so this is a hang-up (the client's, or the writer's after its linger).
             # Reset, not FIN: a client blocked writing into the closed window is told at once
             # instead of probing it until the kernel gives up on the orphaned socket.
-            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
+            with socket_of(conn.fd) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             self.drop(conn)
             return
-        data = receive(conn.sock)
+        data = receive(conn.fd)
         if data is None:
             return
         if not data:
@@ -49,9 +51,9 @@ class Framing:
         connection's until the writer closes. TLS connections are read to their close_notify."""
         self.stats["bytes_in"] += size
         conn.dropped += size
-        if conn.dropped > self.config.close_read_limit and conn.tls is None and conn.sock.fileno() >= 0:
+        if conn.dropped > self.config.close_read_limit and conn.tls is None and conn.fd >= 0:
             conn.dropped = -1
-            self.sel.quiet(conn.sock)
+            self.sel.quiet(conn.fd)
 
     def received(self, conn: Conn, data: bytes, now: float) -> None:
         self.stats["bytes_in"] += len(data)

@@ -24,10 +24,11 @@ class TlsLink:
     """TLS for one connection: the writer writes plaintext into ``inner``'s peer, and the reader
     encrypts what comes out of ``inner`` onto the client's socket."""
 
-    __slots__ = ("conn", "inner", "out", "handshaking", "closing", "deadline", "inner_paused")
+    __slots__ = ("conn", "sock", "inner", "out", "handshaking", "closing", "deadline", "inner_paused")
 
-    def __init__(self, inner: socket.socket):
+    def __init__(self, sock: socket.socket, inner: socket.socket):
         self.conn: Conn | None = None  # set once accepted
+        self.sock = sock            # the client's (an SSLSocket once TLS starts: after a PROXY header)
         self.inner = inner
         self.out = bytearray()      # ciphertext-to-be that the client's socket would not take yet
         self.handshaking = True
@@ -56,7 +57,7 @@ class TlsEnd:
     def tls_event(self, conn: Conn, mask: int, now: float) -> None:
         """Readable or writable client socket of a TLS connection."""
         link = conn.tls
-        sock = conn.sock
+        sock = link.sock
         if link.handshaking:
             try:
                 sock.do_handshake()
@@ -74,7 +75,7 @@ class TlsEnd:
             self.sel.modify(sock, selectors.EVENT_READ, conn)
         if mask & selectors.EVENT_WRITE and link.out:
             self.tls_flush(conn)
-            if conn.sock.fileno() < 0:
+            if conn.fd < 0:
                 return
         if mask & selectors.EVENT_READ:
             chunks = []
@@ -96,13 +97,13 @@ class TlsEnd:
                 closed = True
             if chunks:
                 self.received(conn, b"".join(chunks), now)
-            if closed and sock.fileno() >= 0:
+            if closed and conn.fd >= 0:
                 self.drop(conn)
 
     def tls_proxy_header(self, conn: Conn, now: float) -> None:
         """ssl_port behind a proxy that passes TLS through: its PROXY header, then the handshake."""
         try:
-            conn.buf, parsed, closed = proxy_before_tls.read_header(conn.sock, conn.buf)
+            conn.buf, parsed, closed = proxy_before_tls.read_header(conn.tls.sock, conn.buf)
         except proxy.ProxyError as exc:
             self.proxy_refused(conn, str(exc))
             return
@@ -110,7 +111,8 @@ class TlsEnd:
             self.drop(conn)
         elif parsed is not None:
             source, _ = parsed
-            conn.sock = self.tls_context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            link = conn.tls
+            link.sock = self.tls_context.wrap_socket(link.sock, server_side=True, do_handshake_on_connect=False)
             conn.mode = NEW
             if source is not None:
                 self.emit(R.PEER, conn.id, proxy.peer_text(*source).encode())
@@ -119,7 +121,7 @@ class TlsEnd:
     def tls_from_writer(self, conn: Conn, now: float, closing: set) -> None:
         """The writer wrote (plaintext) for a TLS connection: encrypt it onto the client's socket."""
         link = conn.tls
-        data = receive(link.inner)
+        data = receive(link.inner.fileno())
         if data is None:
             return
         if data:
@@ -146,7 +148,8 @@ class TlsEnd:
             link.inner_paused = True
 
     def tls_flush(self, conn: Conn) -> None:
-        link, sock = conn.tls, conn.sock
+        link = conn.tls
+        sock = link.sock
         while link.out:
             try:
                 sent = sock.send(link.out[:READ_SIZE])

@@ -20,6 +20,7 @@ so the dispatcher puts it back in its queue and it stays in the store.
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import socket
 import time
@@ -35,14 +36,17 @@ log = logging.getLogger("stompbroker.writer")
 LINGER = 1.0          # seconds a closed connection may still read before its read side is cut
 STALLED = 1.0         # over max_pending_bytes, a connection that took nothing for this long is slow
 
+write = os.write      # on a socket's fd, send() without flags
+
 
 class Conn:
-    __slots__ = ("id", "sock", "ws", "batches", "cur", "cur_stamp", "cur_frames", "cur_marks", "pending",
-                 "closing", "deadline", "hb", "last_write", "writing", "lingering", "written", "gone")
+    __slots__ = ("id", "fd", "ws", "batches", "cur", "cur_stamp", "cur_frames", "cur_marks", "pending",
+                 "closing", "deadline", "hb", "last_write", "writing", "lingering", "written")
 
-    def __init__(self, conn_id: int, sock: socket.socket):
+    def __init__(self, conn_id: int, fd: int):
         self.id = conn_id
-        self.sock = sock
+        # A bare fd (a socket object is 100 bytes more); -1 once discarded, and then its count is final.
+        self.fd = fd
         self.ws = False
         # Full batches waiting to be sent, as (bytes, stamp of the first frame, frame count, marked
         # frame count); the first may be part-sent (then its bytes are a memoryview of the rest).
@@ -53,7 +57,6 @@ class Conn:
         self.cur_frames = 0
         self.cur_marks = 0
         self.written = 0                # marked frames sent (cumulative), reported to the dispatcher
-        self.gone = False               # discarded: its count is final
         self.pending = 0                # bytes queued, not yet sent
         self.closing = False
         self.deadline = 0.0
@@ -196,13 +199,12 @@ class Writer:
             if not data:
                 return
             for fd in fds:
-                sock = socket.socket(fileno=fd)
-                sock.setblocking(False)
+                os.set_blocking(fd, False)
                 (conn_id,) = R.CONN_ID.unpack(data[:8])
                 if conn_id < self.floor:  # passed by a reader that has died since: nobody reads it
-                    sock.close()
+                    os.close(fd)
                     continue
-                self.conns[conn_id] = Conn(conn_id, sock)
+                self.conns[conn_id] = Conn(conn_id, fd)
                 self.stats["connections"] = len(self.conns)
 
     def reset(self, floor: int) -> None:
@@ -218,7 +220,7 @@ class Writer:
         if sock is None:
             self.progress.clear()
             return
-        pairs = [R.WRITTEN_PAIR.pack(c.id, c.written | (R.WRITTEN_FINAL if c.lingering or c.gone else 0))
+        pairs = [R.WRITTEN_PAIR.pack(c.id, c.written | (R.WRITTEN_FINAL if c.lingering or c.fd < 0 else 0))
                  for c in self.progress]
         starts = range(0, max(len(pairs), 1), 4096)
         for i in starts:
@@ -262,7 +264,7 @@ class Writer:
         while batches:
             batch, stamp, frames, marks = batches[0]
             try:
-                sent = c.sock.send(batch)
+                sent = write(c.fd, batch)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
@@ -276,7 +278,7 @@ class Writer:
             if sent < len(batch):
                 batches[0] = (memoryview(batch)[sent:], stamp, frames, marks)
                 if not c.writing:
-                    self.sel.register(c.sock, selectors.EVENT_WRITE, c)
+                    self.sel.register(c.fd, selectors.EVENT_WRITE, c)
                     c.writing = True
                 return
             del batches[0]
@@ -290,7 +292,7 @@ class Writer:
                 self.latency_pending = True
         c.batches = ()  # all sent: an idle connection keeps no list
         if c.writing:
-            self.sel.unregister(c.sock)
+            self.sel.unregister(c.fd)
             c.writing = False
         if c.closing and not c.lingering:
             self.hang_up(c)
@@ -325,10 +327,7 @@ class Writer:
 
     def hang_up(self, c: Conn) -> None:
         """Everything is sent: send FIN, and let the peer read it before the read side is cut."""
-        try:
-            c.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        common.shutdown(c.fd, socket.SHUT_WR)
         c.lingering = True
         c.deadline = time.monotonic() + LINGER
         self.ending.add(c)
@@ -337,15 +336,14 @@ class Writer:
 
     def discard(self, c: Conn) -> None:
         """Forget a connection; shutting the read side wakes the reader, which reports the close."""
-        try:
-            c.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        # -1 first: a later write must fail (EBADF), never reach whichever connection gets the fd next
+        fd, c.fd = c.fd, -1
+        common.shutdown(fd, socket.SHUT_RDWR)
         if c.writing:
-            self.sel.unregister(c.sock)
+            self.sel.unregister(fd)
             c.writing = False
-        c.sock.close()
-        c.gone = True
+        if fd >= 0:
+            os.close(fd)
         self.progress.add(c)  # what was not sent never will be: its count is final
         self.heartbeats.discard(c)
         self.stats["pending_bytes"] -= c.pending
