@@ -405,11 +405,17 @@ def publish_records(records) -> list[tuple[str, int]]:
     return out
 
 
-def test_a_rounds_topic_messages_in_a_row_to_one_subject_go_to_nats_as_one_pack_in_order():
-    r = rig()
+def sending(**settings) -> Rig:
+    """A node with a client on conn 1, NATS reachable, and /topic/* wanted elsewhere."""
+    r = rig(**settings)
     r.connect(1)
     feed(r, status(True), remote("/topic/*"))
     to_bridge(r)
+    return r
+
+
+def test_a_rounds_topic_messages_in_a_row_to_one_subject_go_to_nats_as_one_pack_in_order():
+    r = sending()
     for i in range(5):
         r.send(1, "/topic/a", b"a%d" % i)
     r.send(1, "/topic/b", b"b0")
@@ -422,24 +428,15 @@ def test_a_rounds_topic_messages_in_a_row_to_one_subject_go_to_nats_as_one_pack_
 
 
 def test_a_topic_pack_is_bounded_by_count_and_bytes():
-    r = rig(cluster_topic_pack_max=3)
-    r.connect(1)
-    feed(r, status(True), remote("/topic/*"))
-    to_bridge(r)
+    r = sending(cluster_topic_pack_max=3)
     for i in range(7):
         r.send(1, "/topic/a", b"m%d" % i)
     assert [n for _, n in publish_records(to_bridge(r))] == [3, 3, 1]
-    r = rig()
-    r.connect(1)
-    feed(r, status(True), remote("/topic/*"))
-    to_bridge(r)
+    r = sending()
     for i in range(4):
         r.send(1, "/topic/a", bytes([65 + i]) * 30_000)
     assert [n for _, n in publish_records(to_bridge(r))] == [2, 2]
-    r = rig(cluster_topic_pack_max=1)
-    r.connect(1)
-    feed(r, status(True), remote("/topic/*"))
-    to_bridge(r)
+    r = sending(cluster_topic_pack_max=1)
     for i in range(3):
         r.send(1, "/topic/a", b"m%d" % i)
     records = to_bridge(r)
