@@ -1139,7 +1139,7 @@ class QueueBridge:
             yield stream, filters, last, stored
 
     async def _take(self, stream: str, consumer: str, last: int, left: int, stop: float, each,
-                    subject: str = "") -> bool:
+                    queue_subject: str = "") -> bool:
         """Pull up to ``left`` JetStream messages of ``consumer`` (no waiting: what it has now) and
         hand those stored up to sequence ``last`` to ``each`` (a coroutine; False: no more); nak
         the others (stored after the action began, or past ``each``'s end). The queue's own
@@ -1147,8 +1147,8 @@ class QueueBridge:
         node holds (delivered or not) is never among them. True when it stopped before the end:
         ``each`` had enough, or ``stop`` came (what the server still sends for the pull then is
         nak'ed for up to TAKE_GRACE seconds; later, it comes back after cluster_ack_wait_ms).
-        ``subject``: the queue's; a pull that found nothing is asked again while the stream holds
-        more of its messages than nodes hold unacknowledged (``_undelivered``)."""
+        ``queue_subject``: the queue's; a pull that found nothing is asked again while the stream
+        holds more of its messages than nodes hold unacknowledged (``_undelivered``)."""
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
@@ -1170,8 +1170,9 @@ class QueueBridge:
                     if status == "100":
                         continue
                     if status:  # 404 no messages, 408, 409: the request ended; 503: nobody answered it
-                        unanswered = status == "503" or (status == "404" and not got and subject != "" and
-                                                         await self._undelivered(stream, consumer, subject, stop))
+                        unanswered = status == "503" or (status == "404" and not got and queue_subject != "" and
+                                                         await self._undelivered(stream, consumer, queue_subject,
+                                                                                 stop))
                         break
                     got += 1
                     if late or enough or stream_sequence(msg.reply) > last:
