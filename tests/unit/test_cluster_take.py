@@ -54,8 +54,8 @@ class Js:
         self.stored, self.ack_pending = stored, ack_pending
 
     async def stream_info(self, stream, subjects_filter=None):
-        counts = {"s.q": self.stored} if self.stored else {}   # (the queue's subject only, as JetStream)
-        return SimpleNamespace(state=SimpleNamespace(subjects={k: v for k, v in counts.items() if k == subjects_filter}))
+        counts = {"s.q": self.stored} if self.stored and subjects_filter == "s.q" else {}   # (as JetStream)
+        return SimpleNamespace(state=SimpleNamespace(subjects=counts))
 
     async def consumer_info(self, stream, consumer):
         return SimpleNamespace(num_ack_pending=self.ack_pending)
