@@ -25,6 +25,9 @@ from __future__ import annotations
 import orjson
 
 HOLD, DROP, RELEASE = "hold", "drop", "release"
+# A durable subscription's key is a vhost, a login, a client-id and a name, each of at most
+# max_id_length (1 KB by default): a longer one is nobody's, and a node does not keep it.
+MAX_KEY = 64 * 1024
 
 
 def subject(cluster: str) -> str:
@@ -43,7 +46,7 @@ def read_request(data: bytes) -> tuple[str, str] | None:
         op, key = asked["op"], asked["key"]
     except (orjson.JSONDecodeError, TypeError, KeyError):
         return None
-    if op not in (HOLD, DROP, RELEASE) or not isinstance(key, str):
+    if op not in (HOLD, DROP, RELEASE) or not isinstance(key, str) or len(key) > MAX_KEY:
         return None
     return op, key
 

@@ -15,7 +15,8 @@ from test_cluster_queuing import FakeJetStream
 
 def test_requests_and_answers_travel_and_garbage_is_not_a_request():
     assert removal.read_request(removal.request(removal.HOLD, "u\x1fd")) == ("hold", "u\x1fd")
-    for data in (b"", b"[]", b'{"op":"explode","key":"k"}', b'{"op":"drop"}', b'{"op":"drop","key":3}'):
+    for data in (b"", b"[]", b'{"op":"explode","key":"k"}', b'{"op":"drop"}', b'{"op":"drop","key":3}',
+                 removal.request(removal.HOLD, "k" * (removal.MAX_KEY + 1))):
         assert removal.read_request(data) is None, data
     assert removal.read_answer(removal.answer("n1", True, False)) == {"node": "n1", "held": True, "attached": False}
     assert removal.read_answer(b"{}") is None and removal.read_answer(b"nope") is None
