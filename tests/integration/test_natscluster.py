@@ -35,7 +35,7 @@ async def _roundtrip(servers: list[str], stream: str, payloads: list[bytes], exp
             try:
                 await js.add_stream(name=stream, subjects=[f"{stream}.>"], num_replicas=3)
             except nats.js.errors.BadRequestError:
-                pass  # exists (a later round)
+                await js.stream_info(stream)  # exists (a later round); else this raises and it is asked again
         await _retry(add, deadline)
         for p in payloads:
             ack = await _retry(lambda: js.publish(f"{stream}.x", p, headers={"Nats-Msg-Id": p.decode()}), deadline)
