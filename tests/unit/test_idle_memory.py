@@ -24,6 +24,7 @@ from stompbroker.protocol.stomp import render_frame
 from stompbroker.settings import make_config
 
 N = 500
+WARM = 16   # connections made before the count starts (see the tests)
 CONNECT = b"CONNECT\naccept-version:1.0,1.1,1.2\nhost:/\nheart-beat:0,0"
 
 
@@ -89,11 +90,11 @@ def test_reader_connection_of_an_idle_client_is_small(resources):
     handed = res.fd_pairs[0][1]  # where the sockets go to the (only) writer
     handed.setblocking(False)
     res.fd_pairs[0][0].settimeout(2.0)
-    clients = [socket.socket() for _ in range(N)]  # made before the count starts: not the reader's
+    clients = [socket.socket() for _ in range(WARM + N)]  # made before the count starts: not the reader's
 
-    def make():
-        for i in range(0, N, 8):  # a few at a time: the writer's channel queues only a few sockets
-            for client in clients[i:i + 8]:
+    def make(first: int, last: int):
+        for i in range(first, last, 8):  # a few at a time: the writer's channel queues only a few sockets
+            for client in clients[i:min(i + 8, last)]:
                 client.connect(r.listener.getsockname())
                 client.sendall(CONNECT + b"\n\n\0")
             r.accept(r.listener)
@@ -104,16 +105,17 @@ def test_reader_connection_of_an_idle_client_is_small(resources):
                     break
                 for fd in fds:
                     os.close(fd)
-        assert len(r.conns) == N
+        assert len(r.conns) == last
         now = time.monotonic()
-        for conn in list(r.conns.values()):
+        for conn in list(r.conns.values())[first:]:
             r.read(conn, now)
         r.out, r.count = bytearray(), 0  # the records for the dispatcher
         return None
 
     try:
-        cost = per_connection(make)
-        assert r.stats["frames_in"] == N  # every CONNECT was read
+        make(0, WARM)   # what the first connections make once (the paths' own tables) is no connection's
+        cost = per_connection(lambda: make(WARM, WARM + N))
+        assert r.stats["frames_in"] == WARM + N  # every CONNECT was read
         # The Conn (slotted) and its entries in Reader.conns; no socket object (a bare fd), no parser
         # (made when an unfinished frame must be kept), no selector key (the whole was 0.58 KB, then
         # 336 B with a socket object).
@@ -133,27 +135,28 @@ def test_writer_connection_of_an_idle_client_is_small(resources):
     w = writer.Writer(0, config, res.output_rings[0], res.fd_pairs[0][1], res.writer_stats[0],
                       res.writer_latency[0])
     w.fd_sock.setblocking(False)
-    pairs = [socket.socketpair() for _ in range(N)]  # made before the count starts: not the writer's
+    pairs = [socket.socketpair() for _ in range(WARM + N)]  # made before the count starts: not the writer's
     connected = render_frame("CONNECTED", {"version": "1.2", "server": "stompbroker", "heart-beat": "0,0"})
 
-    def make():
-        for i in range(0, N, 8):  # a few at a time: the channel from the reader queues only a few
-            for k, (_, theirs) in enumerate(pairs[i:i + 8]):
+    def make(first: int, last: int):
+        for i in range(first, last, 8):  # a few at a time: the channel from the reader queues only a few
+            for k, (_, theirs) in enumerate(pairs[i:min(i + 8, last)]):
                 socket.send_fds(res.fd_pairs[0][0], [R.CONN_ID.pack(1000 + i + k)], [theirs.fileno()])
             w.adopt()
-        assert len(w.conns) == N
-        for c in list(w.conns.values()):  # each connection's CONNECTED, sent at once
+        assert len(w.conns) == last
+        for c in list(w.conns.values())[first:]:  # each connection's CONNECTED, sent at once
             w.append(c, connected)
             w.flush(c)
         return None
 
     try:
-        cost = per_connection(make)
+        make(0, WARM)   # what the first connections make once (the paths' own tables) is no connection's
+        cost = per_connection(lambda: make(WARM, WARM + N))
         assert all(ours.recv(1024) == connected for ours, _ in pairs)
         # The Conn (slotted) and its entry in Writer.conns; no socket object (a bare fd), no batch
         # list or buffer kept once everything is sent (the whole was 0.46 KB, then 345 B with a
         # socket object).
-        assert cost < 290, f"{cost:.0f} bytes per idle connection"
+        assert cost < 320, f"{cost:.0f} bytes per idle connection"   # (281 here; 345 with a socket object)
         assert not any(isinstance(getattr(c, name), socket.socket) for c in w.conns.values() for name in c.__slots__)
     finally:
         for c in w.conns.values():
