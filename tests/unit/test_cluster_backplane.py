@@ -233,6 +233,16 @@ def test_a_new_bridge_is_told_the_whole_interest():
     assert sorted(to_bridge(r)) == [("INTEREST", 0, 1, b"/topic/b*"), ("INTEREST", 0, 2, b"/topic/a")]
 
 
+def finish(r: Rig) -> int:
+    """Resume the broker's unfinished steps, draining the outboxes, until none is left: how many."""
+    stops = 0
+    while r.broker.unfinished:
+        r._drain()
+        r.broker.resume()
+        stops += 1
+    return stops
+
+
 def test_a_held_send_behind_a_stopped_fan_out_keeps_its_token_and_its_receipts_order():
     """A COMMIT of two SENDs while NATS is unreachable: the first one's local fan-out stops over an
     outbox's limit, so the rest of the event (the second publish, both receipts) waits its turn;
@@ -251,11 +261,7 @@ def test_a_held_send_behind_a_stopped_fan_out_keeps_its_token_and_its_receipts_o
     r.send(1, "/topic/t", b"one", transaction="tx", receipt="s1")
     r.send(1, "/topic/t", b"two", transaction="tx", receipt="s2")
     r.frame(1, "COMMIT", transaction="tx", receipt="c")
-    stops = 0
-    while r.broker.unfinished:
-        r._drain()
-        r.broker.resume()
-        stops += 1
+    stops = finish(r)
     assert stops > 0
     assert [b for c in range(2, 22) for b in r.bodies(c)] == [b"one", b"two"] * 20
     sent = published(to_bridge(r))
@@ -482,11 +488,7 @@ def test_a_pack_from_another_node_is_delivered_in_order_and_resumes_after_an_out
     r.subscribe(11, "/topic/p")
     r.take(11)
     feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/p", members)))
-    stops = 0
-    while r.broker.unfinished:
-        r._drain()
-        r.broker.resume()
-        stops += 1
+    stops = finish(r)
     assert stops > 1
     assert all(r.bodies(c) == [b"m%d" % i for i in range(20)] for c in range(1, 12))
     assert r.broker.backplane.stats["received"] == 40
