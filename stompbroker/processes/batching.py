@@ -12,21 +12,28 @@ On a WebSocket connection each STOMP frame becomes one WebSocket message.
 
 from __future__ import annotations
 
-from ..protocol.websocket import encode_message
+from ..protocol.websocket import message_header
 
 
 def add(c, data, stamp: int, limit: int, ws: bool = False, mark: int = 0) -> int:
     """Append one frame to c's current batch (as a WebSocket message when ws); return its bytes on the wire."""
-    if ws:
-        data = encode_message(data)
     n = len(data)
+    if ws:  # the WebSocket header goes in first and the frame after it: no joined copy between
+        header = message_header(data)
+        n += len(header)
     if c.cur and len(c.cur) + n > limit:
         close(c)
     if c.cur_frames:
+        if ws:
+            c.cur += header
         c.cur += data
     else:  # an idle connection keeps no buffer: one is made for its first frame
         c.cur_stamp = stamp
-        c.cur = bytearray(data)
+        if ws:
+            c.cur = bytearray(header)
+            c.cur += data
+        else:
+            c.cur = bytearray(data)
     c.cur_frames += 1
     c.cur_marks += mark
     c.pending += n

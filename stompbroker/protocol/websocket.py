@@ -358,9 +358,30 @@ def encode_message(stomp_frame: bytes) -> bytes:
     UTF-8 would make the client fail the connection with 1007, so it goes
     out as binary instead.
     """
-    if not isinstance(stomp_frame, (bytes, bytearray)):
+    return message_header(stomp_frame) + bytes(stomp_frame)
+
+
+# The headers of short text messages, made once: a writer puts one before each frame it sends.
+_SHORT_TEXT = tuple(bytes((0x80 | OP_TEXT, n)) for n in range(126))
+
+
+def message_header(stomp_frame) -> bytes:
+    """The WebSocket header ``encode_message`` puts before ``stomp_frame`` (bytes or a memoryview
+    of them): a writer appends it and the frame to its batch, with no joined copy between."""
+    if type(stomp_frame) is not bytes:
         stomp_frame = bytes(stomp_frame)
-    return encode_frame(stomp_frame, OP_TEXT if _is_utf8(stomp_frame) else OP_BIN)
+    n = len(stomp_frame)
+    if stomp_frame.isascii():
+        if n < 126:
+            return _SHORT_TEXT[n]
+        b0 = 0x80 | OP_TEXT
+    else:
+        b0 = 0x80 | (OP_TEXT if _is_utf8(stomp_frame) else OP_BIN)
+    if n < 126:
+        return bytes((b0, n))
+    if n < 0x10000:
+        return struct.pack("!BBH", b0, 126, n)
+    return struct.pack("!BBQ", b0, 127, n)
 
 
 def encode_close(code: int | None = CloseCode.NORMAL, reason: str = "") -> bytes:

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from stompbroker.protocol.websocket import (
     OP_BIN, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT,
     HandshakeError, WsDecoder, WsProtocolError,
-    encode_close, encode_frame, encode_message, handshake_response,
+    encode_close, encode_frame, encode_message, handshake_response, message_header,
     http_response, mask_bytes, parse_http_request,
 )
 
@@ -412,6 +412,22 @@ def test_mask_bytes_is_an_involution_at_every_size():
 def test_encode_message_text_vs_binary():
     assert decode_server_frame(encode_message(b"MESSAGE\n\nh\xc3\xa9\x00")) == (OP_TEXT, b"MESSAGE\n\nh\xc3\xa9\x00")
     assert decode_server_frame(encode_message(b"MESSAGE\n\n\xff\x00")) == (OP_BIN, b"MESSAGE\n\n\xff\x00")
+
+
+def test_a_message_header_is_the_header_encode_frame_puts_before_a_frame():
+    """What a writer appends before each frame: the header encode_frame makes, for every length
+    class and both opcodes, from bytes or a memoryview (the writer's batch takes it, then the frame)."""
+    for n in (0, 1, 125, 126, 127, 65535, 65536, 70000):
+        for fill in (b"a", b"\xc3\xa9", b"\xff"):
+            frame = (fill * n)[:n]
+            try:
+                opcode = OP_TEXT if frame.decode() is not None else OP_BIN
+            except UnicodeDecodeError:  # (a cut character too)
+                opcode = OP_BIN
+            expected = encode_frame(frame, opcode)
+            for given in (frame, memoryview(frame)):
+                header = message_header(given)
+                assert header + frame == expected == encode_message(given), (n, fill)
 
 
 def test_encode_close():
