@@ -139,6 +139,10 @@ class FrameParser:
             head_limit = min(head_limit, self.max_names[0] + 1)
         head, bstart, clen, scan, line = self._pending or _FRESH
         nn = crn = -2  # next LF LF / LF CR LF at or after the search start; -1: none in buf, -2: unknown
+        # Clients send LF or CRLF throughout: with no CR in the whole read, no head needs its CRs looked at.
+        cr = b"\r" in buf
+        if not cr:
+            crn = -1
         self._pending = None
         while True:
             start = pos
@@ -181,17 +185,27 @@ class FrameParser:
                 head = buf[start:e]
                 if copy:
                     head = bytes(head)
-                if head[-1] == 13:
-                    head = head[:-1]  # the CR of the last line's CRLF
-                if b"\r" in head:
-                    head = head.replace(b"\r\n", b"\n")
+                if cr:
+                    if head[-1] == 13:
+                        head = head[:-1]  # the CR of the last line's CRLF
                     if b"\r" in head:
-                        raise _fail("malformed frame", "CR not followed by LF", head)
-                # One cheap test for the common case; _check_head finds the precise reason.
-                if e - start >= head_limit or b"\0" in head or head.count(b"\n") > max_headers:
+                        head = head.replace(b"\r\n", b"\n")
+                        if b"\r" in head:
+                            raise _fail("malformed frame", "CR not followed by LF", head)
+                # One cheap test for the common case; _check_head finds the precise reason. (A head
+                # of more than max_headers lines is longer than max_headers bytes.)
+                if e - start >= head_limit or b"\0" in head or (
+                        len(head) > max_headers and head.count(b"\n") > max_headers):
                     self._check_head(head, e + 1 - start)
                 k = head.find(b"\ncontent-length:")  # first occurrence wins
-                clen = -1 if k < 0 else self._content_length(head, k + 16)
+                if k < 0:
+                    clen = -1
+                else:  # the common value here; anything else (and every refusal) in _content_length
+                    j = head.find(b"\n", k + 16)
+                    value = head[k + 16:j] if j >= 0 else head[k + 16:]
+                    clen = int(value) if len(value) < 10 and value.isdigit() else -1
+                    if clen < 0 or clen > mfs:
+                        clen = self._content_length(head, k + 16)
                 scan = bstart
             b = start + bstart
             if clen >= 0:
