@@ -77,6 +77,7 @@ class Backplane:
         self.run_max = max(int(getattr(config, "cluster_topic_pack_max", 1) or 1), 1)
         self.subjects: dict[str, str] = {}   # destination -> its topic subject (made once, not per message)
         self.header_json: dict[bytes, dict] = {}   # headers from other nodes, as JSON -> decoded (once each)
+        self.sent_json: dict[tuple, bytes] = {}    # this node's headers (as items) -> their JSON in a pack
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -117,7 +118,7 @@ class Backplane:
     def publish(self, b, message, sender=None) -> bool:
         """A topic message published on this node: to NATS if another node wants it. True if sent."""
         destination = message.destination
-        if not self.remote.match(destination) or not shared(destination):
+        if not self.remote.match(destination) or destination.startswith(LOCAL_ONLY):  # (shared(), inlined)
             return False
         subject = self.subjects.get(destination)
         if subject is None:
@@ -145,11 +146,10 @@ class Backplane:
         return True
 
     def _send(self, b, subject: str, message, flags: int, sender=None) -> None:
-        headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
         expires_ms = max(int((message.expires - b.now) * 1000), 1) if message.expires else 0
         self.stats["published"] += 1
         if self.connected and not flags and self.run_max > 1:  # (a worker message goes alone: NATS picks its node)
-            member = C.topic_member(message.id, headers, message.body, expires_ms)
+            member = C.topic_member_json(message.id, self.headers_json(message.headers), message.body, expires_ms)
             if self.run and (subject != self.run_subject or len(self.run) >= self.run_max
                              or self.run_bytes + len(member) > TOPIC_PACK_BYTES):
                 self.close_run()
@@ -158,6 +158,7 @@ class Backplane:
             self.run_bytes += len(member)
             return
         self.close_run()
+        headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
         payload = C.pack_publish(subject, C.pack_message(message.id, message.destination, headers, message.body,
                                                          expires_ms))
         token = 0
@@ -168,6 +169,20 @@ class Backplane:
                 self.waiting.setdefault(sender, []).append([token, None, False, message.headers.get("receipt")])
             self.stats["held"] += 1
         self.out.add(C.PUBLISH, token, payload, flags)
+
+    def headers_json(self, headers: dict) -> bytes:
+        """A message's headers as they travel in a topic pack (JSON, without NOT_SENT), made once per
+        distinct set: a producer's messages mostly carry the same ones (at most HEADERS_KEPT kept,
+        each at most HEADERS_KEPT_BYTES as JSON)."""
+        key = tuple(headers.items())
+        made = self.sent_json.get(key)
+        if made is None:
+            made = orjson.dumps({k: v for k, v in headers.items() if k not in NOT_SENT})
+            if len(made) <= HEADERS_KEPT_BYTES:
+                if len(self.sent_json) >= HEADERS_KEPT:
+                    self.sent_json.clear()
+                self.sent_json[key] = made
+        return made
 
     def close_run(self) -> None:
         """The topic messages gathered in a row go to the bridge as one pack."""
@@ -449,7 +464,7 @@ def _broker_modules() -> tuple:
 
 
 SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
-HEADERS_KEPT = 512            # distinct headers of other nodes' topic messages kept decoded
+HEADERS_KEPT = 512            # distinct headers of topic messages kept decoded (other nodes') or encoded (this one's)
 HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
 TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 

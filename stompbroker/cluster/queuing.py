@@ -110,6 +110,7 @@ PARKED_DELAY = 2.0   # seconds before a message no local selector takes is offer
 # stream's leader may be on another server and learn a little later that this node's pull is gone;
 # offered at once it could go to that pull, and nowhere, until ack_wait.
 GIVE_BACK_DELAY = 0.25
+NEVER_KEPT = (DIAG_PREFIX, WORKER_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES  # topic-like names no stream keeps
 
 
 def window(pack: int) -> int:
@@ -346,8 +347,8 @@ class ClusterQueues:
                 return False
             self.publish(b, message, session if persistent != "false" else None)
             return True
-        if not destination.startswith((DIAG_PREFIX, WORKER_PREFIX) + TEMP_PREFIXES + REPLY_PREFIXES) and (
-                persistent == "true" or self.backplane.durable_wants(b, destination)):
+        if (persistent == "true" or self.backplane.durable_wants(b, destination)) and \
+                not destination.startswith(NEVER_KEPT):
             self.publish(b, message, session, subject=shards.topic_subject(self.name, self.shards, destination))
         return False
 

@@ -222,9 +222,13 @@ _COUNT = struct.Struct("<I")
 
 
 def topic_member(message_id: str, headers: dict, body: bytes, expires_ms: int = 0) -> bytes:
+    return topic_member_json(message_id, orjson.dumps(headers), body, expires_ms)
+
+
+def topic_member_json(message_id: str, head: bytes, body: bytes, expires_ms: int = 0) -> bytes:
+    """``topic_member`` with the headers given as JSON already."""
     mid = message_id.encode()
-    head = orjson.dumps(headers)
-    return _MEMBER.pack(len(mid), len(head), len(body), expires_ms) + mid + head + body
+    return b"".join((_MEMBER.pack(len(mid), len(head), len(body), expires_ms), mid, head, body))
 
 
 def pack_topic(destination: str, members: list) -> bytes:

@@ -526,6 +526,24 @@ def test_headers_of_a_pack_are_decoded_once_each_and_each_message_gets_its_own()
     assert len(r.broker.backplane.header_json) == 1   # (a long one is not kept)
 
 
+def test_a_producers_headers_are_encoded_once_for_its_packs_and_each_message_travels_with_its_own():
+    r = sending()
+    for i in range(3):
+        r.send(1, "/topic/a", b"m%d" % i, colour="red")
+    r.send(1, "/topic/a", b"m3", colour="blue", receipt="r1")   # (a receipt never travels)
+    r.send(1, "/topic/a", b"m4", note="n" * 2000)
+    (_, _, _, payload), = [rec for rec in to_bridge(r) if rec[0] == "PUBLISH"]
+    _, members = C.unpack_topic(C.unpack_publish(payload)[1])
+    assert [orjson.loads(head) for _, head, _, _ in members] == [{"colour": "red"}] * 3 + [
+        {"colour": "blue"}, {"note": "n" * 2000}]
+    kept = r.broker.backplane.sent_json
+    assert sorted(kept.values()) == [b'{"colour":"blue"}', b'{"colour":"red"}']   # (a long one is not kept)
+    for i in range(600):   # distinct ones: the table is bounded
+        r.send(1, "/topic/a", b"x", n=str(i))
+    to_bridge(r)
+    assert 0 < len(kept) <= 512
+
+
 def test_a_topic_pack_takes_any_destination_the_settings_allow():
     long = "/topic/" + "d" * 70_000
     pack = C.pack_topic(long, [C.topic_member("n-1", {}, b"x")])
