@@ -89,7 +89,7 @@ class Session:
 
 class Subscription:
     __slots__ = ("session", "id", "destination", "ack", "tracked", "prefetch", "accepts", "unacked", "prefix",
-                 "durable", "temp", "options")
+                 "durable", "temp", "options", "each")
 
     def __init__(self, session: Session, sub_id: str, destination: str, ack: str, prefetch: int, accepts):
         self.session = session
@@ -106,6 +106,7 @@ class Subscription:
         # Rendered once: every delivery is this prefix plus the message's shared part.
         sid = escape(sub_id) if session.escape else sub_id
         self.prefix = b"MESSAGE\nsubscription:" + sid.encode() + b"\n"
+        self.each = b""  # its entry in a fan-out's DATA_EACH record (records.each_entry), made at its first
 
     def has_room(self) -> bool:
         return not self.prefetch or len(self.unacked) < self.prefetch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from ..diag.stats import QUERIES
+from ..ipc import records as R
 from ..protocol.stomp import ProtocolError
 from . import dedup, diagnostics, lastvalue, permissions, priority, replies, schedule, scheduling, temporary
 from .model import Message, Session
@@ -285,7 +286,9 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
     """Deliver a topic message to ``subs``, in order; returns the deliveries made.
 
     A delivery that takes its outbox over the limit stops the loop: the subscriptions not yet
-    served wait in ``Broker.unfinished`` (``some``: deliveries were made before the stop).
+    served wait in ``Broker.unfinished`` (``some``: deliveries were made before the stop). Plain
+    deliveries in a row to one outbox go as one record (``Outbox.add_each``), which is when the
+    limit is looked at.
     """
     if message.destination.startswith(WORKER_PREFIX):  # (when the round-robin waited its turn)
         delivered = deliver_round_robin(b, message.destination, subs, message)
@@ -294,40 +297,92 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
             unclaimed(b, message)
         return delivered
     headers = message.headers
+    if len(subs) == 1:  # (the commonest fan-out: nothing to gather)
+        sub = subs[0]
+        if sub.accepts is not None and not sub.accepts(headers):
+            if not (some or kept):
+                unclaimed(b, message)
+            return 0
+        b.stats["messages_delivered"] += 1
+        session = sub.session
+        if sub.tracked:
+            over = deliver_tracked(b, sub, message, None)
+        else:
+            over = session.outbox.add2(session.conn, sub.prefix, message.shared(session.escape))
+        if over:
+            b.unfinished.append((fan_out, (message, (), kept, True)))  # (an empty step: see below)
+        return 1
     delivered = 0
     escaped_part = plain_part = None
-    for sub in subs:
+    # Plain deliveries in a row to one outbox with one rendering are gathered and go as one record
+    # (Outbox.add_each): the writer gets the rendered part once, not once per connection.
+    box = part = first = None
+    entries: list = []  # the gathered subscriptions' DATA_EACH entries
+    stop = None  # where a delivery took its outbox over the limit: the subscriptions from here wait
+    for i, sub in enumerate(subs):
         if sub.accepts is not None and not sub.accepts(headers):
             continue
         session = sub.session
-        delivered += 1
-        # each add says whether the outbox is now over its limit: then stop after this delivery
         if sub.tracked:
+            if entries:
+                over = _gathered(box, entries, part, first)
+                entries, box = [], None  # (the next plain one starts a record of its own)
+                if over:
+                    stop = i
+                    break
+            delivered += 1
             if deliver_tracked(b, sub, message, None):
+                stop = i + 1
                 break
-        elif session.escape:
+            continue
+        if session.escape:
             if escaped_part is None:
                 escaped_part = message.shared(True)
-            if session.outbox.add2(session.conn, sub.prefix, escaped_part):
-                break
+            mine = escaped_part
         else:
             if plain_part is None:
                 plain_part = message.shared(False)
-            if session.outbox.add2(session.conn, sub.prefix, plain_part):
-                break
+            mine = plain_part
+        if session.outbox is not box or mine is not part or len(entries) >= EACH_MAX:
+            if entries:
+                over = _gathered(box, entries, part, first)
+                entries = []
+                if over:
+                    stop = i
+                    break
+            box, part, first = session.outbox, mine, sub
+        entries.append(sub.each or _entry(sub))
+        delivered += 1
     else:
-        sub = None
-    if sub is not None:
-        rest = subs[subs.index(sub) + 1:]  # (found only when stopping: nothing per delivery)
-        if rest:
-            b.stats["messages_delivered"] += delivered
-            b.unfinished.append((fan_out, (message, rest, kept, True)))
-            return delivered
+        if entries and _gathered(box, entries, part, first):
+            stop = len(subs)
+    if stop is not None:
+        # (with no subscription left, the empty step still stops the caller: the outbox goes to
+        # the ring before anything more is added)
+        b.stats["messages_delivered"] += delivered
+        b.unfinished.append((fan_out, (message, subs[stop:], kept, True)))
+        return delivered
     if delivered:
         b.stats["messages_delivered"] += delivered
     elif not (some or kept):
         unclaimed(b, message)
     return delivered
+
+
+EACH_MAX = 256  # deliveries in one DATA_EACH record at most (its size stays near a ring's batch)
+
+
+def _gathered(box, entries: list, part: bytes, first) -> bool:
+    """Write the deliveries gathered for one outbox (``first``: the first one's subscription) as one
+    record; True when the outbox is now over its limit."""
+    if len(entries) == 1:
+        return box.add2(first.session.conn, first.prefix, part)
+    return box.add_each(entries, part)
+
+
+def _entry(sub) -> bytes:
+    sub.each = R.each_entry(sub.session.conn, sub.prefix)
+    return sub.each
 
 
 def unclaimed(b, message: Message) -> None:

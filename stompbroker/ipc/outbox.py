@@ -1,7 +1,8 @@
 """Records for one writer, gathered by the dispatcher: the dispatcher-to-writer wire format's producer.
 
 The broker appends its replies and deliveries here (``add``, and ``add2``/``add3`` for a DATA
-record made of parts, so a delivery is never joined first); the dispatcher hands the batch to the
+record made of parts, so a delivery is never joined first; ``add_each`` for one message to several
+connections); the dispatcher hands the batch to the
 writer's ring (``take``). Records are encoded once, as they are added: tuples encoded later by the
 dispatcher would cost the same encoding plus a tuple per record on the fan-out path.
 
@@ -53,6 +54,18 @@ class Outbox:
         buf += second
         buf += third
         self.count += 1
+        return len(buf) > self.limit
+
+    def add_each(self, entries: list, part: bytes) -> bool:
+        """One DATA_EACH record: each entry (``records.each_entry``: a connection and its prefix) gets
+        its prefix and ``part`` (a fan-out of one message; the part is carried once, not once per
+        delivery)."""
+        data = b"".join(entries)
+        buf = self.buf
+        buf += R.pack_header(R.HEADER_SIZE + len(data) + len(part), R.DATA_EACH, 0, len(entries), self.stamp)
+        buf += data
+        buf += part
+        self.count += len(entries)
         return len(buf) > self.limit
 
     def take(self) -> tuple[bytearray, int]:

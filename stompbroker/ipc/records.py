@@ -55,6 +55,10 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 24  # aux: milliseconds between heart-beats the writer sends when the line is idle (0 = off)
     STOP = 25       # flush everything and exit
     RESET = 26      # the reader restarted: payload u64, drop every connection with an id below it
+    DATA_EACH = 27  # one topic message to several connections (a fan-out): aux: how many (n); payload:
+                    # n entries (EACH_ENTRY: connection id u64, prefix length u32; then the prefix),
+                    # then the part they share. Each connection gets prefix + part, as a DATA record's
+                    # frame (never marked); the ring counts n records
 
 
 # The processes' loops compare kinds unpacked from the ring (plain ints) with these names. They are
@@ -83,6 +87,7 @@ CLOSE = Kind.CLOSE.value
 HEARTBEAT = Kind.HEARTBEAT.value
 STOP = Kind.STOP.value
 RESET = Kind.RESET.value
+DATA_EACH = Kind.DATA_EACH.value
 
 WRITTEN_MARK = 1
 OPEN_TLS = 1 << 16  # in an OPEN record's aux: the connection came in on ssl_port
@@ -110,6 +115,31 @@ def frame_sizes(count: int) -> struct.Struct:
 
 
 _SIZES: dict[int, struct.Struct] = {}
+
+
+EACH_ENTRY = struct.Struct("<QI")  # a DATA_EACH entry's head: connection id, prefix length
+
+
+def each_entry(conn: int, prefix: bytes) -> bytes:
+    return EACH_ENTRY.pack(conn, len(prefix)) + prefix
+
+
+def iter_deliveries(blob: bytes):
+    """``iter_records`` of a writer's batch, each DATA_EACH record given as the DATA records it stands
+    for (conn, prefix + part), in order (for tests and tools: the writer walks the batch itself)."""
+    for kind, conn, aux, ts, payload in iter_records(blob):
+        if kind != DATA_EACH:
+            yield kind, conn, aux, ts, payload
+            continue
+        pos = 0
+        entries = []
+        for _ in range(aux):
+            conn_id, size = EACH_ENTRY.unpack_from(payload, pos)
+            pos += EACH_ENTRY.size
+            entries.append((conn_id, payload[pos:pos + size]))
+            pos += size
+        for conn_id, prefix in entries:
+            yield DATA, conn_id, 0, ts, prefix + payload[pos:]
 # A CLOSE record's WebSocket close code, so the broker asks for a close frame without the codec
 # (the writer encodes it, RFC 6455 5.5.1; the codes are protocol/websocket.py's CloseCode).
 WS_CLOSE_CODE = struct.Struct("!H")

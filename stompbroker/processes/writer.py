@@ -144,6 +144,7 @@ class Writer:
         # A DATA record, nearly every record, is batched here, not through append: a call and two
         # counter updates less per frame; the counters move once per ring read.
         add, limit, max_pending, DATA, MARK = batching.add, self.batch_size, self.max_pending, R.DATA, R.WRITTEN_MARK
+        DATA_EACH = R.DATA_EACH
         frames = queued = 0
         while True:
             blob = self.ring.read()
@@ -157,6 +158,9 @@ class Writer:
                 pos = stop
                 if kind == R.RESET:
                     self.reset(R.CONN_ID.unpack_from(blob, start)[0])
+                    continue
+                if kind == DATA_EACH:  # (its connections are in its table)
+                    frames += self.each(blob, start, stop, aux, stamp, touched)
                     continue
                 c = conns.get(conn_id)
                 if c is None and kind != R.STOP:
@@ -199,6 +203,34 @@ class Writer:
                 frames = queued = 0
         for c in touched:
             self.flush(c)
+
+    def each(self, blob: bytes, start: int, stop: int, n: int, stamp: int, touched: set) -> int:
+        """A DATA_EACH record: each of its connections gets its prefix and the shared part; returns
+        the frames queued (their bytes are counted here)."""
+        unpack, head = R.EACH_ENTRY.unpack_from, R.EACH_ENTRY.size
+        entries = []
+        pos = start
+        for _ in range(n):
+            conn_id, size = unpack(blob, pos)
+            pos += head
+            entries.append((conn_id, pos, pos + size))
+            pos += size
+        part = blob[pos:stop]
+        conns, add, limit = self.conns, batching.add, self.batch_size
+        frames = queued = 0
+        for conn_id, at, end in entries:
+            c = conns.get(conn_id)
+            if c is None:
+                self.adopt()
+                c = conns.get(conn_id)
+            if c is not None and not c.closing:
+                queued += add(c, blob[at:end] + part, stamp, limit, c.ws)
+                frames += 1
+                if c.pending > self.max_pending:
+                    self.over_limit(c)
+                touched.add(c)
+        self.stats["pending_bytes"] += queued
+        return frames
 
     def adopt(self) -> None:
         """Take the sockets the reader has passed over."""

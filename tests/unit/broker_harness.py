@@ -32,7 +32,7 @@ class Out(NamedTuple):
 
 def decode(blob: bytes) -> list[Out]:
     out = []
-    for kind, conn, aux, _stamp, payload in R.iter_records(bytes(blob)):
+    for kind, conn, aux, _stamp, payload in R.iter_deliveries(bytes(blob)):
         name = R.Kind(kind).name
         if kind == R.DATA:
             head, _, rest = bytes(payload).partition(b"\n\n")

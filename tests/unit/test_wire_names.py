@@ -26,7 +26,8 @@ def test_record_kind_values_stay_as_they_were():
         ("OPEN", 1), ("FRAME", 2), ("CLOSED", 3), ("ALIVE", 4), ("BAD_FRAME", 5), ("HTTP", 6), ("WS_OPEN", 7),
         ("WS_REPLY", 8), ("WS_CLOSE", 9), ("SHUTDOWN", 10), ("HTTP_REQUEST", 11), ("READER_START", 12), ("FRAMES", 13),
         ("PEER", 14), ("STOMP", 15),
-        ("DATA", 20), ("RAW", 21), ("WS_ON", 22), ("CLOSE", 23), ("HEARTBEAT", 24), ("STOP", 25), ("RESET", 26)]
+        ("DATA", 20), ("RAW", 21), ("WS_ON", 22), ("CLOSE", 23), ("HEARTBEAT", 24), ("STOP", 25), ("RESET", 26),
+        ("DATA_EACH", 27)]
 
 
 def test_control_messages_round_trip_through_a_pipe():
