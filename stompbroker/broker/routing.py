@@ -318,6 +318,7 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
     # (Outbox.add_each): the writer gets the rendered part once, not once per connection.
     box = part = first = None
     entries: list = []  # the gathered subscriptions' DATA_EACH entries
+    size = 0            # ... their bytes
     stop = None  # where a delivery took its outbox over the limit: the subscriptions from here wait
     for i, sub in enumerate(subs):
         if sub.accepts is not None and not sub.accepts(headers):
@@ -343,15 +344,17 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
             if plain_part is None:
                 plain_part = message.shared(False)
             mine = plain_part
-        if session.outbox is not box or mine is not part or len(entries) >= EACH_MAX:
+        entry = sub.each or _entry(sub)
+        size += len(entry)
+        if session.outbox is not box or mine is not part or size > EACH_BYTES:
             if entries:
                 over = _gathered(box, entries, part, first)
                 entries = []
                 if over:
                     stop = i
                     break
-            box, part, first = session.outbox, mine, sub
-        entries.append(sub.each or _entry(sub))
+            box, part, first, size = session.outbox, mine, sub, len(entry)
+        entries.append(entry)
         delivered += 1
     else:
         if entries and _gathered(box, entries, part, first):
@@ -369,7 +372,9 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
     return delivered
 
 
-EACH_MAX = 256  # deliveries in one DATA_EACH record at most (its size stays near a ring's batch)
+# A DATA_EACH record's entries take at most this many bytes (more start another record): with its
+# part (a frame, max_frame_size) it stays within a quarter of a ring like any record.
+EACH_BYTES = 64 * 1024
 
 
 def _gathered(box, entries: list, part: bytes, first) -> bool:

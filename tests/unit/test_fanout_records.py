@@ -90,3 +90,18 @@ def test_the_writer_makes_each_connections_frame_of_one_record(resources):
         for pair in pairs:
             for s in pair:
                 s.close()
+
+
+def test_a_records_entries_are_bounded_in_bytes():
+    r = Rig()
+    r.connect(1)
+    r.connect(2)
+    for i in range(100):
+        r.subscribe(2, "/topic/t", sub_id=f"{i:04d}" + "i" * 1000)   # ~1 KB entries: 100 KB in all
+    r.outboxes[0].take()
+    r.send(1, "/topic/t", b"z")
+    got = records(r)
+    assert [kind for kind, _, _ in got] == [R.DATA_EACH, R.DATA_EACH] and sum(aux for _, _, aux in got) == 100
+    assert all(length <= R.HEADER_SIZE + 64 * 1024 + 200 for length in
+               [R.unpack_header(bytes(r.outboxes[0].buf), 0)[0]])
+    assert [m["subscription"][:4] for m in r.messages(2)] == [f"{i:04d}" for i in range(100)]
