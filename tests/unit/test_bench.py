@@ -94,6 +94,18 @@ def test_stomp_reader_splits_frames():
         assert [(c, b) for c, _, b in frames] == [("MESSAGE", body), ("RECEIPT", b"")]
 
 
+def test_stomp_reader_takes_a_frame_without_its_blank_line():
+    """stompica's RECEIPT and ERROR end with NUL right after the headers: headers only, no body."""
+    stream = (b"RECEIPT\ncontent-type:text/plain\nreceipt-id:sub-0\n\0"
+              + stomp_frame("MESSAGE", [("destination", "#q")], b"hi") + b"RECEIPT\r\nreceipt-id:2\r\n\0")
+    for chunk in (1, 2, len(stream)):
+        reader = StompReader()
+        frames = [f for i in range(0, len(stream), chunk) for f in reader.feed(stream[i:i + chunk])]
+        assert [(c, h.get("receipt-id"), b) for c, h, b in frames] == [
+            ("RECEIPT", "sub-0", b""), ("MESSAGE", None, b"hi"), ("RECEIPT", "2", b"")]
+        assert reader.partial() == b""
+
+
 @pytest.mark.parametrize("transport", ["tcp", "ws"])
 def test_link_hands_unread_input_to_the_hot_loop(transport):
     """Frames that arrive with the one set-up waits for stay countable by the consumer's NUL/token count."""
