@@ -162,7 +162,7 @@ def ratio(values: list, base: list) -> str:
     if not values or not base:
         return "-"
     b = statistics.median(base)
-    return f"{statistics.median(values) / b:.2f}x" if b else "-"
+    return f"{statistics.median(values) / b:.2f}x" if b > 0 else "-"   # a base of 0 or less (noise) has none
 
 
 def table(columns: list[tuple[str, list[dict]]], rate: float | None = None, flow: str | None = None) -> str:
