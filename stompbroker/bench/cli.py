@@ -105,6 +105,8 @@ def target_opts(opts, target: dict):
     o = copy.copy(opts)
     o.out = os.path.join(opts.out, re.sub(r"[^\w.-]+", "_", target["name"]))
     o.label = target["name"]
+    for attr, value in target.get("options", {}).items():
+        setattr(o, attr, value)
     if target["kind"] == "address":
         o.spawn = None
         o.host, o.port, o.ws = target["host"], target["port"], target.get("ws")

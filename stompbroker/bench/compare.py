@@ -12,6 +12,13 @@ A target on the command line (``--compare T1 T2 ...``) is one of:
   only (a ``PYTHONPATH`` given so goes before the broker's tree);
 - a ``results.json`` file or its directory from an earlier run (figures only, nothing is run).
 
+Any of the first three may override, for that target only, options every target otherwise shares
+(``TARGET_OPTIONS``): ``bursts=N`` and ``burst-bytes=N`` (the producers' flow control, e.g.
+``bursts=1,burst-bytes=16000`` for stompica, which corrupts frames with more in flight) and
+``queue-prefix=P`` (the queue scenario's destination is P + name, e.g. ``#`` for stompica's
+round-robin ``#name``). Each result records the flow control it ran with; the table says it per
+target when targets differ.
+
 ``NAME=`` may be left out: a path that exists is a results file, ``HOST:PORT`` a running broker,
 anything else a git ref. The first target is the base of the ratio columns.
 
@@ -36,12 +43,22 @@ ROWS = [
     ("ingest, SEND per broker CPU-second", "ingest-tcp", ("deliveries_per_cpu_s",), "1/CPU-s", True),
     ("1 -> 1 topic, deliveries/s", "one2one-tcp", ("rates", "deliveries_per_s"), "1/s", True),
     ("1 -> 1, deliveries per CPU-second", "one2one-tcp", ("deliveries_per_cpu_s",), "1/CPU-s", True),
+    ("WebSocket 1 -> 1 topic, deliveries/s", "one2one-ws", ("rates", "deliveries_per_s"), "1/s", True),
+    ("WebSocket 1 -> 1, deliveries per CPU-second", "one2one-ws", ("deliveries_per_cpu_s",), "1/CPU-s", True),
     ("queue 1 -> 4 competing consumers, deliveries/s", "queue-tcp", ("rates", "deliveries_per_s"), "1/s", True),
     ("queue 1 -> 4, deliveries per CPU-second", "queue-tcp", ("deliveries_per_cpu_s",), "1/CPU-s", True),
     ("fan-out 1 -> 75 subscriptions on one connection", "fanout-subs-tcp", ("rates", "deliveries_per_s"), "1/s", True),
+    ("fan-out 1 -> 75 subscriptions, deliveries per CPU-second", "fanout-subs-tcp", ("deliveries_per_cpu_s",),
+     "1/CPU-s", True),
     ("fan-out 1 -> 75 connections", "fanout-conns-tcp", ("rates", "deliveries_per_s"), "1/s", True),
+    ("fan-out 1 -> 75 connections, deliveries per CPU-second", "fanout-conns-tcp", ("deliveries_per_cpu_s",),
+     "1/CPU-s", True),
     ("WebSocket 1 -> 75 subscriptions on one connection", "fanout-subs-ws", ("rates", "deliveries_per_s"), "1/s", True),
+    ("WebSocket 1 -> 75 subscriptions, deliveries per CPU-second", "fanout-subs-ws", ("deliveries_per_cpu_s",),
+     "1/CPU-s", True),
     ("WebSocket 1 -> 75 connections", "fanout-conns-ws", ("rates", "deliveries_per_s"), "1/s", True),
+    ("WebSocket 1 -> 75 connections, deliveries per CPU-second", "fanout-conns-ws", ("deliveries_per_cpu_s",),
+     "1/CPU-s", True),
     ("latency at RATE msg/s, delivery p50, ms", "latency-tcp", ("latency_ms", "p50"), "ms", False),
     ("latency at RATE msg/s, delivery p99, ms", "latency-tcp", ("latency_ms", "p99"), "ms", False),
     ("latency at RATE msg/s, receipt p50, ms", "latency-tcp", ("receipt_latency_ms", "p50"), "ms", False),
@@ -54,8 +71,13 @@ ROWS = [
 
 
 # -- targets -------------------------------------------------------------------------------------
+# Options a target may set for itself: spec key -> (options attribute, type).
+TARGET_OPTIONS = {"bursts": ("bursts", int), "burst-bytes": ("burst_bytes", int), "queue-prefix": ("queue_prefix", str)}
+
+
 def parse_target(text: str) -> dict:
-    """One ``--compare`` word -> {"name", "kind": results|address|git|checkout, ...}."""
+    """One ``--compare`` word -> {"name", "kind": results|address|git|checkout, ...}; per-target
+    overrides of shared options (TARGET_OPTIONS) go into "options"."""
     name, sep, spec = text.partition("=")
     if not sep or "/" in name or ":" in name:
         name, spec = "", text
@@ -63,24 +85,31 @@ def parse_target(text: str) -> dict:
     if parts[0] == "." or parts[0].startswith("git:"):
         out = ({"name": name or "this checkout", "kind": "checkout"} if parts[0] == "."
                else {"name": name or parts[0][4:], "kind": "git", "ref": parts[0][4:]})
-        for opt in parts[1:]:
-            key, eq, value = opt.partition("=")
-            if key != "env" or "=" not in value:
-                raise ValueError(f"{text!r}: unknown option {opt!r} (env=NAME=VALUE)")
-            out.setdefault("env", []).append(value)
-        return out
-    m = re.fullmatch(r"\[?([\w.:-]+?)\]?:(\d+)", parts[0])
-    if m and not os.path.exists(spec):
+        own = {"env": str}
+    else:
+        m = re.fullmatch(r"\[?([\w.:-]+?)\]?:(\d+)", parts[0])
+        if not m or os.path.exists(spec):
+            if os.path.exists(spec):
+                return {"name": name or spec.rstrip("/"), "kind": "results", "path": spec}
+            return {"name": name or spec, "kind": "git", "ref": spec}
         out = {"name": name or parts[0], "kind": "address", "host": m.group(1), "port": int(m.group(2))}
-        for opt in parts[1:]:
-            key, eq, value = opt.partition("=")
-            if not eq or key not in ("ws", "pid", "login", "passcode"):
-                raise ValueError(f"{text!r}: unknown option {opt!r} (ws=URL, pid=PID, login=, passcode=)")
-            out[key] = int(value) if key == "pid" else value
-        return out
-    if os.path.exists(spec):
-        return {"name": name or spec.rstrip("/"), "kind": "results", "path": spec}
-    return {"name": name or spec, "kind": "git", "ref": spec}
+        own = {"ws": str, "pid": int, "login": str, "passcode": str}
+    for opt in parts[1:]:
+        key, eq, value = opt.partition("=")
+        try:
+            if not eq or (key not in own and key not in TARGET_OPTIONS) or (key == "env" and "=" not in value):
+                raise ValueError
+            if key == "env":
+                out.setdefault("env", []).append(value)
+            elif key in own:
+                out[key] = own[key](value)
+            else:
+                attr, kind = TARGET_OPTIONS[key]
+                out.setdefault("options", {})[attr] = kind(value)
+        except ValueError:
+            known = ", ".join([*(f"{k}=NAME=VALUE" if k == "env" else f"{k}=" for k in own), *(f"{k}=" for k in TARGET_OPTIONS)])
+            raise ValueError(f"{text!r}: unknown or bad option {opt!r} ({known})") from None
+    return out
 
 
 def extract_ref(ref: str, repo: str, where: str | None = None) -> tuple[str, str]:
@@ -133,7 +162,7 @@ def ratio(values: list, base: list) -> str:
     if not values or not base:
         return "-"
     b = statistics.median(base)
-    return f"{statistics.median(values) / b:.2f}x" if b else "-"
+    return f"{statistics.median(values) / b:.2f}x" if b > 0 else "-"   # a base of 0 or less (noise) has none
 
 
 def table(columns: list[tuple[str, list[dict]]], rate: float | None = None, flow: str | None = None) -> str:
@@ -150,14 +179,26 @@ def table(columns: list[tuple[str, list[dict]]], rate: float | None = None, flow
         cells = [cell(v, unit) for v in per] + [ratio(v, per[0]) for v in per[1:]]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     notes = []
-    flows = sorted({r["parameters"].get("flow_control") for _, results in columns for r in results
-                    if r.get("scenario") in ("ingest", "one2one", "queue", "fanout")
-                    and r.get("parameters", {}).get("flow_control")})
-    if flow or flows:
-        notes.append("flow control: " + "; ".join(flows or [flow]))
+    flows = {n: flow_controls(results) for n, results in columns}
+    if len({tuple(f) for f in flows.values() if f}) > 1:
+        notes.append("flow control: " + "; ".join(f"{n}: {', '.join(f)}" for n, f in flows.items() if f))
+    elif flow or any(flows.values()):
+        notes.append("flow control: " + "; ".join(next((f for f in flows.values() if f), [flow])))
+    prefixes = [f"{n}: {p}name" for n, results in columns
+                for p in sorted({r["parameters"].get("queue_prefix") for r in results
+                                 if r.get("scenario") == "queue"} - {None, "/queue/"})]
+    if prefixes:
+        notes.append("queue destinations: " + "; ".join(prefixes) + " (others /queue/name)")
     reps = max((len(row_values(results, name, path)) for _, results in columns for _, name, path, _, _ in ROWS),
                default=0)
     if reps > 1:
         notes.append(f"each cell the median of up to {reps} runs (range in brackets)")
     notes.append("latency: delivery = scheduled send to MESSAGE read, receipt = scheduled send to RECEIPT read")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
+def flow_controls(results: list[dict]) -> list[str]:
+    """The flow controls of a target's throughput runs, as the results recorded them."""
+    return sorted({r["parameters"].get("flow_control") for r in results
+                   if r.get("scenario") in ("ingest", "one2one", "queue", "fanout")
+                   and r.get("parameters", {}).get("flow_control")})

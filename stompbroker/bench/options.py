@@ -27,14 +27,17 @@ def parse_args(argv=None):
     g.add_argument("--label", default=None, help="name of the broker in results and comparisons")
     g = p.add_argument_group("runs")
     g.add_argument("--scenario", default="all", help=f"comma list of {', '.join(SCENARIOS)}, or all")
-    g.add_argument("--transports", default=None,
-                   help="comma list of tcp,ws for every scenario (default: fanout on both, others on the first available)")
+    g.add_argument("--transports", default=None, type=transports_spec,
+                   help="comma list of tcp,ws for every scenario, and/or SCENARIO=T1+T2 for one scenario, e.g. "
+                        "one2one=tcp+ws (default: fanout on both, others on the first available)")
     g.add_argument("--duration", type=float, default=10.0, help="seconds of load per run")
     g.add_argument("--size", type=int, default=117, help="message body bytes")
     g.add_argument("--rate", type=float, default=5000.0, help="offered load of the latency scenario, msg/s")
     g.add_argument("--send-header", action="append", default=[], metavar="NAME:VALUE", type=send_header,
                    help="an extra header on every producer SEND (repeatable), e.g. priority:7 or x-delay:1 to "
                         "measure a priority queue or a scheduled SEND against a plain one")
+    g.add_argument("--queue-prefix", default="/queue/", metavar="PREFIX",
+                   help="the queue scenario's destination is PREFIX + name (e.g. '#' for stompica's round-robin #name)")
     g.add_argument("--fanout", type=int, default=75)
     g.add_argument("--queue-consumers", type=int, default=4)
     g.add_argument("--consumer-procs", type=int, default=2, help="consumer processes for multi-connection runs")
@@ -79,9 +82,30 @@ def parse_args(argv=None):
                    help="run the same scenarios against each target in turn and print a table of medians "
                         "and ratios to the first: NAME=HOST:PORT[,ws=URL][,pid=PID] (any STOMP broker), "
                         "NAME=git:REF (this broker at a git ref, spawned with --spawn ARGS), NAME=. (this "
-                        "checkout), or a results.json / its directory from an earlier run")
+                        "checkout), or a results.json / its directory from an earlier run; a running broker, "
+                        "git:REF or . may add its own bursts=N, burst-bytes=N, queue-prefix=P (e.g. stompica: "
+                        "...,bursts=1,burst-bytes=16000,queue-prefix=#)")
     opts = p.parse_args(argv)
     return opts
+
+
+def transports_spec(text: str) -> str:
+    """Checks --transports: ``tcp,ws`` (every scenario) and/or ``SCENARIO=tcp+ws`` items."""
+    for item in filter(None, text.split(",")):
+        scenario, eq, value = item.rpartition("=")
+        if (eq and scenario not in SCENARIOS) or not value or any(t not in ("tcp", "ws") for t in value.split("+")):
+            raise argparse.ArgumentTypeError(f"{item!r}: give tcp, ws, or SCENARIO=tcp+ws (scenarios: "
+                                             f"{', '.join(SCENARIOS)})")
+    return text
+
+
+def wanted_transports(text: str | None, scenario: str) -> list[str] | None:
+    """The transports --transports asks for in one scenario; None: not said (the default applies)."""
+    every, per = [], {}
+    for item in filter(None, (text or "").split(",")):
+        name, eq, value = item.rpartition("=")
+        (per.setdefault(name, []) if eq else every).extend(value.split("+"))
+    return per.get(scenario) or every or None
 
 
 def send_header(text: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from multiprocessing.connection import wait
 
 from .mock import serve
 from .flowctl import describe, flow_spec
+from .options import wanted_transports
 from .profile import Recorder
 from .procs import ROOT, BrokerProcs, SpawnedBroker, machine_info, machine_load, system_busy
 from .report import TARGETS, Progress, new_result, validate_result
@@ -68,6 +69,7 @@ class Runner:
         self.spawn_root = getattr(opts, "spawn_root", None) or ROOT
         self.flow_control = flow_spec(opts.flow, opts.bursts, opts.burst_bytes, opts.window, opts.batch_bytes)
         self.flow_label = describe(self.flow_control)
+        self.queue_prefix = getattr(opts, "queue_prefix", "/queue/")
         self.repetition = 0
         self.last_profile: dict | None = None   # role -> py-spy raw file of the last run (--profile)
         self.label = opts.label or ("stompbroker " + (opts.spawn or "(defaults)") +
@@ -99,8 +101,8 @@ class Runner:
 
     def transports_for(self, scenario: str) -> list[str]:
         avail = self.available_transports()
-        if self.opts.transports:
-            wanted = [t for t in self.opts.transports.split(",") if t]
+        wanted = wanted_transports(self.opts.transports, scenario)
+        if wanted:
             return [t for t in wanted if t in avail]
         if scenario == "fanout":
             return avail
@@ -405,6 +407,8 @@ class Runner:
             "started": self.started, "command": " ".join(shlex.quote(a) for a in sys.argv),
             "machine": machine_info(), "targets": {k: {"metric": v[0], "op": v[1], "goal": v[2], "unit": v[3]}
                                                    for k, v in TARGETS.items()},
+            "flow_control": {**self.flow_control, "text": self.flow_label},
+            "queue_prefix": self.queue_prefix,
             "ceilings": {"/".join(map(str, k)): v for k, v in self.ceilings.items()},
             "results": self.results,
         }

@@ -153,11 +153,12 @@ def queue(runner, transport):
     k = runner.opts.queue_consumers
     name = f"queue-{transport}"
     params = {"producers": 1, "consumers": k, "size": runner.opts.size, "duration": runner.opts.duration,
-              "flow_control": runner.flow_label, "max_inflight": runner.opts.max_inflight}
+              "flow_control": runner.flow_label, "max_inflight": runner.opts.max_inflight,
+              "queue_prefix": runner.queue_prefix}
 
     def body():
         with runner.broker() as (target, broker):
-            dest = f"/queue/bench-{runner.run_id}-q"
+            dest = f"{runner.queue_prefix}bench-{runner.run_id}-q"
             links = [[(dest, "0", [])] for _ in range(k)]
             consumers = runner.consumer_specs(target, transport, links, min(runner.opts.consumer_procs, k))
             p = runner.producer_spec(target, transport, dest, fan=1, max_inflight=runner.inflight_cap(k))
@@ -173,7 +174,7 @@ def queue(runner, transport):
         }
         if copies is not None and copies > 1.05:
             res["notes"].append(f"each message reached {copies:.2f} consumers on average: the broker "
-                                "treats /queue/ like a topic (no competing consumers)")
+                                f"treats {runner.queue_prefix} like a topic (no competing consumers)")
         res["target"] = check_target("queue", res["rates"]["deliveries_per_s"])
         res["generator_ceiling"] = runner.ceiling("send", transport)
         return res

@@ -4,8 +4,8 @@
   loops only send pre-rendered batches;
 * ``Link``: one connection during set-up (TCP or WebSocket handshake, CONNECT, SUBSCRIBE with a
   receipt), with a small blocking frame reader; after set-up the raw socket is used directly.
-  STOMP frames are split and decoded by the tools' client reader (``tools/client.py``, the broker's
-  own sans-IO parser), which only the set-up and the mock's control frames use: the measured loops
+  STOMP frames are split and decoded by ``StompReader`` (lenient: a peer's frame without its blank
+  line is read too), which only the set-up and the mock's control frames use: the measured loops
   parse nothing; WebSocket frames are built and split by ``protocol/websocket.py``'s client side;
 * frame counting with bulk byte operations: ``count_nul`` on raw STOMP streams (the bodies the
   generator sends contain no NUL), ``TokenCounter`` on WebSocket streams (every body starts with
@@ -28,7 +28,6 @@ from urllib.parse import urlsplit
 
 from ..protocol.stomp import ProtocolError, parse_head, render_frame
 from ..protocol.websocket import encode_client_frame, encode_frame, mask_bytes, parse_frame
-from ..tools.client import FrameReader
 
 TOKEN = b"#BENCH#"          # first bytes of every counted message body
 TS_HEADER = "bench-ts"      # scheduled send time (time.monotonic_ns) of a latency message
@@ -71,30 +70,65 @@ def parse_ws_frame(buf, pos: int = 0):
 class StompReader:
     """Whole STOMP frames, decoded, from a byte stream fed in pieces (heart-beat EOLs skipped).
 
-    The tools' client reader (the broker's own parser, without limits); headers are decoded
-    without STOMP 1.1 unescaping (the generator never needs escaped values).
+    Headers are decoded without STOMP 1.1 unescaping (the generator never needs escaped values).
+    Lenient where a peer broker is: a frame that ends (NUL) before its blank line is a frame with
+    headers only (stompica's RECEIPT is ``RECEIPT\\nreceipt-id:r\\n\\0``).
     """
 
-    __slots__ = ("_reader",)
+    __slots__ = ("_buf",)
 
     def __init__(self):
-        self._reader = FrameReader()
+        self._buf = bytearray()
 
     def feed(self, data) -> list[tuple[str, dict, bytes]]:
         """(command, headers, body) for each frame ``data`` completes."""
-        reader = self._reader
-        try:
-            reader.feed(data)
-            frames = []
-            while (raw := reader.next()) is not None:
-                frames.append((*parse_head(raw[0], False), raw[1]))
-        except ProtocolError as exc:
-            raise BenchError(f"unreadable STOMP from the broker: {exc}") from None
+        buf = self._buf
+        buf += data
+        frames = []
+        while True:
+            i = 0
+            while i < len(buf) and buf[i] in b"\r\n":
+                i += 1
+            del buf[:i]
+            nul = buf.find(b"\0")
+            m = _BLANK.search(buf)
+            if m and (nul < 0 or m.start() < nul):
+                head, start = bytes(buf[:m.start()]), m.end()
+                command, headers = _head(head)
+                length = headers.get("content-length")
+                if length is not None and length.isdigit():
+                    end = start + int(length)
+                    if len(buf) <= end:
+                        break
+                    if buf[end] != 0:
+                        raise BenchError(f"unreadable STOMP from the broker: no NUL after the body of {head[:100]!r}")
+                else:
+                    end = buf.find(b"\0", start)
+                    if end < 0:
+                        break
+                body = bytes(buf[start:end])
+            elif nul >= 0:
+                command, headers = _head(bytes(buf[:nul]).rstrip(b"\r\n"))
+                end, body = nul, b""
+            else:
+                break
+            frames.append((command, headers, body))
+            del buf[:end + 1]
         return frames
 
     def partial(self) -> bytes:
         """Bytes of a frame that has not finished arriving."""
-        return self._reader.unread()
+        return bytes(self._buf)
+
+
+_BLANK = re.compile(rb"\r?\n\r?\n")
+
+
+def _head(head: bytes) -> tuple[str, dict]:
+    try:
+        return parse_head(head.replace(b"\r\n", b"\n"), False)
+    except ProtocolError as exc:
+        raise BenchError(f"unreadable STOMP from the broker: {exc}") from None
 
 
 # -- counting ----------------------------------------------------------------------------------

@@ -124,6 +124,7 @@ class Producer(Worker):
         self.tail = b""
         self.receipt_ts: TsScanner | None = None   # paced runs: receipt-id is the scheduled time
         self.receipt_lat_ns: list[int] = []
+        self.bursts: BurstWindow | None = None
 
     def run(self) -> dict:
         spec = self.spec
@@ -219,6 +220,7 @@ class Producer(Worker):
         window = spec.get("window", 0)
         each = spec.get("receipt_each", False)
         bursts = BurstWindow(flow["bursts"]) if flow["mode"] == "bursts" and not each else None
+        self.bursts = bursts
         if bursts:
             per = burst_frames(len(plain), len(with_receipt), flow["burst_bytes"])
         else:
@@ -340,6 +342,11 @@ class Producer(Worker):
         """A last SEND with a receipt: once it is back, the broker has processed every SEND before it."""
         frame = stomp_frame("SEND", [("destination", self.spec["end_destination"]), ("receipt", "bench-final")])
         hard = time.monotonic() + self.spec.get("grace", 30.0)
+        # Not beside an unreceipted burst: the flow control's bound holds for the final SEND too.
+        while self.bursts is not None and self.bursts.in_flight and not self.final_seen:
+            if time.monotonic() >= hard or self.shared.stop.value:
+                raise BenchError("receipts stopped coming back")
+            self.bursts.receipted(self._drain(sock, block_until=min(time.monotonic() + 0.1, hard)))
         self._send(sock, link.wrap(frame), hard)
         while not self.final_seen:
             if time.monotonic() >= hard or self.shared.stop.value:

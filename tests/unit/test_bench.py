@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from stompbroker.bench import cli, compare, flowctl, profile, report, scenarios, stats
+from stompbroker.bench import cli, compare, flowctl, options, profile, report, scenarios, stats
+from stompbroker.bench import runner as runner_mod
 from stompbroker.bench.stats import percentiles
 from stompbroker.bench.wire import (TOKEN, Link, StompReader, Target, TokenCounter, TsScanner, count_nul, make_body,
                                     mask, parse_ws_frame, stomp_frame, ws_frame)
@@ -92,6 +93,18 @@ def test_stomp_reader_splits_frames():
         reader = StompReader()
         frames = [f for i in range(0, len(stream), chunk) for f in reader.feed(stream[i:i + chunk])]
         assert [(c, b) for c, _, b in frames] == [("MESSAGE", body), ("RECEIPT", b"")]
+
+
+def test_stomp_reader_takes_a_frame_without_its_blank_line():
+    """stompica's RECEIPT and ERROR end with NUL right after the headers: headers only, no body."""
+    stream = (b"RECEIPT\ncontent-type:text/plain\nreceipt-id:sub-0\n\0"
+              + stomp_frame("MESSAGE", [("destination", "#q")], b"hi") + b"RECEIPT\r\nreceipt-id:2\r\n\0")
+    for chunk in (1, 2, len(stream)):
+        reader = StompReader()
+        frames = [f for i in range(0, len(stream), chunk) for f in reader.feed(stream[i:i + chunk])]
+        assert [(c, h.get("receipt-id"), b) for c, h, b in frames] == [
+            ("RECEIPT", "sub-0", b""), ("MESSAGE", None, b"hi"), ("RECEIPT", "2", b"")]
+        assert reader.partial() == b""
 
 
 @pytest.mark.parametrize("transport", ["tcp", "ws"])
@@ -194,6 +207,69 @@ def test_parse_compare_targets(tmp_path):
     assert compare.parse_target(str(tmp_path))["kind"] == "results"
     with pytest.raises(ValueError):
         compare.parse_target("x=127.0.0.1:1,bogus=1")
+
+
+def test_compare_targets_take_their_own_flow_control_and_queue_prefix():
+    t = compare.parse_target("stompica=127.0.0.1:61700,ws=ws://127.0.0.1:61700/,pid=7,bursts=1,"
+                             "burst-bytes=16000,queue-prefix=#")
+    assert t == {"name": "stompica", "kind": "address", "host": "127.0.0.1", "port": 61700,
+                 "ws": "ws://127.0.0.1:61700/", "pid": 7,
+                 "options": {"bursts": 1, "burst_bytes": 16000, "queue_prefix": "#"}}
+    assert compare.parse_target("this=.,bursts=2,env=A=1") == {
+        "name": "this", "kind": "checkout", "env": ["A=1"], "options": {"bursts": 2}}
+    assert compare.parse_target("old=git:main,queue-prefix=/q/")["options"] == {"queue_prefix": "/q/"}
+    for bad in ("x=127.0.0.1:1,bursts=many", "x=.,ws=ws://a/", "x=127.0.0.1:1,env=A=1", "x=.,bursts"):
+        with pytest.raises(ValueError):
+            compare.parse_target(bad)
+    opts = cli.parse_args(["--spawn", "processors=3", "--duration", "2", "--out", "/tmp/o"])
+    peer = cli.target_opts(opts, t)
+    assert (peer.bursts, peer.burst_bytes, peer.queue_prefix, peer.pid) == (1, 16000, "#", 7)
+    assert (opts.bursts, opts.burst_bytes, opts.queue_prefix) == (4, 16384, "/queue/")   # the others keep theirs
+    runner = runner_mod.Runner(peer)
+    assert runner.flow_control == {"mode": "bursts", "bursts": 1, "burst_bytes": 16000}
+    assert runner.flow_label == "1 burst of <= 16000 B unreceipted"
+    assert runner.queue_prefix == "#"
+
+
+def test_transports_per_scenario():
+    assert options.wanted_transports(None, "one2one") is None
+    assert options.wanted_transports("tcp,ws", "queue") == ["tcp", "ws"]
+    assert options.wanted_transports("one2one=tcp+ws", "one2one") == ["tcp", "ws"]
+    assert options.wanted_transports("one2one=tcp+ws", "ingest") is None          # the default applies
+    assert options.wanted_transports("tcp,fanout=ws", "fanout") == ["ws"]
+    assert options.wanted_transports("tcp,fanout=ws", "queue") == ["tcp"]
+    assert cli.parse_args(["--transports", "one2one=tcp+ws"]).transports == "one2one=tcp+ws"
+    for bad in ("udp", "one2one=tcp+udp", "nosuch=tcp", "one2one="):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["--transports", bad])
+    runner = runner_mod.Runner(cli.parse_args(["--spawn", "--transports", "one2one=tcp+ws"]))
+    assert [runner.transports_for(s) for s in ("one2one", "ingest", "fanout")] == [["tcp", "ws"], ["tcp"], ["tcp", "ws"]]
+
+
+def test_compare_rows_cover_the_side_by_side_paths():
+    names = {(name, path) for _, name, path, _, _ in compare.ROWS}
+    for name in ("ingest-tcp", "one2one-tcp", "one2one-ws", "queue-tcp", "fanout-subs-tcp", "fanout-conns-tcp",
+                 "fanout-subs-ws", "fanout-conns-ws"):
+        assert (name, ("deliveries_per_cpu_s",)) in names, name
+        assert (name, ("rates", "sends_per_s" if name.startswith("ingest") else "deliveries_per_s")) in names
+    assert ("idle", ("broker", "pss_bytes_per_connection")) in names
+    assert len({label for label, *_ in compare.ROWS}) == len(compare.ROWS)
+
+
+def test_compare_table_says_each_targets_flow_control_and_queue_names():
+    def res(name, scenario, flow, **params):
+        r = report.new_result(name, scenario, "tcp", {"flow_control": flow, **params})
+        r["rates"] = {"deliveries_per_s": 1000}
+        return r
+    this = [res("queue-tcp", "queue", "4 bursts of <= 16 KB unreceipted", queue_prefix="/queue/")]
+    peer = [res("queue-tcp", "queue", "1 burst of <= 16000 B unreceipted", queue_prefix="#"),
+            res("one2one-ws", "one2one", "1 burst of <= 16000 B unreceipted")]
+    text = compare.table([("this", this), ("stompica", peer)])
+    assert ("flow control: this: 4 bursts of <= 16 KB unreceipted; stompica: 1 burst of <= 16000 B unreceipted"
+            in text)
+    assert "queue destinations: stompica: #name (others /queue/name)" in text
+    assert "| WebSocket 1 -> 1 topic, deliveries/s | - | 1.00k | - |" in text
+    assert compare.ratio([1880], [-5]) == "-"      # stompica's idle PSS delta is noise around 0
 
 
 def _res(name, scenario, **fields):
