@@ -287,8 +287,8 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
 
     A delivery that takes its outbox over the limit stops the loop: the subscriptions not yet
     served wait in ``Broker.unfinished`` (``some``: deliveries were made before the stop). Plain
-    deliveries in a row to one outbox go as one record (``Outbox.add_each``), which is when the
-    limit is looked at.
+    deliveries in a row to one outbox go as one record (``Outbox.add_each``; from EACH_FROM
+    subscriptions), which is when the limit is looked at.
     """
     if message.destination.startswith(WORKER_PREFIX):  # (when the round-robin waited its turn)
         delivered = deliver_round_robin(b, message.destination, subs, message)
@@ -297,21 +297,26 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
             unclaimed(b, message)
         return delivered
     headers = message.headers
-    if len(subs) == 1:  # (the commonest fan-out: nothing to gather)
-        sub = subs[0]
-        if sub.accepts is not None and not sub.accepts(headers):
-            if not (some or kept):
-                unclaimed(b, message)
-            return 0
-        b.stats["messages_delivered"] += 1
-        session = sub.session
-        if sub.tracked:
-            over = deliver_tracked(b, sub, message, None)
-        else:
-            over = session.outbox.add2(session.conn, sub.prefix, message.shared(session.escape))
-        if over:
-            b.unfinished.append((fan_out, (message, (), kept, True)))  # (an empty step: see below)
-        return 1
+    if len(subs) < EACH_FROM:  # a few (most fan-outs): delivery by delivery, gathering would cost more
+        delivered = 0
+        for sub in subs:
+            if sub.accepts is not None and not sub.accepts(headers):
+                continue
+            delivered += 1
+            session = sub.session
+            if sub.tracked:
+                over = deliver_tracked(b, sub, message, None)
+            else:
+                over = session.outbox.add2(session.conn, sub.prefix, message.shared(session.escape))
+            if over:  # (the rest waits; with none left, the empty step still stops the caller: below)
+                b.stats["messages_delivered"] += delivered
+                b.unfinished.append((fan_out, (message, subs[subs.index(sub) + 1:], kept, True)))
+                return delivered
+        if delivered:
+            b.stats["messages_delivered"] += delivered
+        elif not (some or kept):
+            unclaimed(b, message)
+        return delivered
     delivered = 0
     escaped_part = plain_part = None
     # Plain deliveries in a row to one outbox with one rendering are gathered and go as one record
@@ -372,6 +377,7 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
     return delivered
 
 
+EACH_FROM = 4  # subscriptions from which a fan-out gathers its deliveries into DATA_EACH records
 # A DATA_EACH record's entries take at most this many bytes (more start another record): with its
 # part (a frame, max_frame_size) it stays within a quarter of a ring like any record.
 EACH_BYTES = 64 * 1024

@@ -47,22 +47,35 @@ def test_a_tracked_or_differently_rendered_delivery_splits_the_record_and_order_
     r.outboxes[0].take()
     r.send(1, "/topic/t", b"x")
     assert [(kind, conn) for kind, conn, _ in records(r)] == [(R.DATA, 2), (R.DATA, 2), (R.DATA, 2), (R.DATA, 3)]
-    assert [m["subscription"] for m in r.messages(2)] == ["a", "b", "c"]
+    r.subscribe(2, "/topic/t", sub_id="e")   # five: gathered, in the same places
+    r.outboxes[0].take()
+    r.send(1, "/topic/t", b"x")
+    assert [(kind, conn) for kind, conn, _ in records(r)] == [(R.DATA, 2), (R.DATA, 2), (R.DATA, 2), (R.DATA, 3),
+                                                               (R.DATA, 2)]
+    assert [m["subscription"] for m in r.messages(2)] == ["a", "b", "c", "e"]
+    for sub_id in ("f", "g"):   # three plain ones in a row at the end: one record
+        r.subscribe(2, "/topic/t", sub_id=sub_id)
+    r.outboxes[0].take()
+    r.send(1, "/topic/t", b"x")
+    assert [(kind, aux) for kind, _, aux in records(r)][4:] == [(R.DATA_EACH, 3)]
+    assert [m["subscription"] for m in r.messages(2)] == ["a", "b", "c", "e", "f", "g"]
 
 
 def test_a_fan_out_stops_once_its_outbox_is_over_the_limit_even_at_its_last_delivery():
-    r = Rig()
-    r.connect(1)
-    for conn in (2, 3):
-        r.connect(conn)
-        r.subscribe(conn, "/topic/t")
-    r.outboxes[0].take()
-    r.outboxes[0].limit = 100
-    r.send(1, "/topic/t", b"y" * 200)
-    assert r.broker.unfinished   # the caller stops; the outbox goes to the ring before more is added
-    r.outboxes[0].take()
-    r.broker.resume()
-    assert not r.broker.unfinished and records(r) == []
+    for subscribers, steps in ((4, 1), (2, 2)):   # gathered in one record; delivery by delivery
+        r = Rig()
+        r.connect(1)
+        for conn in range(2, 2 + subscribers):
+            r.connect(conn)
+            r.subscribe(conn, "/topic/t")
+        r.outboxes[0].take()
+        r.outboxes[0].limit = 100
+        r.send(1, "/topic/t", b"y" * 200)
+        for _ in range(steps):
+            assert r.broker.unfinished   # the caller stops; the outbox goes to the ring before more is added
+            r.outboxes[0].take()
+            r.broker.resume()
+        assert not r.broker.unfinished and records(r) == []
 
 
 def test_the_writer_makes_each_connections_frame_of_one_record(resources):
