@@ -182,10 +182,11 @@ class Broker:
         self.now = session.last_seen = now
         self.stats["frames_in"] += 1
         if session.pending is not None:  # its CONNECT is being checked: keep the frames until then
-            if len(session.backlog) >= 1000:
+            backlog = session.pending[4]
+            if len(backlog) >= 1000:
                 replies.error(self, session, "too many frames before CONNECTED")
             elif bounds.hold_before_login(self, session, head, body):
-                session.backlog.append((head, body))
+                backlog.append((head, body))
             if self.ending:
                 sessions.end_closed(self)
             return

@@ -49,8 +49,7 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
             session.console_until = b.now + b.auth.console.ttl
             b.timed.add(session)
             return
-        session.pending = (version, cx, cy, headers)
-        session.backlog = []  # frames that arrive before the verdict wait here
+        session.pending = (version, cx, cy, headers, [])  # (frames that arrive before the verdict wait in its list)
         b.logins.submit(session.conn, login, passcode, session.address)
         return
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
@@ -73,17 +72,15 @@ def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list[
     session = b.sessions.get(conn)
     if session is None or session.pending is None:
         return []
-    version, cx, cy, headers = session.pending
+    version, cx, cy, headers, backlog = session.pending
     session.pending = None
     bounds.release(b, session, session.kept)  # (what waited for the verdict: handled or dropped now)
     b.now = now
     if user is None:
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
-        session.backlog = ()
         b.delayed.append((now + delay, conn))
         return []
     connected(b, session, version, cx, cy, headers, user)
-    backlog, session.backlog = session.backlog, ()
     return backlog
 
 

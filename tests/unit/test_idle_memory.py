@@ -22,6 +22,7 @@ from stompbroker.ipc import records as R
 from stompbroker.ipc.outbox import Outbox
 from stompbroker.ipc.ring import Ring
 from stompbroker.processes import common, reader, writer
+from stompbroker.protocol.proxy import peer_text
 from stompbroker.protocol.stomp import render_frame
 from stompbroker.settings import make_config
 
@@ -54,17 +55,41 @@ def test_dispatcher_session_of_an_idle_connection_is_small():
 
     def make():
         for conn in range(1 << 40, (1 << 40) + N):
-            broker.on_open(conn, 0, f"127.0.0.1:{conn % 60000}", 1.0)
+            # (the peer text made outside this file, as the dispatcher decodes it: it counts)
+            broker.on_open(conn, 0, peer_text("127.0.0.1", conn % 60000 + 1024), 1.0)
             broker.on_frame(conn, CONNECT, b"", 1.0)
         broker.outboxes[0].take()
         return None
 
     cost = per_connection(make)
     assert len(broker.sessions) == N and all(s.connected for s in broker.sessions.values())
-    # A slotted Session (~260 B) and its entry in Broker.sessions (its peer string and id come
-    # from this test, left out); no dicts, lists or deques of its own, no id string (an empty
-    # deque alone was 760 B; the whole was 1.46 KB).
-    assert cost < 350, f"{cost:.0f} bytes per idle session"
+    # A slotted Session (24 slots, 224 B), its peer packed into an int (32 B; the text is 64) and
+    # its entry in Broker.sessions (its id comes from this test, left out); no dicts, lists or
+    # deques of its own, no id string, no SessionMore (an empty deque alone was 760 B; the whole
+    # was 1.46 KB, then 359 B with 28 slots and the peer text).
+    assert cost < 310, f"{cost:.0f} bytes per idle session"   # (295 here)
+    assert session_more_free(broker)
+
+
+def session_more_free(broker) -> bool:
+    return all(session.more is None for session in broker.sessions.values())
+
+
+def test_a_session_s_rare_fields_and_peer_read_as_they_were_set():
+    broker = Broker(make_config(), [Outbox(0)])
+    broker.on_open(1, 0, "10.1.2.3:61613", 1.0, tls=True)
+    broker.on_open(2, 0, "::1:40000", 1.0)
+    broker.on_open(3, 0, "010.1.2.3:5", 1.0)   # not as peer_text writes it: kept as text
+    one, two, three = (broker.sessions[conn] for conn in (1, 2, 3))
+    assert (one.peer, one.address, two.peer, two.address, three.peer) == (
+        "10.1.2.3:61613", "10.1.2.3", "::1:40000", "::1", "010.1.2.3:5")
+    assert type(one._peer) is int and one.tls and not two.tls and two.more is None
+    broker.on_peer(2, "192.168.0.9:1")
+    assert two.peer == "192.168.0.9:1"
+    broker.on_frame(2, b"CONNECT\naccept-version:1.2\nhost:/\nheart-beat:1000,0\nclient-id:c7", b"", 1.0)
+    assert (two.client_id, two.hb_in, two.written_final) == ("c7", 1000, False)
+    broker.on_frame(3, CONNECT + b"\nlogin:guest", b"", 1.0)
+    assert (three.client_id, three.hb_in, three.tls, three.more) == ("guest", 0, False, None)
 
 
 def test_a_session_gives_back_its_containers_once_empty():
