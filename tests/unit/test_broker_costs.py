@@ -224,7 +224,7 @@ def test_a_writer_loop_looks_only_at_connections_that_are_ending():
 
     w = Writer.__new__(Writer)  # (only the loop's bookkeeping: no ring, no sockets)
     w.conns = {i: Idle() for i in range(1000)}
-    w.ending, w.heartbeats, w.progress = set(), set(), set()
+    w.ending, w.heartbeats, w.progress = {}, {}, set()
     w.latency_pending = w.stopping = False
     w.expire(10.0)
     assert w._timeout() is None
