@@ -31,9 +31,11 @@ NO_ENTRIES = _NoEntries()
 class Session:
     # Per-session state an idle connection needs is a slot; what few sessions use and no frame or
     # delivery reads is in ``more`` (SessionMore, made when first set), read through properties.
+    # (its deliveries' ack ids are in Broker.acks, its receipts waiting for the store in
+    # Broker.holding, its id's token is its outbox's: an idle connection keeps no slot for them)
     __slots__ = ("conn", "outbox", "_peer", "opened", "last_seen", "connected", "version", "escape",
-                 "subs", "acks", "transactions", "closing", "protocol", "token", "login",
-                 "held", "pending", "temps", "inflight", "written", "console_until",
+                 "subs", "transactions", "closing", "protocol", "login",
+                 "gate", "temps", "inflight", "written",
                  "kept", "vhost", "more")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
@@ -48,16 +50,15 @@ class Session:
         # Containers an idle connection does not use are shared empty ones (NO_ENTRIES, ()) until
         # needed: whatever adds the first entry gives the session its own.
         self.subs: dict[str, Subscription] = NO_ENTRIES
-        self.acks: dict[str, Subscription] = NO_ENTRIES   # ack id -> subscription, for 1.2 ACK/NACK by id
         self.transactions: dict[str, list] = NO_ENTRIES   # transaction id -> frames held until COMMIT
         self.closing = False
         self.protocol = ""        # what the reader saw it speak: "stomp", "websocket", "http" ("" = not yet)
-        self.token = ""           # the broker's, once CONNECTED: the session id is made of it (see id)
         self.login = ""
-        self.held: list = ()         # (store generation, record kind, payload) waiting for a commit
-        # A CONNECT waiting for its login check: (version, cx, cy, headers, frames that arrived
-        # meanwhile), else None.
-        self.pending = None
+        # What each of its frames passes first (one slot, read once per frame): None; a CONNECT
+        # waiting for its login check, (version, cx, cy, headers, frames that arrived meanwhile):
+        # ``pending``; or the monotonic time a web console's read-only session (console passcode)
+        # ends: ``console_until``.
+        self.gate = None
         self.temps: dict[str, Temp] = NO_ENTRIES  # its temporary destinations, by their private name
         # Auto-ack queue deliveries handed to the writer and not yet sent, in order, as (message,
         # queue): they leave the store when the writer reports them written, and go back to their
@@ -65,7 +66,6 @@ class Session:
         # (a deque only while it holds some: an empty deque is 760 bytes)
         self.inflight: deque = ()
         self.written = 0
-        self.console_until = 0.0     # a web console's read-only session (console passcode): it ends then
         # Bytes held for it (bounds.py): frames waiting for its login's verdict, then the frames
         # of its open transactions and its unacknowledged topic deliveries.
         self.kept = 0
@@ -81,6 +81,26 @@ class Session:
     @peer.setter
     def peer(self, peer: str) -> None:
         self._peer = pack_peer(peer)
+
+    @property
+    def pending(self) -> tuple | None:
+        gate = self.gate
+        return gate if type(gate) is tuple else None
+
+    @pending.setter
+    def pending(self, value: tuple | None) -> None:
+        if value is not None or type(self.gate) is tuple:
+            self.gate = value
+
+    @property
+    def console_until(self) -> float:
+        gate = self.gate
+        return gate if type(gate) is float else 0.0
+
+    @console_until.setter
+    def console_until(self, value: float) -> None:
+        if value or type(self.gate) is float:
+            self.gate = float(value) if value else None
 
     def _more(self) -> SessionMore:
         more = self.more
@@ -144,7 +164,7 @@ class Session:
     @property
     def id(self) -> str:
         """The session id told in CONNECTED ("" before): made when asked, not kept per connection."""
-        return f"{self.token}-{self.conn}" if self.token else ""
+        return f"{self.outbox.token}-{self.conn}" if self.connected else ""
 
 
 class SessionMore:

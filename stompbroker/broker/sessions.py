@@ -96,7 +96,6 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     session.connected = True
     session.version = version
     session.escape = version != "1.0"
-    session.token = b.token  # session.id is made of it
     session.login = login
     session.client_id = headers.get("client-id", session.login)
     session.hb_in = max(cx, sy) if cx and sy else 0
@@ -145,8 +144,7 @@ def closed(b, conn: int, tell_writer: bool = True) -> None:
     session = b.sessions.pop(conn, None)
     if session is None:
         return
-    session.held = ()
-    b.holding.discard(session)
+    b.holding.pop(session, None)
     b.timed.discard(session)
     if session.pending is not None:
         if b.logins is not None:

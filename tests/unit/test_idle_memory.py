@@ -63,11 +63,11 @@ def test_dispatcher_session_of_an_idle_connection_is_small():
 
     cost = per_connection(make)
     assert len(broker.sessions) == N and all(s.connected for s in broker.sessions.values())
-    # A slotted Session (24 slots, 224 B), its peer packed into an int (32 B; the text is 64) and
+    # A slotted Session (20 slots, 192 B), its peer packed into an int (32 B; the text is 64) and
     # its entry in Broker.sessions (its id comes from this test, left out); no dicts, lists or
     # deques of its own, no id string, no SessionMore (an empty deque alone was 760 B; the whole
     # was 1.46 KB, then 359 B with 28 slots and the peer text).
-    assert cost < 310, f"{cost:.0f} bytes per idle session"   # (295 here)
+    assert cost < 275, f"{cost:.0f} bytes per idle session"   # (263 here)
     assert session_more_free(broker)
 
 
@@ -90,6 +90,16 @@ def test_a_session_s_rare_fields_and_peer_read_as_they_were_set():
     assert (two.client_id, two.hb_in, two.written_final) == ("c7", 1000, False)
     broker.on_frame(3, CONNECT + b"\nlogin:guest", b"", 1.0)
     assert (three.client_id, three.hb_in, three.tls, three.more) == ("guest", 0, False, None)
+    assert three.id == f"{broker.token}-3" and one.id == ""
+    # A frame's gate: a login check under way, or a console session's end; never both.
+    assert (one.pending, one.console_until, one.gate) == (None, 0.0, None)
+    one.pending = ("1.2", 0, 0, {}, [])
+    assert one.pending == ("1.2", 0, 0, {}, []) and one.console_until == 0.0
+    one.pending = None
+    one.console_until = 5.0
+    assert (one.pending, one.console_until) == (None, 5.0)
+    one.pending = None   # (no login check to drop: the console's end stays)
+    assert one.console_until == 5.0
 
 
 def test_a_session_gives_back_its_containers_once_empty():
