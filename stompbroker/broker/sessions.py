@@ -101,6 +101,8 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     session.hb_in = max(cx, sy) if cx and sy else 0
     if not session.hb_in:
         b.timed.discard(session)  # nothing to watch: idle connections cost no timer work
+        if not b.timed:
+            b.timed = set()  # (not the table a connect storm grew: sets keep their size once emptied)
     out_interval = max(sx, cy) if sx and cy else 0
     reply = {"version": version, "server": SERVER, "session": session.id, "heart-beat": f"{sx},{sy}"}
     session.outbox.add(R.DATA, session.conn, render_frame("CONNECTED", reply, escape_headers=False))
