@@ -86,6 +86,7 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         self.partial = 0         # bytes of unfinished frames held for all connections
         self.trim_due = False    # big buffers were freed: give the memory back to the system
         self.next_trim = 0.0
+        self.idle_trim = common.IdleTrim()
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -109,8 +110,13 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
                 timeout = max(min(timeout or 1.0, self.undecided.next_due - time.monotonic()), 0)
             if self.trim_due:
                 timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
+            if self.idle_trim.due:
+                trim = self.idle_trim.wait(time.monotonic())
+                timeout = trim if timeout is None else min(timeout, trim)
             events = self.sel.select(timeout)
             now = time.monotonic()
+            if events:
+                self.idle_trim.busy(now)
             for what, mask in events:
                 if what == "accept":
                     self.accept(self.listener)
@@ -141,6 +147,7 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
                 self.trim_due = False
                 self.next_trim = now + 1.0
                 common.trim_memory()
+            self.idle_trim.check(now)
         self.emit(R.SHUTDOWN, 0)
         self.push()
         self.ring.notify()

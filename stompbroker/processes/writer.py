@@ -92,6 +92,7 @@ class Writer:
         self.ending: dict[Conn, float] = {}
         self.heartbeats: dict[Conn, float] = {}   # -> seconds between heart-beats when idle
         self.now = time.monotonic()               # as of this loop's wake-up
+        self.idle_trim = common.IdleTrim()
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.stop_deadline = 0.0
@@ -105,6 +106,8 @@ class Writer:
         while True:
             events = self.sel.select(self._timeout())
             self.now = time.monotonic()
+            if events:
+                self.idle_trim.busy(self.now)
             for key, _ in events:
                 what = key.data
                 if what == "ring":
@@ -126,6 +129,7 @@ class Writer:
             self.shared.update(self.stats)
             if self.progress:
                 self.report()
+            self.idle_trim.check(now)
             if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
                 self.finish_all()
                 self.report(R.WRITTEN_LAST)
@@ -133,6 +137,8 @@ class Writer:
 
     def _timeout(self):
         waits = [hb / 4 for hb in self.heartbeats.values()]
+        if self.idle_trim.due:
+            waits.append(self.idle_trim.wait(time.monotonic()))
         if self.latency_pending:  # wake up to publish this interval's latencies, then sleep
             waits.append(max(self.interval_start + self.interval - time.monotonic(), 0))
         if self.ending or self.stopping:

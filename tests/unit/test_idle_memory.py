@@ -234,6 +234,26 @@ def test_the_rings_pages_of_idle_connections_are_few():
             ring.close()
 
 
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_an_idle_process_gives_back_the_heap_it_freed():
+    """What a connect storm or a burst made and freed stays resident otherwise (tune_malloc keeps up
+    to 128 MB of free heap): a second after a loop's last work, IdleTrim gives it back, once."""
+    trim = common.IdleTrim()
+    blocks = [bytes(2000) for _ in range(20_000)]  # 40 MB of heap (malloc: larger than pymalloc's blocks)
+    kept = bytes(2000)  # made after them: the heap's top stays in use, nothing is trimmed by free()
+    del blocks
+    before = rss()
+    trim.busy(10.0)
+    assert trim.wait(10.25) == 0.75 and not trim.check(10.5)   # not yet a second idle
+    assert trim.check(11.0) and trim.wait(11.0) is None and not trim.check(12.0)  # once
+    assert before - rss() > 20 << 20, "the freed heap is still resident"
+    del kept
+
+
 def test_children_do_not_collect_what_they_inherited():
     """A full collection in a child would write to every object inherited from the supervisor,
     copying the pages they share (measured: 2-3 MB in each child, 2 MB more in the supervisor's
