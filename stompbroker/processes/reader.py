@@ -58,7 +58,11 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         # Ids stay unique across reader restarts: the dispatcher and writers tell the dead one's apart.
         self.first_id = (resources.reader_generation << 40) + 1
         self.ids = itertools.count(self.first_id)
-        self.next_writer = itertools.cycle(range(len(self.fd_socks)))
+        self.next_writer = itertools.cycle(range(len(self.fd_socks)))  # (in step with ids: writer_of)
+        # Connections whose answer and close are on their way -> bytes read and dropped since;
+        # those no longer read at all (Poller.quiet) are in ``quieted``.
+        self.dropping: dict[Conn, int] = {}
+        self.quieted: set[Conn] = set()
         self.out = bytearray()
         self.count = 0
         self.pushed = False
