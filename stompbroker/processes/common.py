@@ -232,7 +232,7 @@ class IdleTrim:
     """Freed heap given back to the system once a process has been idle for ``IDLE`` seconds after
     some work (a connect storm, a burst of messages): tune_malloc keeps up to 128 MB of it, which a
     busy process reuses and an idle one only holds (10,000 connections opened 800 at a time left
-    20-30 B per connection in each process). Once per idle spell, never while busy: a loop calls
+    30-70 B per connection in each process). Once per idle spell, never while busy: a loop calls
     ``busy`` when it had something to do, ``check`` at its end, and wakes by ``wait``."""
 
     __slots__ = ("due",)

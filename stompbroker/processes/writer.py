@@ -61,8 +61,8 @@ class Conn:
         self.written = 0                # marked frames sent (cumulative), reported to the dispatcher
         self.pending = 0                # bytes queued, not yet sent
         self.closing = False
-        # When it last took bytes, as of the writer's loop (Writer.now: one float for all the
-        # connections of a loop, not one each).
+        # When it last took bytes, as of the writer's wake-up or ring read (Writer.now: one float
+        # for all the connections flushed then, not one each).
         self.last_write = now
         self.writing = False            # registered for EVENT_WRITE
         self.lingering = False
@@ -161,6 +161,7 @@ class Writer:
             blob = self.ring.read()
             if not blob:
                 break
+            self.now = time.monotonic()  # (a long drain must not make last_write stale: STALLED)
             pos, end = 0, len(blob)
             while pos < end:
                 length, kind, conn_id, aux, stamp = unpack(blob, pos)
