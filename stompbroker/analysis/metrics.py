@@ -164,7 +164,7 @@ def leak_flags(
 ) -> DataFrame:
     """One row per process (run, role, pid) with a least-squares slope of its private memory and a
     leak flag. Private (anonymous) memory only: RSS also counts shared-memory ring pages as they are
-    first touched, which grows in every healthy process until the rings have been used whole.
+    first touched, which grows in a healthy process as far as the rings' deepest backlog.
     (The *_rss columns keep their names but hold private memory.)
 
     leak = samples >= min_samples

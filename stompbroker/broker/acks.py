@@ -27,7 +27,7 @@ def ack(b, session: Session, command: str, headers: dict, body: bytes, committed
             ids = [ack_id]
         settled = [sub.unacked.pop(key) for key in ids]
         for delivery in settled:
-            session.acks.pop(delivery.ack_id, None)
+            b.acks.pop(delivery.ack_id, None)
             bounds.settled(session, delivery)
             if delivery.queue is not None:
                 delivery.queue.unacked -= 1
@@ -51,8 +51,8 @@ def find_delivery(b, session: Session, command: str, headers: dict, receipt, str
         wanted = headers.get("message-id", headers.get("id"))
     if wanted is None:
         raise ProtocolError("missing id", f"{command} needs an id header (message-id before 1.2)", receipt)
-    sub = session.acks.get(wanted)
-    if sub is not None:
+    sub = b.acks.get(wanted)
+    if sub is not None and sub.session is session:  # (ack ids are the broker's: another's is unknown here)
         return sub, wanted
     named = session.subs.get(headers.get("subscription", ""))
     for sub in ([named] if named is not None else []) + [s for s in session.subs.values() if s is not named]:

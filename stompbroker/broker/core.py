@@ -28,7 +28,7 @@ from ..protocol.stomp import ProtocolError, parse_head_cached
 from . import (acks, bounds, confirmations, dedup, diagnostics, durables, permissions, priority, queues, replies,
                routing, scheduling, sessions, subscribing, transactions, vhosts)
 from ..ipc.outbox import Outbox
-from .model import Message, Queue, Session
+from .model import Message, Queue, Session, Subscription
 from .names import CONNECT_COMMANDS, MONITOR, SERVER, TRANSACTIONAL, VERSIONS
 from .schedule import Jobs
 from .stale import StaleQueue
@@ -78,6 +78,8 @@ class Broker:
         self.token = format(int(clock() * 1000) % (36 ** 6), "x")  # tells ids of different runs apart
         if config.cluster:  # message ids travel between nodes: the node's name keeps them apart there
             self.token = f"{config.node_id}.{self.token}"
+        for box in outboxes:
+            box.token = self.token  # (Session.id)
         self.diag = diag                 # the statistics provider (diag.stats.Statistics); it reads the broker
         if diag is not None and getattr(diag, "broker", self) is None:
             diag.broker = self           # (given unbound, as it cannot be made after the broker it reads)
@@ -89,7 +91,10 @@ class Broker:
         self.kept = 0                    # bytes of frames held in transactions and for logins (bounds.py)
         self.ops_mark = 0                # the store's op count when the current event began
         self.need_commit = False         # a reply waits for the batch being gathered: commit it even if empty
-        self.holding: set[Session] = set()   # sessions with receipts waiting for a store commit
+        # sessions with receipts waiting for a store commit -> [(store generation, record kind,
+        # payload, receipt)], in order
+        self.holding: dict[Session, list] = {}
+        self.acks: dict[str, Subscription] = {}  # ack id -> subscription, for ACK/NACK by id (1.2)
         self.unconfirmed: dict[int, tuple] = {}  # ended sessions with deliveries the writer may still send
         self.timed: set[Session] = set()     # sessions with a deadline: not yet CONNECTed, or heart-beating
         self.alive_lag = R.alive_every(config)  # the reader's ALIVE reports trail a connection's bytes by less
@@ -181,11 +186,13 @@ class Broker:
             return
         self.now = session.last_seen = now
         self.stats["frames_in"] += 1
-        if session.pending is not None:  # its CONNECT is being checked: keep the frames until then
-            if len(session.backlog) >= 1000:
+        gate = session.gate
+        if gate is not None and type(gate) is tuple:  # its CONNECT is being checked: keep the frames until then
+            backlog = gate[4]
+            if len(backlog) >= 1000:
                 replies.error(self, session, "too many frames before CONNECTED")
             elif bounds.hold_before_login(self, session, head, body):
-                session.backlog.append((head, body))
+                backlog.append((head, body))
             if self.ending:
                 sessions.end_closed(self)
             return
@@ -204,7 +211,7 @@ class Broker:
                 raise ProtocolError("not connected", f"{command} before CONNECT", headers.get("receipt"))
             if self.vhosts_on and "destination" in headers:
                 headers = in_vhost(session, headers)
-            if session.console_until:
+            if gate is not None:  # a web console's session (a pending one returned above)
                 permissions.console_scope(command, headers)
             transaction = headers.get("transaction")
             if transaction is not None and command in TRANSACTIONAL:

@@ -29,15 +29,19 @@ NO_ENTRIES = _NoEntries()
 
 
 class Session:
-    __slots__ = ("conn", "outbox", "peer", "opened", "last_seen", "connected", "version", "escape",
-                 "subs", "acks", "transactions", "hb_in", "closing", "protocol", "token", "login", "client_id",
-                 "held", "pending", "backlog", "temps", "inflight", "written", "written_final", "console_until",
-                 "tls", "kept", "vhost")
+    # Per-session state an idle connection needs is a slot; what few sessions use and no frame or
+    # delivery reads is in ``more`` (SessionMore, made when first set), read through properties.
+    # (its deliveries' ack ids are in Broker.acks, its receipts waiting for the store in
+    # Broker.holding, its id's token is its outbox's: an idle connection keeps no slot for them)
+    __slots__ = ("conn", "outbox", "_peer", "opened", "last_seen", "connected", "version", "escape",
+                 "subs", "transactions", "closing", "protocol", "login",
+                 "gate", "temps", "inflight", "written",
+                 "kept", "vhost", "more")
 
     def __init__(self, conn: int, outbox: Outbox, peer: str, now: float):
         self.conn = conn
         self.outbox = outbox
-        self.peer = peer
+        self._peer = pack_peer(peer)
         self.opened = now
         self.last_seen = now
         self.connected = False
@@ -46,17 +50,15 @@ class Session:
         # Containers an idle connection does not use are shared empty ones (NO_ENTRIES, ()) until
         # needed: whatever adds the first entry gives the session its own.
         self.subs: dict[str, Subscription] = NO_ENTRIES
-        self.acks: dict[str, Subscription] = NO_ENTRIES   # ack id -> subscription, for 1.2 ACK/NACK by id
         self.transactions: dict[str, list] = NO_ENTRIES   # transaction id -> frames held until COMMIT
-        self.hb_in = 0            # ms: the client promised a frame or heart-beat at least this often
         self.closing = False
         self.protocol = ""        # what the reader saw it speak: "stomp", "websocket", "http" ("" = not yet)
-        self.token = ""           # the broker's, once CONNECTED: the session id is made of it (see id)
         self.login = ""
-        self.client_id = ""
-        self.held: list = ()         # (store generation, record kind, payload) waiting for a commit
-        self.pending = None          # a CONNECT waiting for its login check
-        self.backlog: list = ()      # frames that arrived meanwhile (a list while pending)
+        # What each of its frames passes first (one slot, read once per frame): None; a CONNECT
+        # waiting for its login check, (version, cx, cy, headers, frames that arrived meanwhile):
+        # ``pending``; or the monotonic time a web console's read-only session (console passcode)
+        # ends: ``console_until``.
+        self.gate = None
         self.temps: dict[str, Temp] = NO_ENTRIES  # its temporary destinations, by their private name
         # Auto-ack queue deliveries handed to the writer and not yet sent, in order, as (message,
         # queue): they leave the store when the writer reports them written, and go back to their
@@ -64,13 +66,91 @@ class Session:
         # (a deque only while it holds some: an empty deque is 760 bytes)
         self.inflight: deque = ()
         self.written = 0
-        self.written_final = False   # the writer said it will send nothing more
-        self.console_until = 0.0     # a web console's read-only session (console passcode): it ends then
-        self.tls = False             # it came in on ssl_port
         # Bytes held for it (bounds.py): frames waiting for its login's verdict, then the frames
         # of its open transactions and its unacknowledged topic deliveries.
         self.kept = 0
         self.vhost = ""              # its virtual host, when not the default one (CONNECT's host: vhosts.py)
+        self.more = None             # SessionMore, once one of its fields is set
+
+    @property
+    def peer(self) -> str:
+        """The client's address and port, as the reader (or a PROXY header) told it."""
+        peer = self._peer
+        return peer if type(peer) is str else peer_text(peer)
+
+    @peer.setter
+    def peer(self, peer: str) -> None:
+        self._peer = pack_peer(peer)
+
+    @property
+    def pending(self) -> tuple | None:
+        gate = self.gate
+        return gate if type(gate) is tuple else None
+
+    @pending.setter
+    def pending(self, value: tuple | None) -> None:
+        if value is not None or type(self.gate) is tuple:
+            self.gate = value
+
+    @property
+    def console_until(self) -> float:
+        gate = self.gate
+        return gate if type(gate) is float else 0.0
+
+    @console_until.setter
+    def console_until(self, value: float) -> None:
+        if value or type(self.gate) is float:
+            self.gate = float(value) if value else None
+
+    def _more(self) -> SessionMore:
+        more = self.more
+        if more is None:
+            more = self.more = SessionMore()
+        return more
+
+    @property
+    def client_id(self) -> str:
+        """CONNECT's client-id, else its login (durable subscription names are made of it)."""
+        more = self.more
+        return self.login if more is None or more.client_id is None else more.client_id
+
+    @client_id.setter
+    def client_id(self, value: str) -> None:
+        if value is not self.login or self.more is not None:
+            self._more().client_id = value
+
+    @property
+    def hb_in(self) -> int:
+        """ms: the client promised a frame or heart-beat at least this often (0: no promise)."""
+        more = self.more
+        return 0 if more is None else more.hb_in
+
+    @hb_in.setter
+    def hb_in(self, value: int) -> None:
+        if value or self.more is not None:
+            self._more().hb_in = value
+
+    @property
+    def written_final(self) -> bool:
+        """The writer said it will send nothing more."""
+        more = self.more
+        return False if more is None else more.written_final
+
+    @written_final.setter
+    def written_final(self, value: bool) -> None:
+        if value or self.more is not None:
+            self._more().written_final = value
+
+    @property
+    def tls(self) -> bool:
+        """It came in on ssl_port."""
+        more = self.more
+        return False if more is None else more.tls
+
+    @tls.setter
+    def tls(self, value: bool) -> None:
+        if value or self.more is not None:
+            self._more().tls = value
 
     @property
     def websocket(self) -> bool:
@@ -84,7 +164,40 @@ class Session:
     @property
     def id(self) -> str:
         """The session id told in CONNECTED ("" before): made when asked, not kept per connection."""
-        return f"{self.token}-{self.conn}" if self.token else ""
+        return f"{self.outbox.token}-{self.conn}" if self.connected else ""
+
+
+class SessionMore:
+    """What few sessions need (a session's ``more``): no frame or delivery reads it."""
+
+    __slots__ = ("client_id", "hb_in", "written_final", "tls")
+
+    def __init__(self):
+        self.client_id = None        # CONNECT's client-id, when not the login
+        self.hb_in = 0
+        self.written_final = False
+        self.tls = False
+
+
+def pack_peer(text: str) -> int | str:
+    """An IPv4 peer "a.b.c.d:port" as one int (32 bytes; the text is 64), anything else as it is.
+    ``peer_text`` makes the same text again (a text it would not make stays text)."""
+    host, _, port = text.rpartition(":")
+    parts = host.split(".")
+    if len(parts) != 4 or not port.isdigit():
+        return text
+    try:
+        packed = 0
+        for part in parts:
+            packed = packed << 8 | int(part)
+        packed = packed << 16 | int(port)
+    except ValueError:
+        return text
+    return packed if peer_text(packed) == text else text
+
+
+def peer_text(packed: int) -> str:
+    return f"{packed >> 40 & 255}.{packed >> 32 & 255}.{packed >> 24 & 255}.{packed >> 16 & 255}:{packed & 0xFFFF}"
 
 
 class Subscription:

@@ -42,9 +42,7 @@ def deliver_tracked(b, sub: Subscription, message: Message, queue: Queue | None)
         return False  # (a topic message: nothing holds it back but the connection's bound)
     ack_id = f"{b.token}-a{next(b.ack_ids)}"
     sub.unacked[ack_id] = Delivery(ack_id, message, queue, message.nacks)
-    if not session.acks:
-        session.acks = {}
-    session.acks[ack_id] = sub
+    b.acks[ack_id] = sub
     extra = b"ack:" + ack_id.encode() + b"\n"
     if message.redelivered or message.nacks:
         extra += REDELIVERED

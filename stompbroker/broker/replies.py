@@ -33,12 +33,11 @@ def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | No
     if b.backplane is not None and b.backplane.hold_reply(session, kind, payload):
         return  # behind a message of this session's that waits for NATS (cluster/backplane.py)
     store = b.store
-    if store is not None and store.sync_receipts and (session.held or store.ops != b.ops_mark):
-        if session.held:
-            session.held.append((store.generation, kind, payload, receipt))
-        else:
-            session.held = [(store.generation, kind, payload, receipt)]
-        b.holding.add(session)
+    if store is not None and store.sync_receipts and (session in b.holding or store.ops != b.ops_mark):
+        held = b.holding.get(session)
+        if held is None:
+            held = b.holding[session] = []
+        held.append((store.generation, kind, payload, receipt))
         b.need_commit = True
     else:
         session.outbox.add(kind, session.conn, payload)
@@ -46,8 +45,7 @@ def emit(b, session: Session, kind: int, payload: bytes = b"", receipt: str | No
 
 def release(b, generation: int) -> None:
     """The store has committed up to ``generation``: send the replies that waited for it."""
-    for session in list(b.holding):
-        held = session.held
+    for session, held in list(b.holding.items()):
         done = 0
         for due, kind, payload, _ in held:
             if due > generation:
@@ -56,8 +54,7 @@ def release(b, generation: int) -> None:
             done += 1
         del held[:done]
         if not held:
-            session.held = ()
-            b.holding.discard(session)
+            del b.holding[session]
 
 
 def store_outage(b, now: float) -> None:
@@ -67,10 +64,9 @@ def store_outage(b, now: float) -> None:
     since = b.store.failing_since if b.store is not None else 0.0
     if not since or now - since < b.config.store_error_timeout_ms / 1000:
         return
-    for session in list(b.holding):
-        receipt = next((r for _, kind, _, r in session.held if r is not None), None)
-        session.held = ()
-        b.holding.discard(session)
+    for session, held in list(b.holding.items()):
+        receipt = next((r for _, kind, _, r in held if r is not None), None)
+        del b.holding[session]
         if session.closing:
             session.outbox.add(R.CLOSE, session.conn)
             continue

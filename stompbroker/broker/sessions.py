@@ -49,8 +49,7 @@ def connect(b, session: Session, command: str, headers: dict, body: bytes) -> No
             session.console_until = b.now + b.auth.console.ttl
             b.timed.add(session)
             return
-        session.pending = (version, cx, cy, headers)
-        session.backlog = []  # frames that arrive before the verdict wait here
+        session.pending = (version, cx, cy, headers, [])  # (frames that arrive before the verdict wait in its list)
         b.logins.submit(session.conn, login, passcode, session.address)
         return
     connected(b, session, version, cx, cy, headers, headers.get("login", ""))
@@ -73,17 +72,15 @@ def auth_done(b, conn: int, user: str | None, now: float, delay: float) -> list[
     session = b.sessions.get(conn)
     if session is None or session.pending is None:
         return []
-    version, cx, cy, headers = session.pending
+    version, cx, cy, headers, backlog = session.pending
     session.pending = None
     bounds.release(b, session, session.kept)  # (what waited for the verdict: handled or dropped now)
     b.now = now
     if user is None:
         session.closing = True  # nothing more from it is read; the ERROR follows the delay
-        session.backlog = ()
         b.delayed.append((now + delay, conn))
         return []
     connected(b, session, version, cx, cy, headers, user)
-    backlog, session.backlog = session.backlog, ()
     return backlog
 
 
@@ -99,12 +96,13 @@ def connected(b, session: Session, version: str, cx: int, cy: int, headers: dict
     session.connected = True
     session.version = version
     session.escape = version != "1.0"
-    session.token = b.token  # session.id is made of it
     session.login = login
     session.client_id = headers.get("client-id", session.login)
     session.hb_in = max(cx, sy) if cx and sy else 0
     if not session.hb_in:
         b.timed.discard(session)  # nothing to watch: idle connections cost no timer work
+        if not b.timed:
+            b.timed = set()  # (not the table a connect storm grew: sets keep their size once emptied)
     out_interval = max(sx, cy) if sx and cy else 0
     reply = {"version": version, "server": SERVER, "session": session.id, "heart-beat": f"{sx},{sy}"}
     session.outbox.add(R.DATA, session.conn, render_frame("CONNECTED", reply, escape_headers=False))
@@ -148,8 +146,7 @@ def closed(b, conn: int, tell_writer: bool = True) -> None:
     session = b.sessions.pop(conn, None)
     if session is None:
         return
-    session.held = ()
-    b.holding.discard(session)
+    b.holding.pop(session, None)
     b.timed.discard(session)
     if session.pending is not None:
         if b.logins is not None:

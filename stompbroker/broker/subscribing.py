@@ -214,7 +214,7 @@ def remove_subscription(b, session: Session, sub: Subscription) -> None:
         sub.temp.sub = None
     returned: dict[Queue, list] = {}
     for delivery in sub.unacked.values():
-        session.acks.pop(delivery.ack_id, None)
+        b.acks.pop(delivery.ack_id, None)
         bounds.settled(session, delivery)
         if delivery.queue is not None:
             delivery.queue.unacked -= 1

@@ -19,7 +19,7 @@ from . import records as R
 class Outbox:
     """Records for one writer, collected during one dispatcher round."""
 
-    __slots__ = ("index", "buf", "count", "limit", "stamp")
+    __slots__ = ("index", "buf", "count", "limit", "stamp", "token")
 
     def __init__(self, index: int = 0, limit: int = 1 << 62):
         self.index = index
@@ -29,6 +29,7 @@ class Outbox:
         # when the frame being handled was read (records.stamp, 0 = not stamped): the dispatcher sets
         # it on every outbox before each input record, and the records it causes carry it
         self.stamp = 0
+        self.token = ""           # its broker's: the ids of the sessions it writes for are made of it
 
     def add(self, kind: int, conn: int, payload: bytes = b"", aux: int = 0) -> bool:
         """Append one record; True when the outbox is now over its limit."""

@@ -4,6 +4,12 @@ The producer appends *batches* (a blob of records plus their count) and publishe
 the tail; the consumer copies whole batches out and moves the head. Positions only grow (u64), the
 index into the data area is ``position % capacity``, so a batch may wrap around the end.
 
+A producer that finds the ring empty, past ``rewind_at`` bytes into the data area, starts again at
+the front: it writes a skip header (count SKIP) over the rest of the lap, which the consumer steps
+over. So the pages the rings touch (and keep resident) are about as many as their deepest backlog,
+not the whole capacity once a few laps' worth of traffic went through (10,000 connections' OPEN,
+CONNECT and CONNECTED records touched 2.6 MB of fresh pages).
+
 Why it is safe without locks: there is one writer per control slot (head and records-read belong to
 the consumer, tail to the producer) and x86-64 keeps stores in order, so a consumer that sees the new
 tail also sees the bytes written before it. Wake-ups go through eventfds, one write per batch rather
@@ -25,6 +31,8 @@ from multiprocessing import resource_tracker, shared_memory
 
 _BATCH = struct.Struct("<II")  # blob length, record count
 _CONTROL_BYTES = 256
+SKIP = 0xFFFFFFFF  # a batch header's count: no records, step over its length
+REWIND_AT = 64 << 10
 
 # u64 control slots, each written by one side only (consumer: HEAD, READ; producer: TAIL, WAITING).
 HEAD, READ = 0, 1          # consumer cache line
@@ -54,9 +62,10 @@ class RingFull(Exception):
 
 
 class Ring:
-    def __init__(self, capacity: int, max_records: int = 1 << 62):
+    def __init__(self, capacity: int, max_records: int = 1 << 62, rewind_at: int = REWIND_AT):
         self.capacity = capacity
         self.max_records = max_records
+        self.rewind_at = rewind_at
         self._shm = anonymous_segment(_CONTROL_BYTES + capacity)
         self._ctl = self._shm.buf[:_CONTROL_BYTES].cast("Q")
         self._data = self._shm.buf[_CONTROL_BYTES:_CONTROL_BYTES + capacity]
@@ -73,10 +82,17 @@ class Ring:
             raise RingFull(f"batch of {need} bytes exceeds ring capacity {self.capacity}")
         ctl = self._ctl
         tail = ctl[TAIL]
-        if self.capacity - (tail - ctl[HEAD]) < need:
+        head = ctl[HEAD]
+        if self.capacity - (tail - head) < need:
             return False
         if self._written - ctl[READ] + nrecords > self.max_records and self._written != ctl[READ]:
             return False
+        if tail == head and tail % self.capacity >= self.rewind_at:
+            # Empty (the consumer has taken and released everything): back to the front.
+            gap = self.capacity - tail % self.capacity
+            if gap >= _BATCH.size and gap + need <= self.capacity:
+                self._put(tail, _BATCH.pack(gap - _BATCH.size, SKIP))
+                tail += gap
         self._put(tail, _BATCH.pack(len(blob), nrecords))
         self._put(tail + _BATCH.size, blob)
         self._written += nrecords
@@ -143,6 +159,9 @@ class Ring:
         total = records = 0
         while head < tail:
             size, count = _BATCH.unpack(self._get(head, _BATCH.size))
+            if count == SKIP:  # the producer went back to the front
+                head += _BATCH.size + size
+                continue
             if parts and total + size > max_bytes:
                 break
             parts.append(self._get(head + _BATCH.size, size))

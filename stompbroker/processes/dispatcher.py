@@ -48,6 +48,7 @@ class Dispatcher:
         self.rings = resources.output_rings
         limit = min(ring.capacity for ring in self.rings) // 2  # a batch is at most this plus one record
         self.outboxes = [Outbox(i, limit) for i in range(len(self.rings))]
+        self.idle_trim = common.IdleTrim()
         self.auth = self.logins = None
         if config.auth_required or config.acl_file:
             self.auth = Authenticator(config, load_users(config))
@@ -147,11 +148,14 @@ class Dispatcher:
                 deadlines.append(time.monotonic() + timer / 1000 - self.broker.clock())
             if self.backplane is not None and self.bridge_backlog:
                 deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
+            if self.idle_trim.due:
+                deadlines.append(self.idle_trim.due)
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
             # Asleep, it knows which channels woke it and reads only those (an empty non-blocking
             # read raises, which costs more than the rest of a one-message round); busy, it looks
             # at all of them every round.
             ready = select.select(self.wait_fds, [], [], timeout)[0] if not ring.used_bytes else None
+            worked = ready is None or bool(ready)
             ring.clear_wakeup()
             if ready is None or self.written in ready:
                 self.progress()
@@ -188,6 +192,8 @@ class Dispatcher:
                 self.flush()
                 self.timers()  # (nor scheduled messages: a busy ring would keep them waiting past their time)
             now = time.monotonic()
+            if worked:
+                self.idle_trim.busy(now)
             if now >= self.next_tick:
                 self.next_tick = now + self.tick
                 self.broker.on_tick(now)
@@ -206,6 +212,7 @@ class Dispatcher:
             if self.dump_channel is not None and now >= self.next_dump:
                 self.next_dump = now + self.config.diag_interval / 1000
                 self.dump()
+            self.idle_trim.check(now)
         self.shut_down()
 
     def shut_down(self) -> None:

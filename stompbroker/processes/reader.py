@@ -58,7 +58,11 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         # Ids stay unique across reader restarts: the dispatcher and writers tell the dead one's apart.
         self.first_id = (resources.reader_generation << 40) + 1
         self.ids = itertools.count(self.first_id)
-        self.next_writer = itertools.cycle(range(len(self.fd_socks)))
+        self.next_writer = itertools.cycle(range(len(self.fd_socks)))  # (in step with ids: writer_of)
+        # Connections whose answer and close are on their way -> bytes read and dropped since;
+        # those no longer read at all (Poller.quiet) are in ``quieted``.
+        self.dropping: dict[Conn, int] = {}
+        self.quieted: set[Conn] = set()
         self.out = bytearray()
         self.count = 0
         self.pushed = False
@@ -86,6 +90,7 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         self.partial = 0         # bytes of unfinished frames held for all connections
         self.trim_due = False    # big buffers were freed: give the memory back to the system
         self.next_trim = 0.0
+        self.idle_trim = common.IdleTrim()
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -109,8 +114,13 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
                 timeout = max(min(timeout or 1.0, self.undecided.next_due - time.monotonic()), 0)
             if self.trim_due:
                 timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
+            if self.idle_trim.due:
+                trim = self.idle_trim.wait(time.monotonic())
+                timeout = trim if timeout is None else min(timeout, trim)
             events = self.sel.select(timeout)
             now = time.monotonic()
+            if events:
+                self.idle_trim.busy(now)
             for what, mask in events:
                 if what == "accept":
                     self.accept(self.listener)
@@ -141,6 +151,7 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
                 self.trim_due = False
                 self.next_trim = now + 1.0
                 common.trim_memory()
+            self.idle_trim.check(now)
         self.emit(R.SHUTDOWN, 0)
         self.push()
         self.ring.notify()

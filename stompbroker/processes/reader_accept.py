@@ -60,7 +60,7 @@ class Accepting:
                 continue
             # A plain connection keeps its bare fd, not the socket object (TLS: its TlsLink keeps it).
             fd = sock.fileno() if link is not None else sock.detach()
-            conn = Conn(conn_id, fd, writer)
+            conn = Conn(conn_id, fd)
             if proxied:
                 conn.mode = PROXY
             self.conns[fd] = conn
@@ -87,6 +87,9 @@ class Accepting:
         self.http_waiting.pop(conn, None)
         self.http_bodies.pop(conn, None)
         self.undecided.discard(conn)
+        if self.dropping:
+            self.dropping.pop(conn, None)
+            self.quieted.discard(conn)
         if conn.ws is not None:
             self.stats["websockets"] -= 1
             self.stats["ws_allocated"] -= conn.ws.allocated
@@ -103,9 +106,13 @@ class Accepting:
         self.release(conn)
         self.emit(R.CLOSED, conn.id)
 
+    def writer_of(self, conn: Conn) -> int:
+        """The writer a connection was handed to: ids and writers are taken in step, round-robin."""
+        return (conn.id - self.first_id) % len(self.fd_socks)
+
     def drop_writers_connections(self, writer: int) -> None:
         """A writer restarted: its connections' sockets died with it (their clients reconnect)."""
-        doomed = [c for c in self.conns.values() if c.writer == writer]
+        doomed = [c for c in self.conns.values() if self.writer_of(c) == writer]
         log.warning("writer %d restarted: closing its %d connections", writer, len(doomed))
         for conn in doomed:
             shutdown(conn.fd, socket.SHUT_RDWR)

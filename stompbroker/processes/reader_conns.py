@@ -27,15 +27,15 @@ NEW, STOMP, HTTP, WEBSOCKET, DEAD, PROXY = Mode.NEW, Mode.STOMP, Mode.HTTP, Mode
 
 
 class Conn:
-    __slots__ = ("id", "fd", "writer", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held",
-                 "dropped")
+    # (its writer is told by its id: Reader.writer_of; what it sent after its answer and close were
+    # on their way is counted in Reader.dropping: an idle connection keeps no slot for them)
+    __slots__ = ("id", "fd", "mode", "parser", "buf", "ws", "last_alive", "tls", "greeted", "held")
 
-    def __init__(self, conn_id: int, fd: int, writer: int, parser: FrameParser | None = None):
+    def __init__(self, conn_id: int, fd: int, parser: FrameParser | None = None):
         self.id = conn_id
         # A bare fd, -1 once closed: a socket object would cost 100 bytes per idle connection. A TLS
         # connection's socket (the ssl module reads it) is its TlsLink's ``sock``.
         self.fd = fd
-        self.writer = writer
         self.mode = NEW
         self.parser = parser    # only while it holds an unfinished frame (see Framing.feed)
         self.buf = b""          # bytes of an HTTP request head, a PROXY header or an undecided first word
@@ -44,8 +44,6 @@ class Conn:
         self.tls = None         # TlsLink for connections on ssl_port (reader_tls.py)
         self.greeted = False    # a whole STOMP frame (its CONNECT) came: the full frame size applies
         self.held = 0           # bytes of unfinished frames counted in Reader.partial
-        self.dropped = 0        # bytes read and dropped since its answer and close were on their way;
-                                # -1 once it is no longer read (Poller.quiet)
 
 
 def receive(fd: int) -> bytes | None:

@@ -24,7 +24,7 @@ class Framing:
     ``first_bytes`` and ``http``)."""
 
     def read(self, conn: Conn, now: float) -> None:
-        if conn.dropped < 0:
+        if self.quieted and conn in self.quieted:
             # No longer read, so this is a hang-up (the client's, or the writer's after its linger).
             # Reset, not FIN: a client blocked writing into the closed window is told at once
             # instead of probing it until the kernel gives up on the orphaned socket.
@@ -50,10 +50,11 @@ class Framing:
         is reported). Read and dropped without end, a flood would cost this loop as much as a live
         connection's until the writer closes. TLS connections are read to their close_notify."""
         self.stats["bytes_in"] += size
-        conn.dropped += size
-        if conn.dropped > self.config.close_read_limit and conn.tls is None and conn.fd >= 0:
-            conn.dropped = -1
+        dropped = self.dropping.get(conn, 0) + size
+        if dropped > self.config.close_read_limit and conn.tls is None and conn.fd >= 0:
+            self.quieted.add(conn)
             self.sel.quiet(conn.fd)
+        self.dropping[conn] = dropped
 
     def received(self, conn: Conn, data: bytes, now: float) -> None:
         self.stats["bytes_in"] += len(data)

@@ -47,7 +47,10 @@ class Deadlines:
             self.items[item] = now + self.timeout
 
     def discard(self, item) -> None:
-        self.items.pop(item, None)
+        items = self.items
+        if items.pop(item, None) is not None and not items:
+            # Emptied: a fresh dict, so the table a connect storm grew is not kept for good.
+            self.items = {}
 
     def due(self, now: float) -> list:
         """The items whose deadline has passed, taken out."""
@@ -60,4 +63,6 @@ class Deadlines:
             out.append(item)
         for item in out:
             del items[item]
+        if out and not items:
+            self.items = {}
         return out

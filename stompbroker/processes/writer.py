@@ -40,10 +40,12 @@ write = os.write      # on a socket's fd, send() without flags
 
 
 class Conn:
+    # (a closing connection's deadline is its value in Writer.ending, a heart-beat interval its
+    # value in Writer.heartbeats: an idle connection keeps neither)
     __slots__ = ("id", "fd", "ws", "batches", "cur", "cur_stamp", "cur_frames", "cur_marks", "pending",
-                 "closing", "deadline", "hb", "last_write", "writing", "lingering", "written")
+                 "closing", "last_write", "writing", "lingering", "written")
 
-    def __init__(self, conn_id: int, fd: int):
+    def __init__(self, conn_id: int, fd: int, now: float = 0.0):
         self.id = conn_id
         # A bare fd (a socket object is 100 bytes more); -1 once discarded, and then its count is final.
         self.fd = fd
@@ -59,9 +61,9 @@ class Conn:
         self.written = 0                # marked frames sent (cumulative), reported to the dispatcher
         self.pending = 0                # bytes queued, not yet sent
         self.closing = False
-        self.deadline = 0.0
-        self.hb = 0.0                   # seconds between heart-beats when idle (0 = off)
-        self.last_write = time.monotonic()
+        # When it last took bytes, as of the writer's wake-up or ring read (Writer.now: one float
+        # for all the connections flushed then, not one each).
+        self.last_write = now
         self.writing = False            # registered for EVENT_WRITE
         self.lingering = False
 
@@ -86,9 +88,11 @@ class Writer:
         self.batch_size = config.write_buffer_size
         self.max_pending = config.max_pending_bytes
         self.conns: dict[int, Conn] = {}
-        # closing or lingering connections, which have a deadline: a loop looks at these, not at all
-        self.ending: set[Conn] = set()
-        self.heartbeats: set[Conn] = set()
+        # closing or lingering connections -> their deadline: a loop looks at these, not at all
+        self.ending: dict[Conn, float] = {}
+        self.heartbeats: dict[Conn, float] = {}   # -> seconds between heart-beats when idle
+        self.now = time.monotonic()               # as of this loop's wake-up
+        self.idle_trim = common.IdleTrim()
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.stop_deadline = 0.0
@@ -100,7 +104,11 @@ class Writer:
         self.sel.register(self.fd_sock, selectors.EVENT_READ, "fds")
         self.report(R.WRITTEN_STARTED)
         while True:
-            for key, _ in self.sel.select(self._timeout()):
+            events = self.sel.select(self._timeout())
+            self.now = time.monotonic()
+            if events:
+                self.idle_trim.busy(self.now)
+            for key, _ in events:
                 what = key.data
                 if what == "ring":
                     self.ring.clear_wakeup()
@@ -121,13 +129,16 @@ class Writer:
             self.shared.update(self.stats)
             if self.progress:
                 self.report()
+            self.idle_trim.check(now)
             if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
                 self.finish_all()
                 self.report(R.WRITTEN_LAST)
                 return
 
     def _timeout(self):
-        waits = [c.hb / 4 for c in self.heartbeats]
+        waits = [hb / 4 for hb in self.heartbeats.values()]
+        if self.idle_trim.due:
+            waits.append(self.idle_trim.wait(time.monotonic()))
         if self.latency_pending:  # wake up to publish this interval's latencies, then sleep
             waits.append(max(self.interval_start + self.interval - time.monotonic(), 0))
         if self.ending or self.stopping:
@@ -150,6 +161,7 @@ class Writer:
             blob = self.ring.read()
             if not blob:
                 break
+            self.now = time.monotonic()  # (a long drain must not make last_write stale: STALLED)
             pos, end = 0, len(blob)
             while pos < end:
                 length, kind, conn_id, aux, stamp = unpack(blob, pos)
@@ -188,12 +200,13 @@ class Writer:
                         self.discard(c)  # the reader has seen the end already
                     elif not c.closing:
                         c.closing = True
-                        c.deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000
-                        self.ending.add(c)
+                        self.ending[c] = time.monotonic() + self.config.shutdown_timeout_ms / 1000
                         touched.add(c)
                 elif kind == R.HEARTBEAT:
-                    c.hb = aux / 1000
-                    (self.heartbeats.add if aux else self.heartbeats.discard)(c)
+                    if aux:
+                        self.heartbeats[c] = aux / 1000
+                    else:
+                        self.heartbeats.pop(c, None)
                 elif kind == R.STOP:
                     self.stopping = True
                     self.stop_deadline = time.monotonic() + self.config.shutdown_timeout_ms / 1000
@@ -247,7 +260,7 @@ class Writer:
                 if conn_id < self.floor:  # passed by a reader that has died since: nobody reads it
                     os.close(fd)
                     continue
-                self.conns[conn_id] = Conn(conn_id, fd)
+                self.conns[conn_id] = Conn(conn_id, fd, self.now)
                 self.stats["connections"] = len(self.conns)
 
     def reset(self, floor: int) -> None:
@@ -319,7 +332,7 @@ class Writer:
                 return
             if sent:
                 c.pending -= sent
-                c.last_write = now
+                c.last_write = self.now
                 stats["bytes"] += sent
                 stats["pending_bytes"] -= sent
             if sent < len(batch):
@@ -369,17 +382,15 @@ class Writer:
         c.pending = sum(len(b[0]) for b in keep) + len(c.cur)
         self.stats["pending_bytes"] += c.pending - before
         c.closing = True
-        c.deadline = time.monotonic() + 1.0
-        self.ending.add(c)
+        self.ending[c] = time.monotonic() + 1.0
 
     def hang_up(self, c: Conn) -> None:
         """Everything is sent: send FIN, and let the peer read it before the read side is cut."""
         common.shutdown(c.fd, socket.SHUT_WR)
         c.lingering = True
-        c.deadline = time.monotonic() + LINGER
-        self.ending.add(c)
+        self.ending[c] = time.monotonic() + LINGER
         self.progress.add(c)  # all sent: its count is final
-        self.heartbeats.discard(c)
+        self.heartbeats.pop(c, None)
 
     def discard(self, c: Conn) -> None:
         """Forget a connection; shutting the read side wakes the reader, which reports the close."""
@@ -392,20 +403,20 @@ class Writer:
         if fd >= 0:
             os.close(fd)
         self.progress.add(c)  # what was not sent never will be: its count is final
-        self.heartbeats.discard(c)
+        self.heartbeats.pop(c, None)
         self.stats["pending_bytes"] -= c.pending
         c.pending = 0
         self.conns.pop(c.id, None)
-        self.ending.discard(c)
+        self.ending.pop(c, None)
         self.stats["connections"] = len(self.conns)
 
     def expire(self, now: float) -> None:
-        for c in [c for c in self.ending if now > c.deadline]:
+        for c in [c for c, deadline in self.ending.items() if now > deadline]:
             self.discard(c)
 
     def beat(self, now: float) -> None:
-        for c in list(self.heartbeats):
-            if not c.pending and now - c.last_write >= c.hb * 0.9:
+        for c, hb in list(self.heartbeats.items()):
+            if not c.pending and now - c.last_write >= hb * 0.9:
                 self.append(c, encode_message(b"\n") if c.ws else b"\n")
                 self.flush(c)
 

@@ -75,7 +75,9 @@ def test_a_healthy_broker_under_load_is_not_flagged(start_broker, spark, tmp_pat
     # its first 5 s, +50 KB in the next 55). The 5 s judged are those after 3 s of the same load;
     # on a busy machine the warm-up can reach into them (up to 2.4 KB/s seen), which the default
     # rule (1 KB/s, meant for hours of dumps) would flag. A short run is judged at 16 KB/s: far
-    # above a warm-up, far below the MB/s that ring pages add to RSS under this load.
+    # above a warm-up. (RSS also counts ring pages as they are first touched; the rings go back to
+    # their front whenever they are empty, so under this load RSS need not climb: the fed samples
+    # of test_private_growth_is_flagged_shared_growth_is_not show the shared growth rule.)
     sent = []
     load = threading.Thread(target=lambda: sent.append(steady_load(b.address, seconds=8, bytes_per_s=4_000_000)))
     load.start()
@@ -86,12 +88,9 @@ def test_a_healthy_broker_under_load_is_not_flagged(start_broker, spark, tmp_pat
     b.stop()
     mem = compute_tables(load_dumps(spark, [str(dump)]))["memory"].where(f"ts >= {warm_ms:.0f}").cache()
     by_private = to_pandas(leak_flags(mem, min_slope=SHORT_RUN_SLOPE))
-    by_rss = to_pandas(leak_flags(mem.drop("private"), min_slope=SHORT_RUN_SLOPE))  # what RSS would say
     assert len(by_private) >= 4 and (by_private["samples"] >= 20).all(), by_private
     assert (by_private["samples"] <= 32).all(), by_private  # (the warm-up's samples left out: 8 s at 200 ms is 40)
     assert not by_private["leak"].any(), by_private[["role", "slope_bytes_per_s", "r2", "leak"]]
-    # the load did touch fresh ring pages steadily: RSS alone flags healthy processes
-    assert by_rss["leak"].any(), by_rss[["role", "slope_bytes_per_s", "r2", "leak"]]
 
 
 def test_private_growth_is_flagged_shared_growth_is_not(spark, tmp_path):

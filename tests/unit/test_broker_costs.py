@@ -5,6 +5,7 @@ from __future__ import annotations
 from stompbroker.broker.core import Broker
 from stompbroker.ipc.outbox import Outbox
 from stompbroker.ipc import records as R
+from stompbroker.processes import common
 from stompbroker.processes.writer import Writer
 from stompbroker.settings import Config, make_config
 
@@ -224,7 +225,8 @@ def test_a_writer_loop_looks_only_at_connections_that_are_ending():
 
     w = Writer.__new__(Writer)  # (only the loop's bookkeeping: no ring, no sockets)
     w.conns = {i: Idle() for i in range(1000)}
-    w.ending, w.heartbeats, w.progress = set(), set(), set()
+    w.ending, w.heartbeats, w.progress = {}, {}, set()
+    w.idle_trim = common.IdleTrim()
     w.latency_pending = w.stopping = False
     w.expire(10.0)
     assert w._timeout() is None

@@ -42,7 +42,7 @@ def test_reader_bug_reports_a_bad_frame_and_goes_on(resources, monkeypatch):
     config, res = resources
     r = reader.Reader(config, res)
     sock = socket.socket()
-    conn = reader.Conn(7, sock.fileno(), 0, None)
+    conn = reader.Conn(7, sock.fileno(), None)
     monkeypatch.setattr(r, "read", lambda c, now: (_ for _ in ()).throw(RuntimeError("a bug")))
     r.serve(conn, 0, 0.0, set())
     (kind, conn_id, _, _, payload), = R.iter_records(bytes(r.out))
@@ -57,7 +57,7 @@ def test_a_reader_bug_on_an_http_request_is_answered_500_logged_once_and_counted
     r = reader.Reader(config, res)
     client, server = socket.socketpair()
     server.setblocking(False)
-    conn = reader.Conn(7, server.fileno(), 0)
+    conn = reader.Conn(7, server.fileno())
     r.conns[server.fileno()] = conn
     client.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
     monkeypatch.setattr(ws, "wants_upgrade", lambda headers: 1 / 0)  # a bug in the reader's HTTP step

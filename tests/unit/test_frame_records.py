@@ -20,7 +20,7 @@ def read_once(config, res, data: bytes):
     r = reader.Reader(config, res)
     sock = socket.socket()
     try:
-        conn = reader.Conn(7, sock.fileno(), 0, FrameParser())
+        conn = reader.Conn(7, sock.fileno(), FrameParser())
         r.stomp(conn, data, 1.0)
     finally:
         sock.close()

@@ -23,8 +23,8 @@ HEAD = 8  # bytes of a batch header (blob length, record count)
 def make_ring():
     rings = []
 
-    def make(capacity, max_records=1 << 62):
-        r = Ring(capacity, max_records)
+    def make(capacity, max_records=1 << 62, rewind_at=ring_mod.REWIND_AT):
+        r = Ring(capacity, max_records, rewind_at)
         rings.append(r)
         return r
 
@@ -136,9 +136,11 @@ def test_batch_exactly_filling_the_end(make_ring):
     assert r.read() == blob(cap - HEAD, 4)
 
 
-def test_many_laps_of_a_small_ring(make_ring):
-    """Random writes and reads: each read is whole batches, oldest first, at most max_bytes unless one."""
-    r = make_ring(100)
+@pytest.mark.parametrize("rewind_at", [1 << 20, 30])
+def test_many_laps_of_a_small_ring(make_ring, rewind_at):
+    """Random writes and reads: each read is whole batches, oldest first, at most max_bytes unless one
+    (with and without going back to the front when empty)."""
+    r = make_ring(100, rewind_at=rewind_at)
     rnd = random.Random(5)
     queued: list[bytes] = []
     for i in range(5000):
@@ -159,6 +161,35 @@ def test_many_laps_of_a_small_ring(make_ring):
         assert r.pending_records == len(queued)
     assert r.read() == b"".join(queued)
     assert r.used_bytes == 0 and r.pending_records == 0
+
+
+def test_an_empty_ring_starts_again_at_the_front(make_ring):
+    """Past rewind_at, a write into the empty ring goes to offset 0 (a skip header covers the rest
+    of the lap): the pages touched are those of the deepest backlog, not the whole ring."""
+    r = make_ring(1024, rewind_at=100)
+    assert r.try_write(blob(92, 1), 1) and r.read() == blob(92, 1)     # tail at 100
+    assert r.try_write(blob(30, 2), 2)
+    assert r._ctl[ring_mod.TAIL] == 1024 + HEAD + 30                   # skipped to the front
+    assert r.used_bytes == 1024 - 100 + HEAD + 30 and r.pending_records == 2
+    assert r.try_write(blob(10, 3), 1)                                 # not empty: straight on
+    assert r.peek(1 << 10) == blob(30, 2) + blob(10, 3)
+    assert r.read(30) == blob(30, 2)                                   # the skip is no batch
+    assert r.read() == blob(10, 3) and (r.used_bytes, r.pending_records) == (0, 0)
+    for i in range(1000):                                              # many batches, few bytes touched
+        assert r.try_write(blob(50, i), 1) and r.read() == blob(50, i)
+        assert r._ctl[ring_mod.TAIL] % 1024 <= 100 + HEAD + 50
+
+
+def test_no_rewind_that_would_not_fit(make_ring):
+    r = make_ring(256, rewind_at=8)
+    assert r.try_write(blob(100, 1), 1) and r.read() == blob(100, 1)    # tail at 108: 148 to the end
+    assert r.try_write(blob(200, 2), 1)      # 148 + 208 > 256: written where it is, wrapping
+    assert r._ctl[ring_mod.TAIL] == 108 + 208
+    assert r.read() == blob(200, 2)
+    r = make_ring(256, rewind_at=8)
+    assert r.try_write(blob(256 - HEAD - 4, 1), 1) and r.read()        # 4 bytes to the end: no room for a skip
+    assert r.try_write(blob(10, 2), 1) and r._ctl[ring_mod.TAIL] == 256 - 4 + HEAD + 10
+    assert r.read() == blob(10, 2)
 
 
 def test_eventfds(make_ring):
@@ -213,11 +244,13 @@ def _produce(r: Ring, total: int, seed: int, deadline: float) -> int:
     return 0 if seq == total else 1
 
 
-def test_no_torn_reads_under_a_concurrent_writer_process(make_ring):
-    """A forked producer fills a small ring as fast as it can (many laps, often full) while this
-    process consumes: every record arrives whole, checksummed, exactly once and in order."""
+@pytest.mark.parametrize("rewind_at", [1 << 20, 1000])
+def test_no_torn_reads_under_a_concurrent_writer_process(make_ring, rewind_at):
+    """A forked producer fills a small ring as fast as it can (many laps, often full, going back to
+    the front when it finds it empty) while this process consumes: every record arrives whole,
+    checksummed, exactly once and in order."""
     total = 20_000
-    r = make_ring(4096, max_records=50)
+    r = make_ring(4096, max_records=50, rewind_at=rewind_at)
     deadline = time.monotonic() + 20
     pid = os.fork()
     if pid == 0:  # the producer: never returns into pytest
