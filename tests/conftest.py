@@ -30,7 +30,7 @@ def pytest_addoption(parser):
 # them alone, after the rest has run on two workers (./build.sh test), so that another test's load
 # on the same two cores cannot be what they measure.
 ALONE = {"test_stall.py", "test_partial_frames.py", "test_leak_flag.py", "test_hostile.py",
-         "test_ws_limits.py", "test_fuzz_edges.py"}
+         "test_ws_limits.py", "test_fuzz_edges.py", "test_idle_memory.py"}
 
 
 def pytest_configure(config):
