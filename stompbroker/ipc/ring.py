@@ -7,7 +7,8 @@ index into the data area is ``position % capacity``, so a batch may wrap around 
 Why it is safe without locks: there is one writer per control slot (head and records-read belong to
 the consumer, tail to the producer) and x86-64 keeps stores in order, so a consumer that sees the new
 tail also sees the bytes written before it. Wake-ups go through eventfds, one write per batch rather
-than per record; the write() system call is also a full barrier.
+than per record; the write() system call is also a full barrier. The dispatcher and the writers wait
+for them edge-triggered (``watch``), so a wake-up costs its consumer no read.
 
 The segment is created with ``multiprocessing.shared_memory`` by the supervisor and unlinked at once:
 every broker process is forked from the supervisor and inherits the mapping, and nothing is left in
@@ -166,6 +167,14 @@ class Ring:
         ctl[HEAD] = head
         if ctl[WAITING]:
             os.eventfd_write(self.space_fd, 1)
+
+    def watch(self, epoll) -> None:
+        """Register the wake-ups with ``epoll`` edge-triggered: each ``notify`` is reported once, and
+        nothing need be read to stop it being reported again (``clear_wakeup`` is for the level-
+        triggered waits: select, asyncio). The counter keeps growing, by one per batch: it would
+        take centuries to reach its 2**64 - 2 limit. A wake-up that comes while the consumer is busy
+        makes one more, empty, round before it sleeps: at most one per sleep, not one read per round."""
+        epoll.register(self.data_fd, select.EPOLLIN | select.EPOLLET)
 
     def clear_wakeup(self) -> None:
         try:

@@ -128,9 +128,20 @@ class Dispatcher:
                  config.store_path, recovered, len(self.broker.durables), len(self.broker.jobs))
         return store
 
+    def waiting(self):
+        """One epoll for the whole run (select() built and polled its fd sets on every wake-up):
+        the input ring edge-triggered (Ring.watch), the other channels as before."""
+        epoll = select.epoll()
+        self.ring.watch(epoll)
+        for fd in self.wait_fds[1:]:
+            epoll.register(fd, select.EPOLLIN)
+        return epoll
+
     def run(self) -> None:
         ring = self.ring
         note = self.note.slots
+        wait = self.waiting().poll
+        written = self.written.fileno()
         running = True
         while running:
             deadlines = []
@@ -150,10 +161,9 @@ class Dispatcher:
             timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
             # Asleep, it knows which channels woke it and reads only those (an empty non-blocking
             # read raises, which costs more than the rest of a one-message round); busy, it looks
-            # at all of them every round.
-            ready = select.select(self.wait_fds, [], [], timeout)[0] if not ring.used_bytes else None
-            ring.clear_wakeup()
-            if ready is None or self.written in ready:
+            # at all of them every round. The input ring's wake-up is edge-triggered: never read.
+            ready = [fd for fd, _ in wait(-1 if timeout is None else timeout)] if not ring.used_bytes else None
+            if ready is None or written in ready:
                 self.progress()
             if self.store is not None:
                 self.broker.release(self.store.finished())

@@ -19,6 +19,7 @@ so the dispatcher puts it back in its queue and it stays in the store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -30,6 +31,7 @@ from ..ipc import records as R
 from ..protocol.stomp import render_frame
 from ..protocol.websocket import CloseCode, encode_close, encode_message
 from . import batching, common
+from .poller import Poller
 
 log = logging.getLogger("stompbroker.writer")
 
@@ -89,22 +91,21 @@ class Writer:
         # closing or lingering connections, which have a deadline: a loop looks at these, not at all
         self.ending: set[Conn] = set()
         self.heartbeats: set[Conn] = set()
-        self.sel = selectors.DefaultSelector()
+        self.sel = Poller({})
         self.stopping = False
         self.stop_deadline = 0.0
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
         self.fd_sock.setblocking(False)
-        self.sel.register(self.ring.data_fd, selectors.EVENT_READ, "ring")
+        # The ring's wake-ups are edge-triggered: they only end the wait (drain_ring runs every
+        # round), with no read of the eventfd.
+        self.ring.watch(self.sel.epoll)
         self.sel.register(self.fd_sock, selectors.EVENT_READ, "fds")
         self.report(R.WRITTEN_STARTED)
         while True:
-            for key, _ in self.sel.select(self._timeout()):
-                what = key.data
-                if what == "ring":
-                    self.ring.clear_wakeup()
-                elif what == "fds":
+            for what, _ in self.sel.select(self._timeout()):
+                if what == "fds":
                     self.adopt()
                 else:
                     self.flush(what)
@@ -339,7 +340,8 @@ class Writer:
                 self.latency_pending = True
         c.batches = ()  # all sent: an idle connection keeps no list
         if c.writing:
-            self.sel.unregister(c.fd)
+            with contextlib.suppress(OSError):  # (as selectors did)
+                self.sel.unregister(c.fd)
             c.writing = False
         if c.closing and not c.lingering:
             self.hang_up(c)
@@ -387,7 +389,8 @@ class Writer:
         fd, c.fd = c.fd, -1
         common.shutdown(fd, socket.SHUT_RDWR)
         if c.writing:
-            self.sel.unregister(fd)
+            with contextlib.suppress(OSError):  # (as selectors did)
+                self.sel.unregister(fd)
             c.writing = False
         if fd >= 0:
             os.close(fd)
