@@ -213,7 +213,8 @@ def latency(runner, transport):
     yield runner.guarded(name, "latency", transport, params, body)
 
 
-LONE_FLOW = "one SEND in flight: each asks for a receipt; the next goes when its RECEIPT and MESSAGE are back"
+LONE_FLOW = ("one SEND in flight: each asks for a receipt (an id of its own); the next goes when its RECEIPT "
+             "and MESSAGE are back")
 
 
 def lone(runner, transport):
