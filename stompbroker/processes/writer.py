@@ -97,37 +97,50 @@ class Writer:
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
+        self.start()
+        while self.round():
+            pass
+
+    def start(self) -> None:
         self.fd_sock.setblocking(False)
         # The ring's wake-ups are edge-triggered: they only end the wait (drain_ring runs every
         # round), with no read of the eventfd.
         self.ring.watch(self.sel.epoll)
         self.sel.register(self.fd_sock, selectors.EVENT_READ, "fds")
         self.report(R.WRITTEN_STARTED)
-        while True:
-            for what, _ in self.sel.select(self._timeout()):
-                if what == "fds":
-                    self.adopt()
-                else:
-                    self.flush(what)
-            self.drain_ring()
-            now = time.monotonic()
-            if self.heartbeats:
-                self.beat(now)
+
+    def round(self) -> bool:
+        """One wait and what follows it; False once stopped."""
+        for what, _ in self.sel.select(self._timeout()):
+            if what == "fds":
+                self.adopt()
+            else:
+                self.flush(what)
+        self.drain_ring()
+        now = time.monotonic()
+        if self.heartbeats:
+            self.beat(now)
+        if self.ending:
             self.expire(now)
-            if now - self.interval_start >= self.interval:
-                self.latency_shared.publish(self.latency, now)
-                self.latency = [0] * latency.BUCKETS
-                self.latency_pending = False
-                self.interval_start = now
-            self.shared.update(self.stats)
-            if self.progress:
-                self.report()
-            if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
-                self.finish_all()
-                self.report(R.WRITTEN_LAST)
-                return
+        if now - self.interval_start >= self.interval:
+            self.latency_shared.publish(self.latency, now)
+            self.latency = [0] * latency.BUCKETS
+            self.latency_pending = False
+            self.interval_start = now
+        self.shared.update(self.stats)
+        if self.progress:
+            self.report()
+        if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
+            self.finish_all()
+            self.report(R.WRITTEN_LAST)
+            return False
+        return True
 
     def _timeout(self):
+        if not (self.heartbeats or self.ending or self.stopping or self.progress):  # (most rounds)
+            if self.latency_pending:  # wake up to publish this interval's latencies, then sleep
+                return max(self.interval_start + self.interval - time.monotonic(), 0)
+            return None
         waits = [c.hb / 4 for c in self.heartbeats]
         if self.latency_pending:  # wake up to publish this interval's latencies, then sleep
             waits.append(max(self.interval_start + self.interval - time.monotonic(), 0))
@@ -147,10 +160,9 @@ class Writer:
         add, limit, max_pending, DATA, MARK = batching.add, self.batch_size, self.max_pending, R.DATA, R.WRITTEN_MARK
         DATA_EACH = R.DATA_EACH
         frames = queued = 0
-        while True:
-            blob = self.ring.read()
-            if not blob:
-                break
+        ring = self.ring
+        blob = ring.read()
+        while blob:
             pos, end = 0, len(blob)
             while pos < end:
                 length, kind, conn_id, aux, stamp = unpack(blob, pos)
@@ -202,6 +214,7 @@ class Writer:
                 self.stats["frames"] += frames
                 self.stats["pending_bytes"] += queued
                 frames = queued = 0
+            blob = ring.read() if ring.used_bytes else b""  # (no empty read to find the end)
         for c in touched:
             self.flush(c)
 
