@@ -63,6 +63,8 @@ ROWS = [
     ("latency at RATE msg/s, delivery p99, ms", "latency-tcp", ("latency_ms", "p99"), "ms", False),
     ("latency at RATE msg/s, receipt p50, ms", "latency-tcp", ("receipt_latency_ms", "p50"), "ms", False),
     ("latency at RATE msg/s, receipt p99, ms", "latency-tcp", ("receipt_latency_ms", "p99"), "ms", False),
+    ("latency at RATE msg/s, deliveries per broker CPU-second", "latency-tcp", ("deliveries_per_cpu_s",), "1/CPU-s",
+     True),
     ("lone receipted SEND (one in flight), broker CPU µs per SEND", "lone-tcp", ("lone", "cpu_us_per_send"), "µs",
      False),
     ("lone SEND: reader µs", "lone-tcp", ("lone", "cpu_us_by_process", "reader"), "µs", False),

@@ -405,3 +405,12 @@ def test_lone_figures_are_per_send_and_per_process():
     assert "| lone receipted SEND (one in flight), broker CPU µs per SEND | 50.0 |" in table
     assert "| lone SEND: dispatcher µs | 25.0 |" in table
     assert "50.0 µs CPU/SEND" in report.summary_line(res)
+
+
+def test_compare_table_has_the_latency_run_s_cpu():
+    res = report.new_result("latency-tcp", "latency", "tcp", {})
+    res.update(status="ok", duration_s=4.0, deliveries_per_cpu_s=8000,
+               headline={"metric": "p99 latency", "value": 1.0, "unit": "ms"})
+    table = compare.table([("a", [res])], rate=2000)
+    assert any(line.startswith("| latency at 2,000 msg/s, deliveries per broker CPU-second | 8") for line in
+               table.splitlines()), table
