@@ -78,7 +78,11 @@ class Ring:
             return False
         if self._written - ctl[READ] + nrecords > self.max_records and self._written != ctl[READ]:
             return False
-        self._put(tail, _BATCH.pack(len(blob), nrecords))
+        start = tail % self.capacity
+        if start + _BATCH.size <= self.capacity:  # (the batch's head in one piece: packed in place)
+            _BATCH.pack_into(self._data, start, len(blob), nrecords)
+        else:
+            self._put(tail, _BATCH.pack(len(blob), nrecords))
         self._put(tail + _BATCH.size, blob)
         self._written += nrecords
         ctl[TAIL] = tail + need
@@ -140,6 +144,12 @@ class Ring:
         ctl = self._ctl
         head = ctl[HEAD]
         tail = ctl[TAIL]
+        # One batch waiting, not wrapped (a consumer woken for one message): one slice.
+        start = head % self.capacity
+        if head < tail and start + (tail - head) <= self.capacity:
+            size, count = _BATCH.unpack_from(self._data, start)
+            if head + _BATCH.size + size == tail:
+                return self._data[start + _BATCH.size:start + _BATCH.size + size].tobytes(), tail, count
         parts = []
         total = records = 0
         while head < tail:
