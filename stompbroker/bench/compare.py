@@ -63,6 +63,14 @@ ROWS = [
     ("latency at RATE msg/s, delivery p99, ms", "latency-tcp", ("latency_ms", "p99"), "ms", False),
     ("latency at RATE msg/s, receipt p50, ms", "latency-tcp", ("receipt_latency_ms", "p50"), "ms", False),
     ("latency at RATE msg/s, receipt p99, ms", "latency-tcp", ("receipt_latency_ms", "p99"), "ms", False),
+    ("latency at RATE msg/s, deliveries per broker CPU-second", "latency-tcp", ("deliveries_per_cpu_s",), "1/CPU-s",
+     True),
+    ("lone receipted SEND (one in flight), broker CPU µs per SEND", "lone-tcp", ("lone", "cpu_us_per_send"), "µs",
+     False),
+    ("lone SEND: reader µs", "lone-tcp", ("lone", "cpu_us_by_process", "reader"), "µs", False),
+    ("lone SEND: dispatcher µs", "lone-tcp", ("lone", "cpu_us_by_process", "dispatcher"), "µs", False),
+    ("lone SEND: writer µs", "lone-tcp", ("lone", "cpu_us_by_process", "writer-0"), "µs", False),
+    ("lone SEND: supervisor µs", "lone-tcp", ("lone", "cpu_us_by_process", "supervisor"), "µs", False),
     ("memory per idle connection (PSS), bytes", "idle", ("broker", "pss_bytes_per_connection"), "B", False),
     ("memory per idle connection (USS), bytes", "idle", ("broker", "uss_bytes_per_connection"), "B", False),
     ("of the PSS: ring pages first touched (shared memory), bytes", "idle",
@@ -151,10 +159,14 @@ def cell(values: list, unit: str) -> str:
     if not values:
         return "-"
     med = statistics.median(values)
-    text = f"{med:.3g}" if unit == "ms" else fmt_num(round(med))
+    if unit == "µs":
+        text = f"{med:.1f}"
+    else:
+        text = f"{med:.3g}" if unit == "ms" else fmt_num(round(med))
     if len(values) > 1:
         lo, hi = min(values), max(values)
-        text += f" ({lo:.3g}-{hi:.3g})" if unit == "ms" else f" ({fmt_num(round(lo))}-{fmt_num(round(hi))})"
+        text += (f" ({lo:.1f}-{hi:.1f})" if unit == "µs" else f" ({lo:.3g}-{hi:.3g})" if unit == "ms"
+                 else f" ({fmt_num(round(lo))}-{fmt_num(round(hi))})")
     return text
 
 

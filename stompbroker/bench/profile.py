@@ -59,6 +59,7 @@ RULES = [
     ("stompbroker/processes/reader_framing.py", r".*frames$", "ring write"),
     ("stompbroker/processes/reader.py", r".*(emit|push)$", "ring write"),
     ("selectors.py", r".*", "wait"),
+    ("stompbroker/processes/poller.py", r".*", "wait"),
 ]
 _RULES = [(f, re.compile(p), c) for f, p, c in RULES]
 

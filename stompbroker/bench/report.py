@@ -20,6 +20,7 @@ TARGETS = {
     "fanout_ws": ("deliveries_per_s", ">=", 400_000, "deliveries/s (one connection, WebSocket)"),
     "fanout_conns": ("deliveries_per_s", ">=", 300_000, "deliveries/s (75 connections)"),
     "latency": ("p99_ms", "<=", 1.0, "ms (p99 at the offered load, quiet machine)"),
+    "lone": ("cpu_us_per_send", "<=", 40, "µs of broker CPU per lone receipted SEND (one in flight)"),
     "idle_memory": ("bytes_per_connection", "<=", 1024, "bytes of broker PSS per idle connection"),
     "idle_cpu": ("cpu_fraction", "<=", 0.005, "CPU-seconds per second with the connections idle"),
 }
@@ -85,7 +86,8 @@ def summary_line(res: dict) -> str:
         return f"{res['name']:<22} {res['status'].upper()}: {'; '.join(res['notes'])[:300]}"
     h = res["headline"]
     value = h["value"]
-    text = f"{value:.3f} ms" if h["unit"] == "ms" else f"{fmt_num(value)} {h['metric']}"
+    text = (f"{value:.3f} ms" if h["unit"] == "ms" else f"{value:.1f} µs CPU/SEND" if h["unit"] == "us"
+            else f"{fmt_num(value)} {h['metric']}")
     extra = []
     if res["broker"].get("cpu_s") is not None:
         extra.append(f"broker CPU {res['broker']['cpu_s']:.2f} s")
@@ -107,6 +109,9 @@ def summary_line(res: dict) -> str:
         extra.append(f"others used {res['machine']['other_processes_cores']} cores")
     if res["target"]:
         extra.append("target met" if res["target"]["met"] else f"target {res['target']['op']} {res['target']['goal']} NOT met")
+    lone = res.get("lone")
+    if lone and lone.get("cpu_us_by_process"):
+        extra.append("µs per SEND: " + " ".join(f"{k} {v}" for k, v in sorted(lone["cpu_us_by_process"].items())))
     flow = res["parameters"].get("flow_control")
     return f"{res['name']:<22} {text:<24} " + ", ".join(extra) + (f" [flow: {flow}]" if flow else "")
 

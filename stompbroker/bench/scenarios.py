@@ -1,4 +1,4 @@
-"""The scenarios: ingest, one2one, fanout, queue, latency, idle, durable.
+"""The scenarios: ingest, one2one, fanout, queue, latency, lone, idle, durable.
 
 Each is a generator function of (runner, transport) that yields result objects; docs/performance.md
 says what each one measures and how.
@@ -19,7 +19,7 @@ from .stats import BIN, latency_histogram, percentiles, steady_rate
 from .wire import BenchError
 from .workers import Shared, run_worker
 
-SCENARIOS = ("ingest", "one2one", "fanout", "queue", "latency", "idle", "durable")
+SCENARIOS = ("ingest", "one2one", "fanout", "queue", "latency", "lone", "idle", "durable")
 ALIASES = {"1to1": "one2one", "1-1": "one2one", "fan-out": "fanout", "footprint": "idle"}
 
 
@@ -213,6 +213,51 @@ def latency(runner, transport):
     yield runner.guarded(name, "latency", transport, params, body)
 
 
+LONE_FLOW = ("one SEND in flight: each asks for a receipt (an id of its own); the next goes when its RECEIPT "
+             "and MESSAGE are back")
+
+
+def lone(runner, transport):
+    """A lone receipted SEND: one producer, one subscriber on another connection, one SEND in flight.
+    Every broker process sleeps between messages, so this is the fixed cost of one message's trip
+    (wake-ups, system calls, loop rounds): broker CPU per SEND, per process, and the read/write
+    system calls and context switches per SEND that /proc counts."""
+    name = f"lone-{transport}"
+    o = runner.opts
+    params = {"producers": 1, "consumers": 1, "size": o.size, "duration": o.duration, "flow_control": LONE_FLOW}
+
+    def body():
+        with runner.broker() as (target, broker):
+            dest = f"/topic/bench-{runner.run_id}-lone"
+            consumers = runner.consumer_specs(target, transport, [[(dest, "0", [])]], 1)
+            p = runner.producer_spec(target, transport, dest, mode="lone", fan=1)
+            flow = runner.flow(name, [p], consumers, o.duration, broker, fan=1)
+        res = runner.delivery_result(name, "lone", transport, params, flow, broker, 1)
+        res["lone"] = lone_figures(res, flow.sent)
+        us = res["lone"]["cpu_us_per_send"]
+        res["headline"] = ({"metric": "broker CPU per lone SEND", "value": us, "unit": "us"} if us is not None
+                           else {"metric": "SEND/s", "value": res["rates"]["sends_per_s"], "unit": "1/s"})
+        res["target"] = check_target("lone", us)
+        return res
+    yield runner.guarded(name, "lone", transport, params, body)
+
+
+def lone_figures(res: dict, sent: int) -> dict:
+    """Per SEND: broker CPU (µs, all processes and each), and the /proc counters of each process."""
+    broker = res["broker"]
+    total = broker.get("cpu_s")
+    if not sent or total is None:
+        return {"cpu_us_per_send": None, "cpu_us_by_process": {}, "syscalls_per_send": {}}
+    return {
+        "cpu_us_per_send": round(total * 1e6 / sent, 1),
+        "cpu_us_by_process": {role: round(s * 1e6 / sent, 1) for role, s in broker["cpu_by_process"].items()},
+        "kernel_us_by_process": {role: round(s * 1e6 / sent, 1)
+                                 for role, s in broker.get("kernel_cpu_by_process", {}).items()},
+        "syscalls_per_send": {role: {k: round(v / sent, 2) for k, v in counts.items()}
+                              for role, counts in broker.get("syscalls_by_process", {}).items()},
+    }
+
+
 def idle(runner, transport):
     o = runner.opts
     name = "idle"
@@ -362,4 +407,4 @@ def durable(runner, transport):
 
 
 RUNS = {"ingest": ingest, "one2one": one2one, "fanout": fanout, "queue": queue, "latency": latency,
-        "idle": idle, "durable": durable}
+        "lone": lone, "idle": idle, "durable": durable}

@@ -107,7 +107,7 @@ class Worker:
 class Producer(Worker):
     """Sends SEND frames all-out (pre-rendered batches) or at a fixed rate (open loop, timestamped).
 
-    spec keys: target, transport, destination, size, duration, mode ("allout" | "paced"), rate,
+    spec keys: target, transport, destination, size, duration, mode ("allout" | "paced" | "lone"), rate,
     flow (flowctl.flow_spec: "bursts" of burst_bytes with at most `bursts` unreceipted, or
     "window"), batch_bytes, window (frames in flight between receipts, 0 = none), receipt_each
     (every SEND asks for a receipt), receipts (paced: every SEND asks for a receipt, timed),
@@ -143,6 +143,8 @@ class Producer(Worker):
         cpu0 = _cpu()
         if spec["mode"] == "paced":
             out = self._paced(sock, t0)
+        elif spec["mode"] == "lone":
+            out = self._lone(sock, t0)
         else:
             out = self._allout(sock, t0)
         out["t_last_send"] = time.monotonic()
@@ -288,6 +290,43 @@ class Producer(Worker):
             _bin(bins, t0, time.monotonic(), per)
         return {"sent": sent, "batches": batches, "frames_per_batch": per, "bins": bins,
                 "bytes_sent": batches * len(batch), "stalled_s": stalled}
+
+    def _lone(self, sock, t0: float) -> dict:
+        """One SEND in flight: each asks for a receipt (its own id), and the next goes once the RECEIPT
+        is back and the consumers have counted the MESSAGE (every process of the broker sleeps in
+        between)."""
+        spec = self.spec
+        # each with a receipt id of its own, as clients number them (a constant one would let the
+        # broker's caches of heads and MESSAGE blocks hit on every message)
+        head, tail = stomp_frame("SEND", [("destination", spec["destination"]), *spec.get("headers", []),
+                                          ("receipt", "\x01")], make_body(spec["size"])).split(b"\x01")
+        wrap = self.link.wrap
+        end = t0 + spec["duration"]
+        hard = end + spec.get("grace", 30.0)
+        slots = spec.get("consumer_slots", [])
+        fan = spec.get("fan", 0)
+        counts = self.shared.counts
+        sent = 0
+        bins: list = []
+        self._drain(sock)
+        nbytes = 0
+        while time.monotonic() < end and not self.shared.stop.value:
+            frame = wrap(head + str(sent).encode() + tail)
+            self._send(sock, frame, hard)
+            nbytes += len(frame)
+            sent += 1
+            counts[self.slot] = sent
+            goal = self.receipts_total + 1
+            while self.receipts_total < goal:
+                if time.monotonic() >= hard or self.shared.stop.value:
+                    raise BenchError("receipts stopped coming back")
+                self._drain(sock, block_until=min(time.monotonic() + 0.05, hard))
+            while fan and slots and sum(counts[i] for i in slots) < sent * fan:
+                if time.monotonic() >= hard or self.shared.stop.value:
+                    raise BenchError("deliveries stopped coming")
+                time.sleep(0.00005)  # (rare: the MESSAGE is written before the RECEIPT)
+            _bin(bins, t0, time.monotonic(), 1)
+        return {"sent": sent, "bins": bins, "bytes_sent": nbytes}
 
     def _paced(self, sock, t0: float) -> dict:
         """Open loop: message i is due at t0 + i/rate and carries that time, whatever happens."""

@@ -13,7 +13,8 @@ CONNECT and CONNECTED records touched 2.6 MB of fresh pages).
 Why it is safe without locks: there is one writer per control slot (head and records-read belong to
 the consumer, tail to the producer) and x86-64 keeps stores in order, so a consumer that sees the new
 tail also sees the bytes written before it. Wake-ups go through eventfds, one write per batch rather
-than per record; the write() system call is also a full barrier.
+than per record; the write() system call is also a full barrier. The dispatcher and the writers wait
+for them edge-triggered (``watch``), so a wake-up costs its consumer no read.
 
 The segment is created with ``multiprocessing.shared_memory`` by the supervisor and unlinked at once:
 every broker process is forked from the supervisor and inherits the mapping, and nothing is left in
@@ -93,7 +94,11 @@ class Ring:
             if gap >= _BATCH.size and gap + need <= self.capacity:
                 self._put(tail, _BATCH.pack(gap - _BATCH.size, SKIP))
                 tail += gap
-        self._put(tail, _BATCH.pack(len(blob), nrecords))
+        start = tail % self.capacity
+        if start + _BATCH.size <= self.capacity:  # (the batch's head in one piece: packed in place)
+            _BATCH.pack_into(self._data, start, len(blob), nrecords)
+        else:
+            self._put(tail, _BATCH.pack(len(blob), nrecords))
         self._put(tail + _BATCH.size, blob)
         self._written += nrecords
         ctl[TAIL] = tail + need
@@ -155,6 +160,12 @@ class Ring:
         ctl = self._ctl
         head = ctl[HEAD]
         tail = ctl[TAIL]
+        # One batch waiting, not wrapped (a consumer woken for one message): one slice.
+        start = head % self.capacity
+        if head < tail and start + (tail - head) <= self.capacity:
+            size, count = _BATCH.unpack_from(self._data, start)
+            if head + _BATCH.size + size == tail and count != SKIP:  # (a SKIP is never last: a guard)
+                return self._data[start + _BATCH.size:start + _BATCH.size + size].tobytes(), tail, count
         parts = []
         total = records = 0
         while head < tail:
@@ -185,6 +196,14 @@ class Ring:
         ctl[HEAD] = head
         if ctl[WAITING]:
             os.eventfd_write(self.space_fd, 1)
+
+    def watch(self, epoll) -> None:
+        """Register the wake-ups with ``epoll`` edge-triggered: each ``notify`` is reported once, and
+        nothing need be read to stop it being reported again (``clear_wakeup`` is for the level-
+        triggered waits: select, asyncio). The counter keeps growing, by one per batch: it would
+        take centuries to reach its 2**64 - 2 limit. A wake-up that comes while the consumer is busy
+        makes one more, empty, round before it sleeps: at most one per sleep, not one read per round."""
+        epoll.register(self.data_fd, select.EPOLLIN | select.EPOLLET)
 
     def clear_wakeup(self) -> None:
         try:

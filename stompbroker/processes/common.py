@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from array import array
 import gc
 import logging
 import os
@@ -39,6 +40,14 @@ class SharedStats:
         self._values = self._shm.buf.cast("d")
 
     def update(self, values: dict) -> None:
+        """Write the counters: in one copy when ``values`` has every name (the processes' loops,
+        once per round), else name by name."""
+        if len(values) == len(self.names):
+            try:
+                self._values[:] = array("d", map(values.__getitem__, self.names))
+                return
+            except KeyError:
+                pass
         index, store = self._index, self._values
         for name, value in values.items():
             store[index[name]] = value

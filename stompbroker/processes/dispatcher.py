@@ -129,35 +129,49 @@ class Dispatcher:
                  config.store_path, recovered, len(self.broker.durables), len(self.broker.jobs))
         return store
 
+    def waiting(self):
+        """One epoll for the whole run (select() built and polled its fd sets on every wake-up):
+        the input ring edge-triggered (Ring.watch), the other channels as before."""
+        epoll = select.epoll()
+        self.ring.watch(epoll)
+        for fd in self.wait_fds[1:]:
+            epoll.register(fd, select.EPOLLIN)
+        return epoll
+
     def run(self) -> None:
         ring = self.ring
         note = self.note.slots
+        wait = self.waiting().poll
+        written = self.written.fileno()
         running = True
         while running:
-            deadlines = []
-            if self.broker.needs_tick():
-                deadlines.append(self.next_tick)
-            if self.dump_channel is not None:
-                deadlines.append(self.next_dump)
-            if self.http_delayed:
-                deadlines.append(self.http_delayed[0][0])
-            if self.http_deadlines:
-                deadlines.append(self.http_deadlines[0][0])
-            timer = self.broker.next_timer()  # (epoch ms of the next scheduled message)
-            if timer is not None and not self.broker.unfinished:  # (unfinished: the writers wake it)
-                deadlines.append(time.monotonic() + timer / 1000 - self.broker.clock())
-            if self.backplane is not None and self.bridge_backlog:
-                deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
-            if self.idle_trim.due:
-                deadlines.append(self.idle_trim.due)
-            timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
             # Asleep, it knows which channels woke it and reads only those (an empty non-blocking
             # read raises, which costs more than the rest of a one-message round); busy, it looks
-            # at all of them every round.
-            ready = select.select(self.wait_fds, [], [], timeout)[0] if not ring.used_bytes else None
+            # at all of them every round, and works out no deadlines. The input ring's wake-up is
+            # edge-triggered: never read.
+            if ring.used_bytes:
+                ready = None
+            else:
+                deadlines = []
+                if self.broker.needs_tick():
+                    deadlines.append(self.next_tick)
+                if self.dump_channel is not None:
+                    deadlines.append(self.next_dump)
+                if self.http_delayed:
+                    deadlines.append(self.http_delayed[0][0])
+                if self.http_deadlines:
+                    deadlines.append(self.http_deadlines[0][0])
+                timer = self.broker.next_timer()  # (epoch ms of the next scheduled message)
+                if timer is not None and not self.broker.unfinished:  # (unfinished: the writers wake it)
+                    deadlines.append(time.monotonic() + timer / 1000 - self.broker.clock())
+                if self.backplane is not None and self.bridge_backlog:
+                    deadlines.append(time.monotonic() + 0.05)  # try the bridge's ring again
+                if self.idle_trim.due:
+                    deadlines.append(self.idle_trim.due)
+                timeout = max(min(deadlines) - time.monotonic(), 0) if deadlines else None
+                ready = [fd for fd, _ in wait(-1 if timeout is None else timeout)]
             worked = ready is None or bool(ready)
-            ring.clear_wakeup()
-            if ready is None or self.written in ready:
+            if ready is None or written in ready:
                 self.progress()
             if self.store is not None:
                 self.broker.release(self.store.finished())
@@ -177,10 +191,8 @@ class Dispatcher:
             self.flush()  # receipts released by the store, replies to checked logins: out now
             if ready is None or self.signal_r in ready:
                 self.signals()
-            while running:
+            while running and ring.used_bytes:  # (no empty read to find the end)
                 blob = ring.read(READ_BYTES, hold=True)  # kept in the ring while handled (poison.py)
-                if not blob:
-                    break
                 note[poison.BLOB] = len(blob)
                 note[poison.WHAT] = poison.INPUT
                 running = self.handle(blob, time.monotonic())

@@ -4,7 +4,8 @@
 idle connection). Here a connection's socket is found in the caller's own map of connections by
 fd; only the few other registrations (listeners, control channel, TLS socket pairs) keep their data
 in ``others``. Events and masks are ``selectors``' (EVENT_READ, EVENT_WRITE); a file is a socket or
-an fd.
+an fd. The writer uses it too, with no connection map (its few registrations are all ``others``):
+``selectors``' wrapper took a fifth of its Python time when each wake-up brings one message.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class Poller:
             if data is None:
                 data = others.get(fd)
                 if data is None:
-                    continue  # unregistered by an earlier event of this batch
+                    continue  # unregistered by an earlier event of this batch (or registered on
+                    # ``epoll`` directly, a ring's wake-up: Ring.watch, nothing to do but wake)
             events = 0
             if event & _NOT_IN:
                 events |= EVENT_WRITE

@@ -89,6 +89,7 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         self.undecided = undecided.Deadlines(config.connect_timeout_ms / 1000)
         self.partial = 0         # bytes of unfinished frames held for all connections
         self.trim_due = False    # big buffers were freed: give the memory back to the system
+        self.closing_tls: set = set()  # TLS connections closing: dropped at their deadline
         self.next_trim = 0.0
         self.idle_trim = common.IdleTrim()
 
@@ -102,59 +103,64 @@ class Reader(Accepting, TlsEnd, FirstBytes, HttpAnswers, Framing):
         if self.tls_listener is not None:
             self.tls_listener.setblocking(False)
             self.sel.register(self.tls_listener, selectors.EVENT_READ, "accept-tls")
-        closing_tls: set = set()
         self.ring.resume_producer()
         self.emit(R.READER_START, 0, R.CONN_ID.pack(self.first_id))  # ends whatever a dead reader left
         self.push()
         self.ring.notify()
         os.write(self.ready_fd, b"R")  # the supervisor announces the broker after this
         while self.running:
-            timeout = 0.25 if closing_tls or self.http_waiting else None
-            if self.undecided:
-                timeout = max(min(timeout or 1.0, self.undecided.next_due - time.monotonic()), 0)
-            if self.trim_due:
-                timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
-            if self.idle_trim.due:
-                trim = self.idle_trim.wait(time.monotonic())
-                timeout = trim if timeout is None else min(timeout, trim)
-            events = self.sel.select(timeout)
-            now = time.monotonic()
-            if events:
-                self.idle_trim.busy(now)
-            for what, mask in events:
-                if what == "accept":
-                    self.accept(self.listener)
-                elif what == "accept-tls":
-                    self.accept(self.tls_listener)
-                elif what == "control":
-                    self.on_control()
-                else:
-                    self.serve(what, mask, now, closing_tls)
-                if len(self.out) >= FLUSH_AT:
-                    self.push()
-            if self.http_waiting:
-                self.expire_http(now)
-            if self.undecided:
-                self.expire_undecided(now)
-            if closing_tls:
-                for conn in [c for c in closing_tls if now > c.tls.deadline or c.fd < 0]:
-                    closing_tls.discard(conn)
-                    if conn.fd >= 0:
-                        self.drop(conn)
-            self.push()
-            if self.pushed:
-                self.ring.notify()
-                self.pushed = False
-            self.stats["connections"] = len(self.conns)
-            self.shared.update(self.stats)
-            if self.trim_due and now >= self.next_trim:
-                self.trim_due = False
-                self.next_trim = now + 1.0
-                common.trim_memory()
-            self.idle_trim.check(now)
+            self.round()
         self.emit(R.SHUTDOWN, 0)
         self.push()
         self.ring.notify()
+
+    def round(self) -> None:
+        """One wait and what follows it."""
+        closing_tls = self.closing_tls
+        undecided = self.undecided
+        timeout = 0.25 if closing_tls or self.http_waiting else None
+        if undecided.items:  # (its dict: no __bool__ call; made anew once empty, so read each time)
+            timeout = max(min(timeout or 1.0, undecided.next_due - time.monotonic()), 0)
+        if self.trim_due:
+            timeout = max(min(timeout or 1.0, self.next_trim - time.monotonic()), 0)
+        if self.idle_trim.due:
+            trim = self.idle_trim.wait(time.monotonic())
+            timeout = trim if timeout is None else min(timeout, trim)
+        events = self.sel.select(timeout)
+        now = time.monotonic()
+        if events:
+            self.idle_trim.busy(now)
+        for what, mask in events:
+            if what == "accept":
+                self.accept(self.listener)
+            elif what == "accept-tls":
+                self.accept(self.tls_listener)
+            elif what == "control":
+                self.on_control()
+            else:
+                self.serve(what, mask, now, closing_tls)
+            if len(self.out) >= FLUSH_AT:
+                self.push()
+        if self.http_waiting:
+            self.expire_http(now)
+        if undecided.items:
+            self.expire_undecided(now)
+        if closing_tls:
+            for conn in [c for c in closing_tls if now > c.tls.deadline or c.fd < 0]:
+                closing_tls.discard(conn)
+                if conn.fd >= 0:
+                    self.drop(conn)
+        self.push()
+        if self.pushed:
+            self.ring.notify()
+            self.pushed = False
+        self.stats["connections"] = len(self.conns)
+        self.shared.update(self.stats)
+        if self.trim_due and now >= self.next_trim:
+            self.trim_due = False
+            self.next_trim = now + 1.0
+            common.trim_memory()
+        self.idle_trim.check(now)
 
     def serve(self, what, mask: int, now: float, closing_tls: set) -> None:
         """One connection's event: bytes from its client, or (TLS) from its writer."""

@@ -19,6 +19,7 @@ so the dispatcher puts it back in its queue and it stays in the store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -30,6 +31,7 @@ from ..ipc import records as R
 from ..protocol.stomp import render_frame
 from ..protocol.websocket import CloseCode, encode_close, encode_message
 from . import batching, common
+from .poller import Poller
 
 log = logging.getLogger("stompbroker.writer")
 
@@ -93,49 +95,60 @@ class Writer:
         self.heartbeats: dict[Conn, float] = {}   # -> seconds between heart-beats when idle
         self.now = time.monotonic()               # as of this loop's wake-up
         self.idle_trim = common.IdleTrim()
-        self.sel = selectors.DefaultSelector()
+        self.sel = Poller({})
         self.stopping = False
         self.stop_deadline = 0.0
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> None:
+        self.start()
+        while self.round():
+            pass
+
+    def start(self) -> None:
         self.fd_sock.setblocking(False)
-        self.sel.register(self.ring.data_fd, selectors.EVENT_READ, "ring")
+        # The ring's wake-ups are edge-triggered: they only end the wait (drain_ring runs every
+        # round), with no read of the eventfd.
+        self.ring.watch(self.sel.epoll)
         self.sel.register(self.fd_sock, selectors.EVENT_READ, "fds")
         self.report(R.WRITTEN_STARTED)
-        while True:
-            events = self.sel.select(self._timeout())
-            self.now = time.monotonic()
-            if events:
-                self.idle_trim.busy(self.now)
-            for key, _ in events:
-                what = key.data
-                if what == "ring":
-                    self.ring.clear_wakeup()
-                elif what == "fds":
-                    self.adopt()
-                else:
-                    self.flush(what)
-            self.drain_ring()
-            now = time.monotonic()
-            if self.heartbeats:
-                self.beat(now)
+
+    def round(self) -> bool:
+        """One wait and what follows it; False once stopped."""
+        events = self.sel.select(self._timeout())
+        self.now = time.monotonic()
+        for what, _ in events:
+            if what == "fds":
+                self.adopt()
+            else:
+                self.flush(what)
+        if self.drain_ring() or events:  # (the ring's wake-up itself is no event: Ring.watch)
+            self.idle_trim.busy(self.now)
+        now = time.monotonic()
+        if self.heartbeats:
+            self.beat(now)
+        if self.ending:
             self.expire(now)
-            if now - self.interval_start >= self.interval:
-                self.latency_shared.publish(self.latency, now)
-                self.latency = [0] * latency.BUCKETS
-                self.latency_pending = False
-                self.interval_start = now
-            self.shared.update(self.stats)
-            if self.progress:
-                self.report()
-            self.idle_trim.check(now)
-            if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
-                self.finish_all()
-                self.report(R.WRITTEN_LAST)
-                return
+        if now - self.interval_start >= self.interval:
+            self.latency_shared.publish(self.latency, now)
+            self.latency = [0] * latency.BUCKETS
+            self.latency_pending = False
+            self.interval_start = now
+        self.shared.update(self.stats)
+        if self.progress:
+            self.report()
+        self.idle_trim.check(now)
+        if self.stopping and (not any(c.pending for c in self.conns.values()) or now > self.stop_deadline):
+            self.finish_all()
+            self.report(R.WRITTEN_LAST)
+            return False
+        return True
 
     def _timeout(self):
+        if not (self.heartbeats or self.ending or self.stopping or self.progress or self.idle_trim.due):
+            if self.latency_pending:  # wake up to publish this interval's latencies, then sleep
+                return max(self.interval_start + self.interval - time.monotonic(), 0)
+            return None  # (most rounds)
         waits = [hb / 4 for hb in self.heartbeats.values()]
         if self.idle_trim.due:
             waits.append(self.idle_trim.wait(time.monotonic()))
@@ -148,7 +161,8 @@ class Writer:
         return min(waits) if waits else None
 
     # -- input from the dispatcher -------------------------------------------------------------
-    def drain_ring(self) -> None:
+    def drain_ring(self) -> bool:
+        """Batch what the ring holds; True if it held anything."""
         touched = set()
         unpack = R.unpack_header
         conns = self.conns
@@ -157,10 +171,10 @@ class Writer:
         add, limit, max_pending, DATA, MARK = batching.add, self.batch_size, self.max_pending, R.DATA, R.WRITTEN_MARK
         DATA_EACH = R.DATA_EACH
         frames = queued = 0
-        while True:
-            blob = self.ring.read()
-            if not blob:
-                break
+        ring = self.ring
+        blob = ring.read()
+        read = bool(blob)
+        while blob:
             self.now = time.monotonic()  # (a long drain must not make last_write stale: STALLED)
             pos, end = 0, len(blob)
             while pos < end:
@@ -214,8 +228,10 @@ class Writer:
                 self.stats["frames"] += frames
                 self.stats["pending_bytes"] += queued
                 frames = queued = 0
+            blob = ring.read() if ring.used_bytes else b""  # (no empty read to find the end)
         for c in touched:
             self.flush(c)
+        return read
 
     def each(self, blob: bytes, start: int, stop: int, n: int, stamp: int, touched: set) -> int:
         """A DATA_EACH record: each of its connections gets its prefix and the shared part; returns
@@ -352,7 +368,8 @@ class Writer:
                 self.latency_pending = True
         c.batches = ()  # all sent: an idle connection keeps no list
         if c.writing:
-            self.sel.unregister(c.fd)
+            with contextlib.suppress(OSError):  # (as selectors did)
+                self.sel.unregister(c.fd)
             c.writing = False
         if c.closing and not c.lingering:
             self.hang_up(c)
@@ -398,7 +415,8 @@ class Writer:
         fd, c.fd = c.fd, -1
         common.shutdown(fd, socket.SHUT_RDWR)
         if c.writing:
-            self.sel.unregister(fd)
+            with contextlib.suppress(OSError):  # (as selectors did)
+                self.sel.unregister(fd)
             c.writing = False
         if fd >= 0:
             os.close(fd)

@@ -392,18 +392,47 @@ _HEADS: tuple[dict, dict] = ({}, {})
 
 
 def parse_head_cached(head: bytes, unescape: bool) -> tuple[str, dict[str, str]]:
-    """parse_head, remembered for short heads. The caller gets its own dict (handlers may change it)."""
+    """parse_head, remembered for short heads. The caller gets its own dict (handlers may change it).
+
+    A client numbers its receipts, so a head with a ``receipt`` would never repeat: its first
+    receipt line is cut out, the rest looked up (or decoded and remembered) and the receipt put
+    back in the copy (last in its order: it is never forwarded). A receipt that needs unescaping
+    or decoding fails, or a rest that does not parse, goes to parse_head whole (its error names the
+    receipt, as before)."""
     if len(head) > HEAD_CACHE_MAX_HEAD:
         return parse_head(head, unescape)
     cache = _HEADS[unescape]
     hit = cache.get(head)
     if hit is not None:
         return hit[0], hit[1].copy()
+    k = head.find(b"\nreceipt:")
+    if k >= 0:
+        end = head.find(b"\n", k + 9)
+        if end < 0:
+            end = len(head)
+        value = head[k + 9:end]
+        if not (unescape and b"\\" in value):
+            rest = head[:k] + head[end:]
+            hit = cache.get(rest)
+            try:
+                receipt = value.decode("utf-8")
+                if hit is None:
+                    hit = parse_head(rest, unescape)
+                    _remember(cache, rest, hit)
+            except (ProtocolError, UnicodeDecodeError):
+                return parse_head(head, unescape)  # raises, naming the receipt
+            headers = hit[1].copy()
+            headers["receipt"] = receipt  # (the first occurrence wins)
+            return hit[0], headers
     command, headers = parse_head(head, unescape)  # a bad head raises here every time: never remembered
+    _remember(cache, head, (command, headers))
+    return command, headers
+
+
+def _remember(cache: dict, head: bytes, parsed: tuple[str, dict[str, str]]) -> None:
     if len(cache) >= HEAD_CACHE_ENTRIES:
         cache.clear()  # a table of unique heads is dropped whole: no bookkeeping per hit
-    cache[head] = (command, headers.copy())
-    return command, headers
+    cache[head] = (parsed[0], parsed[1].copy())
 
 
 def _receipt_text(head: bytes, esc: bool) -> str | None:

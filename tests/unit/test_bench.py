@@ -385,3 +385,32 @@ def test_send_header_goes_on_every_producer_send():
     assert spec["headers"] == [("priority", "7"), ("x-delay", "1")]
     with pytest.raises(SystemExit):
         cli.parse_args(["--send-header", "no-colon"])
+
+
+def test_lone_figures_are_per_send_and_per_process():
+    res = report.new_result("lone-tcp", "lone", "tcp", {})
+    res["broker"].update({"cpu_s": 0.5, "cpu_by_process": {"reader": 0.1, "dispatcher": 0.25, "writer-0": 0.15},
+                          "kernel_cpu_by_process": {"writer-0": 0.05},
+                          "syscalls_by_process": {"writer-0": {"writes": 20_000, "reads": 10_000}}})
+    out = scenarios.lone_figures(res, 10_000)
+    assert out["cpu_us_per_send"] == 50.0
+    assert out["cpu_us_by_process"] == {"reader": 10.0, "dispatcher": 25.0, "writer-0": 15.0}
+    assert out["kernel_us_by_process"] == {"writer-0": 5.0}
+    assert out["syscalls_per_send"] == {"writer-0": {"writes": 2.0, "reads": 1.0}}
+    assert scenarios.lone_figures(res, 0)["cpu_us_per_send"] is None
+    res["lone"], res["status"], res["duration_s"] = out, "ok", 5.0
+    res["headline"] = {"metric": "broker CPU per lone SEND", "value": 50.0, "unit": "us"}
+    assert "one SEND in flight" in scenarios.LONE_FLOW
+    table = compare.table([("a", [res])])
+    assert "| lone receipted SEND (one in flight), broker CPU µs per SEND | 50.0 |" in table
+    assert "| lone SEND: dispatcher µs | 25.0 |" in table
+    assert "50.0 µs CPU/SEND" in report.summary_line(res)
+
+
+def test_compare_table_has_the_latency_run_s_cpu():
+    res = report.new_result("latency-tcp", "latency", "tcp", {})
+    res.update(status="ok", duration_s=4.0, deliveries_per_cpu_s=8000,
+               headline={"metric": "p99 latency", "value": 1.0, "unit": "ms"})
+    table = compare.table([("a", [res])], rate=2000)
+    assert any(line.startswith("| latency at 2,000 msg/s, deliveries per broker CPU-second | 8") for line in
+               table.splitlines()), table

@@ -311,3 +311,27 @@ def test_a_held_read_stays_in_the_ring_until_released(make_ring):
     assert r.try_write(blob(20, 3), 1)
     r.release()                                            # nothing held: nothing happens
     assert r.read(1 << 10) == blob(20, 2) + blob(20, 3)
+
+
+def test_watched_wake_ups_are_reported_once_each_with_no_read():
+    """Ring.watch: the consumer's epoll reports each notify once; nothing is read to clear it."""
+    import select
+    r = Ring(4096)
+    epoll = select.epoll()
+    try:
+        r.watch(epoll)
+        assert epoll.poll(0) == []
+        r.notify()
+        assert epoll.poll(0) == [(r.data_fd, select.EPOLLIN)]
+        assert epoll.poll(0) == []          # reported, not read: not reported again
+        r.notify()                          # the counter is not zero, yet the next notify is seen
+        r.notify()
+        assert epoll.poll(0) == [(r.data_fd, select.EPOLLIN)]
+        assert epoll.poll(0) == []
+        other = select.epoll()              # a consumer started after notifies (a restart) sees them
+        r.watch(other)
+        assert other.poll(0) == [(r.data_fd, select.EPOLLIN)]
+        other.close()
+    finally:
+        epoll.close()
+        r.close()

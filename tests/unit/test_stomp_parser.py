@@ -553,3 +553,45 @@ def test_a_remembered_head_decodes_as_parse_head_does_and_each_caller_gets_its_o
     for i in range(stomp.HEAD_CACHE_ENTRIES * 2):  # unique heads: the table stays bounded
         assert stomp.parse_head_cached(b"SEND\nid:%d" % i, False)[1] == {"id": str(i)}
     assert len(stomp._HEADS[False]) <= stomp.HEAD_CACHE_ENTRIES
+
+
+def test_numbered_receipts_do_not_defeat_the_head_cache(monkeypatch):
+    """Heads that differ only in their receipt are decoded once; each gets its own receipt back."""
+    from stompbroker.protocol import stomp
+    stomp._HEADS[True].clear()
+    decoded = []
+    real = stomp.parse_head
+    monkeypatch.setattr(stomp, "parse_head", lambda head, unescape: decoded.append(head) or real(head, unescape))
+    for i in range(5):
+        head = b"SEND\ndestination:/topic/t\nreceipt:%d\ncontent-length:117" % i
+        command, headers = stomp.parse_head_cached(head, True)
+        assert (command, headers) == real(head, True)
+        assert headers["receipt"] == str(i)
+    assert len(decoded) == 1
+
+
+@pytest.mark.parametrize("head", [
+    b"SEND\ndestination:/topic/t\nreceipt:7",                         # last line
+    b"SEND\nreceipt:7\ndestination:/topic/t\nx:y",                   # first header
+    b"SEND\nreceipt:7\ndestination:/topic/t\nreceipt:8",             # the first one wins
+    b"SEND\nreceipt:\ndestination:/topic/t",                         # empty
+    b"SEND\ndestination:/topic/a\\cb\nreceipt:7\nx:\\n",             # others escaped
+    b"SEND\ndestination:/topic/t\nreceipt:a\\cb",                    # the receipt escaped
+    b"SEND\ndestination:/topic/t\nreceipt:\xc3\xa9t\xc3\xa9",        # UTF-8
+    b"SEND\ndestination:/topic/t\nreceipt:\xff",                      # not UTF-8
+    b"SEND\ndestination:/topic/t\nreceipt:7\nbad line",               # malformed elsewhere
+    b"SEND\ndestination:/topic/t\nreceipt:7\nx:\\q",                 # a bad escape elsewhere
+    b"SEND\ndestination:/topic/t\nreceipt:a\\q",                     # a bad escape in the receipt
+])
+def test_a_head_with_a_receipt_decodes_as_parse_head_does(head):
+    from stompbroker.protocol import stomp
+    for unescape in (True, False):
+        for _ in range(2):  # decoded, then remembered
+            try:
+                want = stomp.parse_head(head, unescape)
+            except ProtocolError as exc:
+                with pytest.raises(ProtocolError) as err:
+                    stomp.parse_head_cached(head, unescape)
+                assert (err.value.message, err.value.receipt) == (exc.message, exc.receipt)
+                continue
+            assert stomp.parse_head_cached(head, unescape) == want
