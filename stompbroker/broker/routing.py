@@ -296,35 +296,49 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
         if not (delivered or kept):
             unclaimed(b, message)
         return delivered
-    headers = message.headers
-    if len(subs) < EACH_FROM:  # a few (most fan-outs): delivery by delivery, gathering would cost more
-        delivered = 0
-        for sub in subs:
-            if sub.accepts is not None and not sub.accepts(headers):
-                continue
-            delivered += 1
-            session = sub.session
-            if sub.tracked:
-                over = deliver_tracked(b, sub, message, None)
-            else:
-                over = session.outbox.add2(session.conn, sub.prefix, message.shared(session.escape))
-            if over:  # (the rest waits; with none left, the empty step still stops the caller: below)
-                b.stats["messages_delivered"] += delivered
-                b.unfinished.append((fan_out, (message, subs[subs.index(sub) + 1:], kept, True)))
-                return delivered
-        if delivered:
-            b.stats["messages_delivered"] += delivered
-        elif not (some or kept):
-            unclaimed(b, message)
+    delivered, stop = (_one_by_one if len(subs) < EACH_FROM else _gathering)(b, message, subs)
+    if stop is not None:
+        # (with no subscription left, the empty step still stops the caller: the outbox goes to
+        # the ring before anything more is added)
+        b.stats["messages_delivered"] += delivered
+        b.unfinished.append((fan_out, (message, subs[stop:], kept, True)))
         return delivered
+    if delivered:
+        b.stats["messages_delivered"] += delivered
+    elif not (some or kept):
+        unclaimed(b, message)
+    return delivered
+
+
+def _one_by_one(b, message: Message, subs: tuple) -> tuple[int, int | None]:
+    """A few subscriptions (most fan-outs), a record each: (deliveries, where a delivery took its
+    outbox over the limit, or None)."""
+    headers = message.headers
+    delivered = 0
+    for i, sub in enumerate(subs):
+        if sub.accepts is not None and not sub.accepts(headers):
+            continue
+        delivered += 1
+        session = sub.session
+        if sub.tracked:
+            over = deliver_tracked(b, sub, message, None)
+        else:
+            over = session.outbox.add2(session.conn, sub.prefix, message.shared(session.escape))
+        if over:
+            return delivered, i + 1
+    return delivered, None
+
+
+def _gathering(b, message: Message, subs: tuple) -> tuple[int, int | None]:
+    """``_one_by_one``, but plain deliveries in a row to one outbox with one rendering are gathered
+    and go as one record (Outbox.add_each): the writer gets the rendered part once, not once per
+    connection."""
+    headers = message.headers
     delivered = 0
     escaped_part = plain_part = None
-    # Plain deliveries in a row to one outbox with one rendering are gathered and go as one record
-    # (Outbox.add_each): the writer gets the rendered part once, not once per connection.
     box = part = first = None
     entries: list = []  # the gathered subscriptions' DATA_EACH entries
     size = 0            # ... their bytes
-    stop = None  # where a delivery took its outbox over the limit: the subscriptions from here wait
     for i, sub in enumerate(subs):
         if sub.accepts is not None and not sub.accepts(headers):
             continue
@@ -334,12 +348,10 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
                 over = _gathered(box, entries, part, first)
                 entries, box = [], None  # (the next plain one starts a record of its own)
                 if over:
-                    stop = i
-                    break
+                    return delivered, i
             delivered += 1
             if deliver_tracked(b, sub, message, None):
-                stop = i + 1
-                break
+                return delivered, i + 1
             continue
         if session.escape:
             if escaped_part is None:
@@ -356,25 +368,13 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
                 over = _gathered(box, entries, part, first)
                 entries = []
                 if over:
-                    stop = i
-                    break
+                    return delivered, i
             box, part, first, size = session.outbox, mine, sub, len(entry)
         entries.append(entry)
         delivered += 1
-    else:
-        if entries and _gathered(box, entries, part, first):
-            stop = len(subs)
-    if stop is not None:
-        # (with no subscription left, the empty step still stops the caller: the outbox goes to
-        # the ring before anything more is added)
-        b.stats["messages_delivered"] += delivered
-        b.unfinished.append((fan_out, (message, subs[stop:], kept, True)))
-        return delivered
-    if delivered:
-        b.stats["messages_delivered"] += delivered
-    elif not (some or kept):
-        unclaimed(b, message)
-    return delivered
+    if entries and _gathered(box, entries, part, first):
+        return delivered, len(subs)
+    return delivered, None
 
 
 EACH_FROM = 4  # subscriptions from which a fan-out gathers its deliveries into DATA_EACH records
