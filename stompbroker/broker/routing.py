@@ -296,7 +296,24 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
         if not (delivered or kept):
             unclaimed(b, message)
         return delivered
-    delivered, stop = (_one_by_one if len(subs) < EACH_FROM else _gathering)(b, message, subs)
+    if len(subs) < EACH_FROM:  # a few (most fan-outs): a record each
+        headers = message.headers
+        delivered = 0
+        stop = None
+        for sub in subs:
+            if sub.accepts is not None and not sub.accepts(headers):
+                continue
+            delivered += 1
+            session = sub.session
+            if sub.tracked:
+                over = deliver_tracked(b, sub, message, None)
+            else:
+                over = session.outbox.add2(session.conn, sub.prefix, message.shared(session.escape))
+            if over:
+                stop = subs.index(sub) + 1  # (found only when stopping: nothing per delivery)
+                break
+    else:
+        delivered, stop = _gathering(b, message, subs)
     if stop is not None:
         # (with no subscription left, the empty step still stops the caller: the outbox goes to
         # the ring before anything more is added)
@@ -310,29 +327,11 @@ def fan_out(b, message: Message, subs: tuple, kept: int, some: bool = False) -> 
     return delivered
 
 
-def _one_by_one(b, message: Message, subs: tuple) -> tuple[int, int | None]:
-    """A few subscriptions (most fan-outs), a record each: (deliveries, where a delivery took its
-    outbox over the limit, or None)."""
-    headers = message.headers
-    delivered = 0
-    for i, sub in enumerate(subs):
-        if sub.accepts is not None and not sub.accepts(headers):
-            continue
-        delivered += 1
-        session = sub.session
-        if sub.tracked:
-            over = deliver_tracked(b, sub, message, None)
-        else:
-            over = session.outbox.add2(session.conn, sub.prefix, message.shared(session.escape))
-        if over:
-            return delivered, i + 1
-    return delivered, None
-
-
 def _gathering(b, message: Message, subs: tuple) -> tuple[int, int | None]:
-    """``_one_by_one``, but plain deliveries in a row to one outbox with one rendering are gathered
-    and go as one record (Outbox.add_each): the writer gets the rendered part once, not once per
-    connection."""
+    """``fan_out``'s deliveries from EACH_FROM subscriptions: (deliveries, where a delivery took its
+    outbox over the limit, or None). Plain deliveries in a row to one outbox with one rendering are
+    gathered and go as one record (Outbox.add_each): the writer gets the rendered part once, not
+    once per connection."""
     headers = message.headers
     delivered = 0
     escaped_part = plain_part = None
