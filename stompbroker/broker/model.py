@@ -28,6 +28,27 @@ class _NoEntries(dict):
 NO_ENTRIES = _NoEntries()
 
 
+class _InMore:
+    """A Session attribute few sessions set, kept in its ``more`` (SessionMore): the default while
+    it has none, and setting the default makes none."""
+
+    def __init__(self, default):
+        self.default = default
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, session, owner=None):
+        if session is None:
+            return self
+        more = session.more
+        return self.default if more is None else getattr(more, self.name)
+
+    def __set__(self, session, value) -> None:
+        if value or session.more is not None:
+            setattr(session._more(), self.name, value)
+
+
 class Session:
     # Per-session state an idle connection needs is a slot; what few sessions use and no frame or
     # delivery reads is in ``more`` (SessionMore, made when first set), read through properties.
@@ -119,38 +140,10 @@ class Session:
         if value is not self.login or self.more is not None:
             self._more().client_id = value
 
-    @property
-    def hb_in(self) -> int:
-        """ms: the client promised a frame or heart-beat at least this often (0: no promise)."""
-        more = self.more
-        return 0 if more is None else more.hb_in
-
-    @hb_in.setter
-    def hb_in(self, value: int) -> None:
-        if value or self.more is not None:
-            self._more().hb_in = value
-
-    @property
-    def written_final(self) -> bool:
-        """The writer said it will send nothing more."""
-        more = self.more
-        return False if more is None else more.written_final
-
-    @written_final.setter
-    def written_final(self, value: bool) -> None:
-        if value or self.more is not None:
-            self._more().written_final = value
-
-    @property
-    def tls(self) -> bool:
-        """It came in on ssl_port."""
-        more = self.more
-        return False if more is None else more.tls
-
-    @tls.setter
-    def tls(self, value: bool) -> None:
-        if value or self.more is not None:
-            self._more().tls = value
+    # In its SessionMore, made when first set to something other than the default:
+    hb_in = _InMore(0)                 # ms: the client promised a frame or heart-beat this often (0: none)
+    written_final = _InMore(False)     # the writer said it will send nothing more
+    tls = _InMore(False)               # it came in on ssl_port
 
     @property
     def websocket(self) -> bool:
