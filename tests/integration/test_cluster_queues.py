@@ -155,7 +155,9 @@ def test_client_ack_is_cumulative_and_unacked_messages_move_to_another_node(star
     producer = wire(nodes[0])
     for i in range(6):
         producer.frame("SEND", {"destination": "/queue/cum", "receipt": f"r{i}"}, b"%d" % i)
-    assert [producer.read()[1]["receipt-id"] for _ in range(6)] == [f"r{i}" for i in range(6)]
+    # (10 s: the first SENDs of a cluster just started wait for its streams' leaders; CI, with
+    # another NATS cluster beside it, once took over 5 s)
+    assert [producer.read(10)[1]["receipt-id"] for _ in range(6)] == [f"r{i}" for i in range(6)]
     first = wire(nodes[1])
     first.frame("SUBSCRIBE", {"destination": "/queue/cum", "id": "a", "ack": "client", "prefetch-count": "3"})
     got = [first.read() for _ in range(3)]
