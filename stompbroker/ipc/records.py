@@ -124,6 +124,20 @@ def each_entry(conn: int, prefix: bytes) -> bytes:
     return EACH_ENTRY.pack(conn, len(prefix)) + prefix
 
 
+def each_entries(data, start: int, count: int) -> tuple[list, int]:
+    """The ``count`` entries of a DATA_EACH payload at ``start`` in ``data``, as (connection id, its
+    prefix's start, end), and where the shared part starts (it runs to the record's end)."""
+    unpack, head = EACH_ENTRY.unpack_from, EACH_ENTRY.size
+    entries = []
+    pos = start
+    for _ in range(count):
+        conn_id, size = unpack(data, pos)
+        pos += head
+        entries.append((conn_id, pos, pos + size))
+        pos += size
+    return entries, pos
+
+
 def iter_deliveries(blob: bytes):
     """``iter_records`` of a writer's batch, each DATA_EACH record given as the DATA records it stands
     for (conn, prefix + part), in order (for tests and tools: the writer walks the batch itself)."""
@@ -131,15 +145,9 @@ def iter_deliveries(blob: bytes):
         if kind != DATA_EACH:
             yield kind, conn, aux, ts, payload
             continue
-        pos = 0
-        entries = []
-        for _ in range(aux):
-            conn_id, size = EACH_ENTRY.unpack_from(payload, pos)
-            pos += EACH_ENTRY.size
-            entries.append((conn_id, payload[pos:pos + size]))
-            pos += size
-        for conn_id, prefix in entries:
-            yield DATA, conn_id, 0, ts, prefix + payload[pos:]
+        entries, part = each_entries(payload, 0, aux)
+        for conn_id, at, end in entries:
+            yield DATA, conn_id, 0, ts, payload[at:end] + payload[part:]
 # A CLOSE record's WebSocket close code, so the broker asks for a close frame without the codec
 # (the writer encodes it, RFC 6455 5.5.1; the codes are protocol/websocket.py's CloseCode).
 WS_CLOSE_CODE = struct.Struct("!H")

@@ -185,7 +185,7 @@ class Writer:
                 if kind == R.RESET:
                     self.reset(R.CONN_ID.unpack_from(blob, start)[0])
                     continue
-                if kind == DATA_EACH:  # (its connections are in its table)
+                if kind == DATA_EACH:  # (its connections are in its entries)
                     frames += self.each(blob, start, stop, aux, stamp, touched)
                     continue
                 c = conns.get(conn_id)
@@ -236,15 +236,8 @@ class Writer:
     def each(self, blob: bytes, start: int, stop: int, n: int, stamp: int, touched: set) -> int:
         """A DATA_EACH record: each of its connections gets its prefix and the shared part; returns
         the frames queued (their bytes are counted here)."""
-        unpack, head = R.EACH_ENTRY.unpack_from, R.EACH_ENTRY.size
-        entries = []
-        pos = start
-        for _ in range(n):
-            conn_id, size = unpack(blob, pos)
-            pos += head
-            entries.append((conn_id, pos, pos + size))
-            pos += size
-        part = blob[pos:stop]
+        entries, part_at = R.each_entries(blob, start, n)
+        part = blob[part_at:stop]
         conns, add, limit = self.conns, batching.add, self.batch_size
         frames = queued = 0
         for conn_id, at, end in entries:
