@@ -6,8 +6,8 @@
 # ./build.sh analysis    install the diagnostics analysis (PySpark, Java) and JupyterLab for the notebook
 # ./build.sh [setup]     install everything for development (what `test` needs), run nothing
 #
-# Each install is remembered in .venv/.installed-<extras>, keyed on a hash of setup.cfg and
-# pyproject.toml: pip runs again only when they change (or with FORCE_INSTALL=1).
+# Each install is remembered in .venv/.installed-<extras>, keyed on a hash of setup.cfg,
+# pyproject.toml, setup.py and the C source: pip runs again only when they change (or with FORCE_INSTALL=1).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -20,7 +20,7 @@ venv() {
 install() {
     local extras=$1 stamp want log
     stamp=.venv/.installed-${extras:-broker}
-    want=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+    want=$(cat setup.cfg pyproject.toml setup.py stompbroker/protocol/*.c | sha256sum | cut -d' ' -f1)
     if [ "${FORCE_INSTALL:-0}" != 1 ]; then
         [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
         # every install includes the broker itself

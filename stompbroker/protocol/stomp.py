@@ -7,6 +7,7 @@ Two halves:
   heads and build outgoing frames.
 """
 
+import os
 import re
 
 __all__ = ["ProtocolError", "FrameParser", "parse_head", "parse_head_cached", "escape", "unescape", "render_frame"]
@@ -40,6 +41,19 @@ def _fail(message: str, detail: str, head: bytes) -> ProtocolError:
     return ProtocolError(message, detail, _receipt(head))
 
 
+def _compiled_split():
+    """``_framesplit.split``: the common case of ``_parse_into`` in C. None where it was not built (no C
+    compiler at install: the setup goes on without it) or is turned off (STOMPBROKER_PURE_PYTHON=1, to
+    compare or rule it out); the parser then does it all in Python, with the same results."""
+    if os.environ.get("STOMPBROKER_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from ._framesplit import split
+    except ImportError:
+        return None
+    return split
+
+
 # Unpacked at the start of each feed: (head, body offset, content-length, scan offset, line offset).
 _FRESH = (None, 0, -1, 0, 0)
 
@@ -51,6 +65,8 @@ class FrameParser:
     joined by LF, without the trailing blank line; ``body`` is the bytes
     between the blank line and the NUL.  Nothing is decoded here.
     """
+
+    split = _compiled_split()  # (a class attribute: a subclass may set None, as the tests' pure parser does)
 
     __slots__ = ("max_frame_size", "max_headers", "max_header_line", "max_names", "heartbeats",
                  "_buf", "_pending", "_error")
@@ -144,7 +160,17 @@ class FrameParser:
         if not cr:
             crn = -1
         self._pending = None
+        split = None if cr else self.split  # (with CRs it would look for LF LF in vain: leave them to Python)
         while True:
+            if head is None and scan == 0 and split is not None:
+                # Whole frames of the common shape in C; it stops at the first frame of any other
+                # shape, or unfinished, which the code below takes from its first byte. (Not for a
+                # head left unfinished by the last feed: scanned again each feed, it would be quadratic.)
+                at = pos
+                pos, beats = split(buf, pos, frames, head_limit, max_headers, mfs)
+                if pos != at:
+                    self.heartbeats += beats
+                    scan = line = 0  # (what was known of an unfinished head is of a frame now taken)
             start = pos
             if head is None:
                 # EOLs between frames are heart-beats (rare, so a plain loop is fine).

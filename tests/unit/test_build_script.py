@@ -1,4 +1,4 @@
-"""build.sh: `run` installs the broker alone and only when setup.cfg changed; extras on demand.
+"""build.sh: `run` installs the broker alone and only when setup.cfg (or the C source) changed; extras on demand.
 
 pip is replaced by a stub .venv/bin/python that records its arguments, so this runs in a second.
 """
@@ -20,7 +20,8 @@ echo "broker $@"
 
 
 def project(tmp_path):
-    for name in ("build.sh", "setup.cfg", "pyproject.toml"):
+    for name in ("build.sh", "setup.cfg", "pyproject.toml", "setup.py", "stompbroker/protocol/_framesplit.c"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
@@ -51,6 +52,10 @@ def test_run_installs_only_the_broker_and_only_once(tmp_path):
         f.write("\n# a change\n")
     result, calls = run(p, "run")
     assert [c for c in calls if " install " in f" {c} "], calls  # setup.cfg changed: install again
+    with open(p / "stompbroker/protocol/_framesplit.c", "a") as f:
+        f.write("\n/* a change */\n")
+    result, calls = run(p, "run")
+    assert [c for c in calls if " install " in f" {c} "], calls  # the C source changed: compiled again
 
 
 def test_analysis_installs_analysis_and_notebook_extras(tmp_path):
