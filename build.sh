@@ -27,6 +27,7 @@ install() {
         [ -z "$extras" ] && grep -qsx "$want" .venv/.installed-* && return 0
     fi
     venv
+    need_cc
     log=$(mktemp)
     if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" >"$log" 2>&1; then
         cat "$log" >&2
@@ -35,6 +36,19 @@ install() {
     fi
     rm -f "$log"
     echo "$want" >"$stamp"
+}
+
+# The install compiles the STOMP frame splitter (stompbroker/protocol/_framesplit.c): a C compiler and
+# Python's headers. Without them pip goes on and the broker parses in pure Python (slower).
+need_cc() {
+    local headers
+    headers=$("$PYTHON" -c 'import os, sysconfig; print(os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))')
+    command -v cc >/dev/null 2>&1 && [ "$headers" = True ] && return
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev python3-dev >/dev/null
+    else
+        echo "build.sh: no C compiler or Python headers: the frame splitter stays pure Python (e.g. apt-get install gcc python3-dev)" >&2
+    fi
 }
 
 # The Spark analysis needs a Java runtime: install one where it is missing and we may.
