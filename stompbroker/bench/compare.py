@@ -5,7 +5,8 @@ A target on the command line (``--compare T1 T2 ...``) is one of:
 - ``NAME=HOST:PORT[,ws=URL][,pid=PID][,login=L][,passcode=P]``: any STOMP broker already listening
   (``pid`` adds its CPU and memory: the process and its children);
 - ``NAME=git:REF``: this project's broker at a git commit, branch or tag, extracted with
-  ``git archive`` into ``OUT/NAME/tree`` (the repository is not touched) and spawned with
+  ``git archive`` into ``OUT/NAME/tree`` (the repository is not touched), its C modules compiled in
+  place, and spawned with
   ``--spawn`` ARGS, a fresh one per run;
 - ``NAME=.``: this checkout's broker, spawned the same way;
 - either of the last two with ``,env=NAME=VALUE`` (repeatable): extra environment for that broker
@@ -28,11 +29,14 @@ neighbours' load on a shared machine falls on every target alike.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
 import statistics
 import subprocess
+import sys
+import sysconfig
 import tempfile
 
 from .stats import fmt_num
@@ -136,7 +140,24 @@ def extract_ref(ref: str, repo: str, where: str | None = None) -> tuple[str, str
     archive.stdout.close()
     if archive.wait() != 0:
         raise RuntimeError(f"git archive {commit} failed")
+    build_c(where)
     return where, commit
+
+
+def build_c(tree: str) -> list[str]:
+    """Compile a tree's C modules in place, as the install does, so a commit runs as it would
+    installed; returns the modules built (one that does not compile leaves that part pure Python)."""
+    include = sysconfig.get_paths()["include"]
+    built = []
+    for source in sorted(glob.glob(os.path.join(tree, "stompbroker", "**", "*.c"), recursive=True)):
+        module = source[:-2] + sysconfig.get_config_var("EXT_SUFFIX")
+        done = subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{include}", source, "-o", module],
+                              capture_output=True, text=True)
+        if done.returncode == 0:
+            built.append(module)
+        else:
+            print(f"bench: {source} did not compile; that tree parses in pure Python:\n{done.stderr}", file=sys.stderr)
+    return built
 
 
 # -- the table -----------------------------------------------------------------------------------

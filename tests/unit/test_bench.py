@@ -3,6 +3,10 @@ tests/integration/test_bench_smoke.py)."""
 
 from __future__ import annotations
 
+import glob
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -414,3 +418,14 @@ def test_compare_table_has_the_latency_run_s_cpu():
     table = compare.table([("a", [res])], rate=2000)
     assert any(line.startswith("| latency at 2,000 msg/s, deliveries per broker CPU-second | 8") for line in
                table.splitlines()), table
+
+
+def test_a_commit_extracted_for_compare_gets_its_c_modules_compiled_as_the_install_does(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    where, commit = compare.extract_ref("HEAD", root, str(tmp_path / "tree"))
+    sources = glob.glob(os.path.join(where, "stompbroker", "**", "*.c"), recursive=True)
+    assert sources and len(commit) == 40
+    done = subprocess.run([sys.executable, "-c", "import stompbroker.protocol.stomp as s; print(s.__file__, s.FrameParser.split)"],
+                          env={**os.environ, "PYTHONPATH": where}, cwd=str(tmp_path), capture_output=True, text=True)
+    path, split = done.stdout.split(" ", 1)
+    assert path.startswith(where) and "built-in function split" in split, done
