@@ -105,6 +105,9 @@ class Broker:
         # in order: the dispatcher drains the outboxes and calls resume() until it is empty
         self.unfinished: collections.deque = collections.deque()
         self.ending: list[Session] = []      # closed during the current event, their state still to drop
+        # (session, head, destination, headers) of the last frame if it was a plain SEND
+        # (routing.send_plain): a next frame of that session with the same head takes the same route
+        self.again: tuple | None = None
         self.examined = 0                    # messages looked at by queues.scan (a cost measure for tests)
         self.durable_index = SubscriptionIndex(self.vhosts_on)
         self.temps = {}                      # temporary destinations by reply name (temporary.py)
@@ -186,6 +189,11 @@ class Broker:
             return
         self.now = session.last_seen = now
         self.stats["frames_in"] += 1
+        again = self.again
+        if again is not None and again[0] is session and again[1] == head:
+            self.send_again(session, again[2], again[3], body)
+            return
+        self.again = None
         gate = session.gate
         if gate is not None and type(gate) is tuple:  # its CONNECT is being checked: keep the frames until then
             backlog = gate[4]
@@ -216,8 +224,25 @@ class Broker:
             transaction = headers.get("transaction")
             if transaction is not None and command in TRANSACTIONAL:
                 transactions.hold(self, session, transaction, command, headers, body)
+            elif handler is routing.send and gate is None:
+                plain = routing.send(self, session, command, headers, body)
+                if plain is not None:
+                    self.again = (session, head, *plain)
             else:
                 handler(self, session, command, headers, body)
+        except ProtocolError as exc:
+            replies.error(self, session, exc.message, exc.detail, exc.receipt)
+        if self.ending:
+            sessions.end_closed(self)
+
+    def send_again(self, session: Session, destination: str, headers: dict, body: bytes) -> None:
+        """A SEND with the head of the session's plain SEND before it: what depends only on the head
+        (its decoding, the command, the destination's checks) holds; what may have changed since is
+        checked again (``routing.send_plain``), with the message's own copy of the headers."""
+        if self.store is not None:
+            self.ops_mark = self.store.ops
+        try:
+            routing.send_plain(self, session, destination, headers.copy(), body)
         except ProtocolError as exc:
             replies.error(self, session, exc.message, exc.detail, exc.receipt)
         if self.ending:

@@ -25,13 +25,20 @@ SPECIAL = frozenset(("reply-to", "expires", "expiration", "priority", GROUP, *la
 SCHEDULED = frozenset(schedule.NAMES)
 
 
-def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
+def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple | None:
+    """Check and route a SEND. A plain one (no receipt, temporary destination, special header or
+    DIAG destination) returns (destination, headers) as they were before routing, for the next
+    SEND with the same head (``Broker.send_again``)."""
     # The common SEND (no temporary destination, no permissions, memory store, no special header)
     # costs one test per rule here: each rule's function runs only when it can apply.
     receipt = headers.get("receipt")
     destination = check_send(headers, receipt)
     temp = destination.startswith(TEMP_PREFIXES)
     special = not SPECIAL.isdisjoint(headers)
+    if not (temp or special or receipt is not None or destination.startswith(DIAG_PREFIX)):
+        plain = (destination, headers.copy())  # (a message's headers are its own once routed)
+        send_plain(b, session, destination, headers, body)
+        return plain
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
         permissions.allowed(b, session, destination, write=True, receipt=receipt)
     if temp or (special and "reply-to" in headers):
@@ -41,6 +48,27 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
         if query in QUERIES:
             headers = {**headers, **b.diag.headers(query, diagnostics.offset(headers, receipt),
                                                    diagnostics.scope(b, session, headers, receipt))}
+    check_accepts(b, destination, headers, receipt)
+    if special:
+        send_special(b, session, destination, headers, body, receipt)
+    else:
+        publish(b, destination, headers, body, sender=session)
+    if receipt is not None:
+        replies.send_receipt(b, session, receipt)
+    return None
+
+
+def send_plain(b, session: Session, destination: str, headers: dict, body: bytes) -> None:
+    """A plain SEND: what may change from one SEND to the next (the session's permissions, the
+    store's health, the queue's room) is checked, then it is published."""
+    if b.auth is not None or b.config.diag_admin_only:
+        permissions.allowed(b, session, destination, write=True, receipt=None)
+    check_accepts(b, destination, headers, None)
+    publish(b, destination, headers, body, sender=session)
+
+
+def check_accepts(b, destination: str, headers: dict, receipt) -> None:
+    """The store and the queue can take the message, or an ERROR."""
     if b.store is not None and store_refuses(b, destination, headers):
         raise ProtocolError("store unavailable", "the durable store cannot write (see the broker's log); "
                             "the message was not accepted", receipt)
@@ -50,12 +78,6 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> None:
     if queue is not None and queue.depth() >= b.config.max_queue_messages:
         raise ProtocolError("queue full", f"{destination} holds {queue.depth()} messages, "
                             f"the most allowed (max_queue_messages)", receipt)
-    if special:
-        send_special(b, session, destination, headers, body, receipt)
-    else:
-        publish(b, destination, headers, body, sender=session)
-    if receipt is not None:
-        replies.send_receipt(b, session, receipt)
 
 
 def send_special(b, session: Session, destination: str, headers: dict, body: bytes, receipt) -> None:

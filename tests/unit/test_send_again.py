@@ -1,0 +1,106 @@
+"""A SEND with the head of the session's plain SEND before it (Broker.send_again): decoded once,
+routed as the first was, each message with headers of its own, and everything that may change
+between two SENDs checked again."""
+
+from broker_harness import Rig
+
+from stompbroker.broker import core
+
+HEAD = b"SEND\ndestination:/topic/a\ncontent-length:1"
+
+
+def test_repeated_heads_are_decoded_once_and_every_message_is_delivered_with_its_own_headers(monkeypatch):
+    rig = Rig()
+    rig.connect(1)
+    rig.connect(2)
+    rig.subscribe(2, "/topic/a")
+    rig.take(2)
+    decoded = []
+    real = core.parse_head_cached
+    monkeypatch.setattr(core, "parse_head_cached", lambda head, unescape: decoded.append(head) or real(head, unescape))
+    for body in (b"1", b"2", b"3"):
+        rig.broker.on_frame(1, HEAD, body, rig.now)
+    assert decoded == [HEAD]
+    got = rig.messages(2)
+    assert [m.body for m in got] == [b"1", b"2", b"3"]
+    assert len({m["message-id"] for m in got}) == 3
+    assert rig.broker.stats["frames_in"] >= 3 and rig.broker.stats["messages_published"] == 3
+
+
+def test_the_messages_of_repeated_heads_share_no_headers_dict():
+    rig = Rig(TTL=60_000)  # nobody subscribes: the stale queue keeps them
+    rig.connect(1)
+    for body in (b"1", b"2"):
+        rig.broker.on_frame(1, HEAD, body, rig.now)
+    first, second = rig.broker.stale.take("/topic/a", None, rig.now, lambda headers: True)
+    assert first.headers == second.headers and first.headers is not second.headers
+
+
+def test_a_queue_filled_by_repeated_heads_refuses_the_one_over_its_limit():
+    rig = Rig(max_queue_messages=2)
+    rig.connect(1)
+    head = b"SEND\ndestination:/queue/q\ncontent-length:1"
+    for body in (b"1", b"2", b"3"):
+        rig.broker.on_frame(1, head, body, rig.now)
+    assert rig.error(1)["message"] == "queue full"
+    assert rig.broker.queues["/queue/q"].depth() == 2
+
+
+class Revocable:
+    def __init__(self):
+        self.required = False  # (no login check to wait for while connecting)
+        self.writable = True
+
+    def can_write(self, login, destination):
+        return self.writable
+
+    can_read = can_write
+
+    def is_admin(self, login):
+        return False
+
+
+def test_permissions_are_checked_for_every_repeated_head():
+    auth = Revocable()
+    rig = Rig(auth=auth)
+    rig.connect(1)
+    auth.required = True
+    rig.broker.on_frame(1, HEAD, b"1", rig.now)
+    assert rig.commands(1) == []
+    auth.writable = False  # revoked (a permissions file reloaded) between two SENDs of one read
+    rig.broker.on_frame(1, HEAD, b"2", rig.now)
+    assert rig.error(1)["message"] == "permission denied for /topic/a"
+
+
+def test_the_same_head_from_another_session_or_after_another_frame_takes_the_whole_route(monkeypatch):
+    rig = Rig()
+    rig.connect(1)
+    rig.connect(3)
+    decoded = []
+    real = core.parse_head_cached
+    monkeypatch.setattr(core, "parse_head_cached", lambda head, unescape: decoded.append(head) or real(head, unescape))
+    rig.broker.on_frame(1, HEAD, b"1", rig.now)
+    rig.broker.on_frame(3, HEAD, b"2", rig.now)   # another session
+    rig.broker.on_frame(3, HEAD, b"3", rig.now)   # the same again: repeated
+    rig.broker.on_frame(3, b"SUBSCRIBE\ndestination:/topic/b\nid:1", b"", rig.now)
+    rig.broker.on_frame(3, HEAD, b"4", rig.now)   # after another frame
+    assert decoded == [HEAD, HEAD, b"SUBSCRIBE\ndestination:/topic/b\nid:1", HEAD]
+
+
+def test_sends_with_a_receipt_or_in_a_transaction_are_never_repeated():
+    rig = Rig()
+    rig.connect(1)
+    rig.connect(2)
+    rig.subscribe(2, "/topic/a")
+    rig.take(2)
+    with_receipt = HEAD + b"\nreceipt:r"
+    for body in (b"1", b"2"):
+        rig.broker.on_frame(1, with_receipt, body, rig.now)
+    assert rig.commands(1) == ["RECEIPT", "RECEIPT"]
+    rig.frame(1, "BEGIN", transaction="t")
+    held = HEAD + b"\ntransaction:t"
+    for body in (b"3", b"4"):
+        rig.broker.on_frame(1, held, body, rig.now)
+    assert rig.bodies(2) == [b"1", b"2"]  # the transaction's wait for its COMMIT
+    rig.frame(1, "COMMIT", transaction="t")
+    assert rig.bodies(2) == [b"3", b"4"]
