@@ -246,17 +246,24 @@ class Message:
             # Everything after the message-id line repeats from one message of a producer to the
             # next: it is rendered once and the message-id spliced in front of it.
             headers = self.headers
-            if "receipt" in headers:  # (never rendered: a producer's receipts differ, its blocks need not)
-                key = (self.destination, len(body), *[h for h in headers.items() if h[0] != "receipt"])
+            last = _LAST[escaped]
+            # A run of one producer's messages: comparing with the last one's headers costs half
+            # of making and hashing a key.
+            if headers == last[0] and len(body) == last[1] and self.destination == last[2]:
+                block = last[3]
             else:
-                key = (self.destination, len(body), *headers.items())
-            blocks = _BLOCKS[escaped]
-            block = blocks.get(key)
-            if block is None:
-                block = _header_block(self.destination, self.headers, len(body), escaped)
-                if len(blocks) >= BLOCK_CACHE_ENTRIES:
-                    blocks.clear()  # unique headers: the table is dropped whole, no bookkeeping per hit
-                blocks[key] = block
+                if "receipt" in headers:  # (never rendered: a producer's receipts differ, its blocks need not)
+                    key = (self.destination, len(body), *[h for h in headers.items() if h[0] != "receipt"])
+                else:
+                    key = (self.destination, len(body), *headers.items())
+                blocks = _BLOCKS[escaped]
+                block = blocks.get(key)
+                if block is None:
+                    block = _header_block(self.destination, self.headers, len(body), escaped)
+                    if len(blocks) >= BLOCK_CACHE_ENTRIES:
+                        blocks.clear()  # unique headers: the table is dropped whole, no bookkeeping per hit
+                    blocks[key] = block
+                _LAST[escaped] = (dict(headers), len(body), self.destination, block)  # (a copy: never changed after)
             mid = escape(self.id) if escaped else _no_newlines(self.id)
             part = b"".join((b"message-id:", mid.encode(), b"\n", block, body, b"\0"))
             self._rendered[escaped] = part
@@ -265,6 +272,7 @@ class Message:
 
 BLOCK_CACHE_ENTRIES = 512
 _BLOCKS: tuple[dict, dict] = ({}, {})  # per escaping style: (destination, body length, *headers) -> block
+_LAST = [(None, -1, None, b""), (None, -1, None, b"")]  # per escaping style: (headers, body length, destination, block)
 
 
 def _header_block(destination: str, headers: dict, length: int, escaped: bool) -> bytes:

@@ -48,3 +48,20 @@ def test_a_producers_receipts_do_not_defeat_the_block_cache_and_are_never_render
     parts = [Message(f"m{i}", "/topic/r", {"receipt": f"r{i}", "k": "v"}, b"x").shared(True) for i in range(3)]
     assert len(model._BLOCKS[True]) == 1
     assert parts[2] == b"message-id:m2\ndestination:/topic/r\nk:v\ncontent-length:1\n\nx\0"
+
+
+def test_a_run_of_equal_headers_reuses_the_last_block_and_any_difference_breaks_the_run():
+    headers = {"destination": "/queue/run", "x": "1"}
+    first = Message("m-1", "/queue/run", dict(headers), b"body").shared(True)
+    model._BLOCKS[1].clear()
+    again = Message("m-2", "/queue/run", dict(headers), b"BODY").shared(True)
+    assert model._BLOCKS[1] == {}  # the run's block came from the last message, not the table
+    assert again == first.replace(b"m-1", b"m-2").replace(b"body", b"BODY")
+    for other in (Message("m-3", "/queue/run", {**headers, "x": "2"}, b"body"),      # a value
+                  Message("m-4", "/queue/other", dict(headers), b"body"),            # the destination
+                  Message("m-5", "/queue/run", dict(headers), b"longer body")):      # the length
+        fresh = render_frame("MESSAGE", [("subscription", "s"), ("message-id", other.id),
+                                         ("destination", other.destination),
+                                         *[(k, v) for k, v in other.headers.items() if k != "destination"]],
+                             other.body)
+        assert b"MESSAGE\nsubscription:s\n" + other.shared(True) == fresh
