@@ -33,6 +33,8 @@ import struct
 
 import orjson
 
+from .records import decode_headers
+
 MAGIC = b"SBp1"
 SINGLE_MAGIC = b"SBq1"        # one message per JetStream message (unpacked layouts)
 _HEAD = struct.Struct(">4sHI")
@@ -123,8 +125,10 @@ def count(data) -> int:
     return _HEAD.unpack_from(data)[1] or 1
 
 
-def unpack(data) -> list[Member]:
-    """The messages of a pack, or the one message of the unpacked format; ValueError if neither."""
+def unpack(data, kept: dict | None = None) -> list[Member]:
+    """The messages of a pack, or the one message of the unpacked format; ValueError if neither.
+    Each distinct headers JSON is decoded once (``records.decode_headers``; ``kept``: the node's
+    decoded headers, else this pack's), each member gets its own copy."""
     data = bytes(data)
     if data[:4] == SINGLE_MAGIC:
         return [_single(data)]
@@ -135,6 +139,8 @@ def unpack(data) -> list[Member]:
     destination = data[pos:pos + dlen].decode()
     pos += dlen
     out = []
+    if kept is None:
+        kept = {}
     try:
         for _ in range(n):
             size, before, expires_ms, idlen = _MEMBER.unpack_from(data, pos)
@@ -148,9 +154,7 @@ def unpack(data) -> list[Member]:
             at += 4
             if at + hlen > end:
                 raise ValueError("a member's headers run past its end")
-            headers = orjson.loads(data[at:at + hlen])
-            if not isinstance(headers, dict):
-                raise ValueError("a member's headers are not an object")
+            headers = decode_headers(kept, data[at:at + hlen]).copy()
             out.append(Member(message_id, destination, headers, data[at + hlen:end], expires_ms, before))
             pos = end
     except (struct.error, UnicodeDecodeError, orjson.JSONDecodeError) as exc:

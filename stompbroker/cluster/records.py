@@ -267,6 +267,28 @@ def unpack_topic(data) -> tuple[str, list]:
     return destination, members
 
 
+HEADERS_KEPT = 512            # distinct headers of other nodes' messages kept decoded (of this node's: encoded)
+HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
+
+
+def decode_headers(kept: dict, head: bytes) -> dict:
+    """A pack member's headers (JSON bytes of an object, a topic pack's or a queue pack's) as a
+    dict, decoded once per distinct JSON: a producer's messages mostly carry the same ones.
+    ``kept``: JSON -> dict, at most HEADERS_KEPT of at most HEADERS_KEPT_BYTES each (dropped whole
+    when full). The dict answered is ``kept``'s own: callers hand each message a copy. ValueError
+    for JSON that is not an object."""
+    headers = kept.get(head)
+    if headers is None:
+        headers = orjson.loads(head)
+        if not isinstance(headers, dict):
+            raise ValueError("a pack member's headers are not an object")
+        if len(head) <= HEADERS_KEPT_BYTES:   # (long ones are rarely repeated: decoded each time)
+            if len(kept) >= HEADERS_KEPT:
+                kept.clear()
+            kept[head] = headers
+    return headers
+
+
 # On NATS every message the bridge publishes starts with its origin (node and bridge run) and a
 # sequence number, so a receiving bridge drops a second copy (two of its subscriptions matched it
 # while it was changing them) without ever dropping a first one.
