@@ -76,8 +76,6 @@ class Backplane:
         self.run_bytes = 0
         self.run_max = max(int(getattr(config, "cluster_topic_pack_max", 1) or 1), 1)
         self.subjects: dict[str, str] = {}   # destination -> its topic subject (made once, not per message)
-        # headers from other nodes (topic and queue packs), as JSON -> decoded (records.decode_headers)
-        self.header_json: dict[bytes, dict] = {}
         self.sent_json: dict[tuple, bytes] = {}    # this node's headers (as items) -> their JSON in a pack
 
     # -- interest --------------------------------------------------------------------------------
@@ -173,14 +171,14 @@ class Backplane:
 
     def headers_json(self, headers: dict) -> bytes:
         """A message's headers as they travel in a topic pack (JSON, without NOT_SENT), made once per
-        distinct set: a producer's messages mostly carry the same ones (at most
-        records.HEADERS_KEPT kept, each at most HEADERS_KEPT_BYTES as JSON)."""
+        distinct set: a producer's messages mostly carry the same ones (at most HEADERS_KEPT kept,
+        each at most HEADERS_KEPT_BYTES as JSON)."""
         key = tuple(headers.items())
         made = self.sent_json.get(key)
         if made is None:
             made = orjson.dumps({k: v for k, v in headers.items() if k not in NOT_SENT})
-            if len(made) <= C.HEADERS_KEPT_BYTES:
-                if len(self.sent_json) >= C.HEADERS_KEPT:
+            if len(made) <= HEADERS_KEPT_BYTES:
+                if len(self.sent_json) >= HEADERS_KEPT:
                     self.sent_json.clear()
                 self.sent_json[key] = made
         return made
@@ -369,10 +367,12 @@ class Backplane:
     def _publish_members(self, b, destination: str, members: list, start: int, now: float) -> None:
         """A pack's messages, published in order. A fan-out stopped over an outbox's limit leaves
         the rest as the broker's next unfinished step."""
-        kept, decode = self.header_json, C.decode_headers
+        last = decoded = None
         for i in range(start, len(members)):
             message_id, head, body, expires_ms = members[i]
-            self._publish_remote(b, destination, decode(kept, head).copy(), body, expires_ms, message_id, now)
+            if head != last:   # (decoded only when they differ from the message's before)
+                last, decoded = head, C.decode_headers(head)
+            self._publish_remote(b, destination, decoded.copy(), body, expires_ms, message_id, now)
             if b.unfinished and i + 1 < len(members):
                 b.unfinished.append((lambda broker, rest: self._publish_members(broker, destination, members, rest,
                                                                                 now), (i + 1,)))
@@ -456,6 +456,8 @@ def _broker_modules() -> tuple:
 
 
 SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
+HEADERS_KEPT = 512            # distinct headers of this node's topic messages kept encoded
+HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
 TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).

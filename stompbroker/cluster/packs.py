@@ -125,10 +125,10 @@ def count(data) -> int:
     return _HEAD.unpack_from(data)[1] or 1
 
 
-def unpack(data, kept: dict | None = None) -> list[Member]:
+def unpack(data) -> list[Member]:
     """The messages of a pack, or the one message of the unpacked format; ValueError if neither.
-    Each distinct headers JSON is decoded once (``records.decode_headers``; ``kept``: the node's
-    decoded headers, else this pack's), each member gets its own copy."""
+    A member's headers are decoded only when they differ from the member's before it
+    (``records.decode_headers``); each member gets its own dict."""
     data = bytes(data)
     if data[:4] == SINGLE_MAGIC:
         return [_single(data)]
@@ -139,8 +139,7 @@ def unpack(data, kept: dict | None = None) -> list[Member]:
     destination = data[pos:pos + dlen].decode()
     pos += dlen
     out = []
-    if kept is None:
-        kept = {}
+    last = decoded = None
     try:
         for _ in range(n):
             size, before, expires_ms, idlen = _MEMBER.unpack_from(data, pos)
@@ -154,8 +153,10 @@ def unpack(data, kept: dict | None = None) -> list[Member]:
             at += 4
             if at + hlen > end:
                 raise ValueError("a member's headers run past its end")
-            headers = decode_headers(kept, data[at:at + hlen]).copy()
-            out.append(Member(message_id, destination, headers, data[at + hlen:end], expires_ms, before))
+            head = data[at:at + hlen]
+            if head != last:
+                last, decoded = head, decode_headers(head)
+            out.append(Member(message_id, destination, decoded.copy(), data[at + hlen:end], expires_ms, before))
             pos = end
     except (struct.error, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
         raise ValueError(f"unreadable pack: {exc}") from None

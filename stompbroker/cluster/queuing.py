@@ -546,7 +546,7 @@ class ClusterQueues:
         split = []   # packs some of whose messages moved: the others are put back by themselves now
         for ref, delivered, data in items:
             try:
-                members = packs.unpack(data, self.backplane.header_json)
+                members = packs.unpack(data)
             except ValueError:
                 self.out.append(("term", ref))   # not a stompbroker message: nobody could read it
                 continue
@@ -655,7 +655,7 @@ class ClusterQueues:
         """A pulled JetStream message (the bridge's ``ref``): its message, or each member of its pack,
         into the local queue, delivered by the usual pump."""
         try:
-            members = packs.unpack(payload, self.backplane.header_json)
+            members = packs.unpack(payload)
         except ValueError:
             self.out.append(("term", ref))   # not a stompbroker message: nobody could read it
             if key in self.bound:

@@ -213,8 +213,8 @@ def unpack_message(data) -> tuple[str, str, dict, bytes, int]:
 #   member = len(id): u32 | len(headers): u32 | len(body): u32 | ms left to live: u64 (0 = none)
 #            | id | headers (JSON object) | body
 # A pack_message (one message alone) starts with "{", so a receiver tells the two apart by the
-# first bytes. The headers stay JSON bytes until the receiver decodes them: it decodes each
-# distinct one once (a producer's messages mostly carry the same headers).
+# first bytes. The headers stay JSON bytes until the receiver decodes them: only when they differ
+# from the message's before (a producer's messages mostly carry the same headers).
 TOPIC_PACK = b"SBt1"
 _PACK = struct.Struct("<II")
 _MEMBER = struct.Struct("<IIIQ")
@@ -267,25 +267,16 @@ def unpack_topic(data) -> tuple[str, list]:
     return destination, members
 
 
-HEADERS_KEPT = 512            # distinct headers of other nodes' messages kept decoded (of this node's: encoded)
-HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
-
-
-def decode_headers(kept: dict, head: bytes) -> dict:
-    """A pack member's headers (JSON bytes of an object, a topic pack's or a queue pack's) as a
-    dict, decoded once per distinct JSON: a producer's messages mostly carry the same ones.
-    ``kept``: JSON -> dict, at most HEADERS_KEPT of at most HEADERS_KEPT_BYTES each (dropped whole
-    when full). The dict answered is ``kept``'s own: callers hand each message a copy. ValueError
-    for JSON that is not an object."""
-    headers = kept.get(head)
-    if headers is None:
-        headers = orjson.loads(head)
-        if not isinstance(headers, dict):
-            raise ValueError("a pack member's headers are not an object")
-        if len(head) <= HEADERS_KEPT_BYTES:   # (long ones are rarely repeated: decoded each time)
-            if len(kept) >= HEADERS_KEPT:
-                kept.clear()
-            kept[head] = headers
+def decode_headers(head: bytes) -> dict:
+    """A pack member's headers (JSON of an object, in a topic pack or a queue pack) as a dict;
+    ValueError for anything else. Callers decode a member's headers only when they differ from
+    the member's before it (a producer's messages mostly carry the same ones, packed in a row)
+    and hand each message a copy. (A table of every distinct JSON, kept across packs, saved
+    little more and cost messages whose headers all differ, an id or a time in them, a decoding
+    plus its upkeep.)"""
+    headers = orjson.loads(head)
+    if not isinstance(headers, dict):
+        raise ValueError("a pack member's headers are not an object")
     return headers
 
 
