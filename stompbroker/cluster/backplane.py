@@ -76,7 +76,6 @@ class Backplane:
         self.run_bytes = 0
         self.run_max = max(int(getattr(config, "cluster_topic_pack_max", 1) or 1), 1)
         self.subjects: dict[str, str] = {}   # destination -> its topic subject (made once, not per message)
-        self.header_json: dict[bytes, dict] = {}   # headers from other nodes, as JSON -> decoded (once each)
         self.sent_json: dict[tuple, bytes] = {}    # this node's headers (as items) -> their JSON in a pack
 
     # -- interest --------------------------------------------------------------------------------
@@ -368,19 +367,12 @@ class Backplane:
     def _publish_members(self, b, destination: str, members: list, start: int, now: float) -> None:
         """A pack's messages, published in order. A fan-out stopped over an outbox's limit leaves
         the rest as the broker's next unfinished step."""
-        cache = self.header_json
+        last = decoded = None
         for i in range(start, len(members)):
             message_id, head, body, expires_ms = members[i]
-            headers = cache.get(head)
-            if headers is None:
-                headers = orjson.loads(head)
-                if not isinstance(headers, dict):
-                    raise ValueError("a topic pack member's headers are not an object")
-                if len(head) <= HEADERS_KEPT_BYTES:   # (long ones are rarely repeated: decoded each time)
-                    if len(cache) >= HEADERS_KEPT:
-                        cache.clear()
-                    cache[head] = headers
-            self._publish_remote(b, destination, dict(headers), body, expires_ms, message_id, now)
+            if head != last:   # (decoded only when they differ from the message's before)
+                last, decoded = head, C.decode_headers(head)
+            self._publish_remote(b, destination, decoded.copy(), body, expires_ms, message_id, now)
             if b.unfinished and i + 1 < len(members):
                 b.unfinished.append((lambda broker, rest: self._publish_members(broker, destination, members, rest,
                                                                                 now), (i + 1,)))
@@ -464,7 +456,7 @@ def _broker_modules() -> tuple:
 
 
 SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
-HEADERS_KEPT = 512            # distinct headers of topic messages kept decoded (other nodes') or encoded (this one's)
+HEADERS_KEPT = 512            # distinct headers of this node's topic messages kept encoded
 HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
 TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 

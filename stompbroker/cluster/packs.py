@@ -33,6 +33,8 @@ import struct
 
 import orjson
 
+from .records import decode_headers
+
 MAGIC = b"SBp1"
 SINGLE_MAGIC = b"SBq1"        # one message per JetStream message (unpacked layouts)
 _HEAD = struct.Struct(">4sHI")
@@ -124,7 +126,9 @@ def count(data) -> int:
 
 
 def unpack(data) -> list[Member]:
-    """The messages of a pack, or the one message of the unpacked format; ValueError if neither."""
+    """The messages of a pack, or the one message of the unpacked format; ValueError if neither.
+    A member's headers are decoded only when they differ from the member's before it
+    (``records.decode_headers``); each member gets its own dict."""
     data = bytes(data)
     if data[:4] == SINGLE_MAGIC:
         return [_single(data)]
@@ -135,6 +139,7 @@ def unpack(data) -> list[Member]:
     destination = data[pos:pos + dlen].decode()
     pos += dlen
     out = []
+    last = decoded = None
     try:
         for _ in range(n):
             size, before, expires_ms, idlen = _MEMBER.unpack_from(data, pos)
@@ -148,10 +153,10 @@ def unpack(data) -> list[Member]:
             at += 4
             if at + hlen > end:
                 raise ValueError("a member's headers run past its end")
-            headers = orjson.loads(data[at:at + hlen])
-            if not isinstance(headers, dict):
-                raise ValueError("a member's headers are not an object")
-            out.append(Member(message_id, destination, headers, data[at + hlen:end], expires_ms, before))
+            head = data[at:at + hlen]
+            if head != last:
+                last, decoded = head, decode_headers(head)
+            out.append(Member(message_id, destination, decoded.copy(), data[at + hlen:end], expires_ms, before))
             pos = end
     except (struct.error, UnicodeDecodeError, orjson.JSONDecodeError) as exc:
         raise ValueError(f"unreadable pack: {exc}") from None

@@ -213,8 +213,8 @@ def unpack_message(data) -> tuple[str, str, dict, bytes, int]:
 #   member = len(id): u32 | len(headers): u32 | len(body): u32 | ms left to live: u64 (0 = none)
 #            | id | headers (JSON object) | body
 # A pack_message (one message alone) starts with "{", so a receiver tells the two apart by the
-# first bytes. The headers stay JSON bytes until the receiver decodes them: it decodes each
-# distinct one once (a producer's messages mostly carry the same headers).
+# first bytes. The headers stay JSON bytes until the receiver decodes them: only when they differ
+# from the message's before (a producer's messages mostly carry the same headers).
 TOPIC_PACK = b"SBt1"
 _PACK = struct.Struct("<II")
 _MEMBER = struct.Struct("<IIIQ")
@@ -265,6 +265,19 @@ def unpack_topic(data) -> tuple[str, list]:
     if pos != end:
         raise ValueError("a topic pack cut short")
     return destination, members
+
+
+def decode_headers(head: bytes) -> dict:
+    """A pack member's headers (JSON of an object, in a topic pack or a queue pack) as a dict;
+    ValueError for anything else. Callers decode a member's headers only when they differ from
+    the member's before it (a producer's messages mostly carry the same ones, packed in a row)
+    and hand each message a copy. (A table of every distinct JSON, kept across packs, saved
+    little more and cost messages whose headers all differ, an id or a time in them, a decoding
+    plus its upkeep.)"""
+    headers = orjson.loads(head)
+    if not isinstance(headers, dict):
+        raise ValueError("a pack member's headers are not an object")
+    return headers
 
 
 # On NATS every message the bridge publishes starts with its origin (node and bridge run) and a

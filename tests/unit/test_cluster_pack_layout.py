@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 from types import SimpleNamespace
 
+import orjson
 import pytest
 
 from stompbroker.cluster import packs as P
@@ -52,6 +53,20 @@ def test_the_unpacked_format_is_read_too():
 def test_anything_unreadable_is_a_value_error(data):
     with pytest.raises(ValueError):
         P.unpack(data)
+
+
+def test_a_members_headers_are_decoded_only_when_they_differ_from_the_one_before(monkeypatch):
+    """failed before: each member's headers were decoded (orjson.loads) one by one."""
+    colours = ["red", "red", "red", "blue", "red", "red"]
+    data = P.pack("/queue/h", [P.member(f"m-{i}", {"colour": c}, b"x") for i, c in enumerate(colours)])
+    real, decoded = orjson.loads, []
+    monkeypatch.setattr(orjson, "loads", lambda raw: decoded.append(bytes(raw)) or real(raw))
+    members = P.unpack(data)
+    assert [m.headers for m in members] == [{"colour": c} for c in colours]
+    assert decoded == [b'{"colour":"red"}', b'{"colour":"blue"}', b'{"colour":"red"}']
+    members[0].headers["colour"] = "blue"     # each member's headers are its own
+    del members[1].headers["colour"]
+    assert [m.headers for m in members[2:]] == [{"colour": c} for c in colours[2:]]
 
 
 def test_count_of_anything_else_is_one():

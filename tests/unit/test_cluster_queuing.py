@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import orjson
+
 from stompbroker.broker import queues as Q
 from stompbroker.cluster.backplane import Backplane
 from stompbroker.cluster import packs, shards
@@ -456,6 +458,27 @@ def test_messages_sent_in_one_round_go_to_jetstream_as_one_pack_and_each_is_deli
     a.frame(1, "ACK", id=got[2]["ack"])
     js.run()
     assert js.out == {} and js.depth() == 0                 # acked once every member was
+
+
+def test_a_pulled_packs_same_headers_are_decoded_once_and_each_message_keeps_its_own(monkeypatch):
+    """failed before: every member's headers were decoded (orjson.loads)."""
+    js = FakeJetStream()
+    a = js.join()
+    a.connect(1)
+    a.subscribe(1, "/queue/h", ack="client-individual", prefetch_count="10")
+    js.run()
+    head = {"destination": "/queue/h", "colour": "red"}
+    real, decoded = orjson.loads, []
+    monkeypatch.setattr(orjson, "loads", lambda raw: decoded.append(bytes(raw)) or real(raw))
+    b = a.broker
+    for ref in (1, 2):
+        payload = packs.pack("/queue/h", [packs.member(f"n9-{ref}-{i}", head, b"m%d" % i) for i in range(3)])
+        b.backplane.queues.event(b, ("message", "/queue/h", ref, 1, payload), Q)
+    assert decoded.count(orjson.dumps(head)) == 2                # once per pack
+    assert [m["colour"] for m in a.messages(1)] == ["red"] * 6
+    messages = list(b.backplane.queues.pulled)
+    messages[0].headers["colour"] = "blue"
+    assert [m.headers["colour"] for m in messages[1:]] == ["red"] * 5
 
 
 def test_a_nacked_member_is_put_back_alone_and_its_pack_acked_once_that_is_stored():
