@@ -73,9 +73,34 @@ def enqueue(b, name: str, message: Message) -> int:
             discard(b, queue, old)
     if b.store is not None:
         persist(b, queue, message)
-    queue.messages.append(message)
     queue.enqueued += 1
+    if not queue.messages and queue.chooser is None and not b.unfinished and hand_over(b, queue, message):
+        return 1
+    queue.messages.append(message)
     return pump(b, queue)
+
+
+def hand_over(b, queue: Queue, message: Message) -> bool:
+    """A message for a queue where nothing waits, given to the next consumer with room that accepts
+    it, as ``pump`` would give it; False (nothing done) when there is none: the pump decides then."""
+    subs = consumers(b, queue)
+    n = len(subs)
+    rr = queue.rr
+    headers = message.headers
+    for i in range(n):
+        sub = subs[(rr + i) % n]
+        if sub.prefetch and len(sub.unacked) >= sub.prefetch:  # (Subscription.has_room, inlined)
+            continue
+        if sub.accepts is None or sub.accepts(headers):
+            queue.rr = (rr + i + 1) % n
+            b.examined += 1
+            b.stats["messages_delivered"] += 1
+            if deliver(b, sub, message, queue):  # outbox over its limit: drained before what follows
+                b.unfinished.append((pump, (queue, False)))
+            if not queue.unacked:
+                drop_if_idle(b, queue)
+            return True
+    return False
 
 
 def persist(b, queue: Queue, message: Message, log: bool = True) -> None:
