@@ -54,6 +54,15 @@ def _compiled_split():
     return split
 
 
+def splitter() -> str | None:
+    """Why frames are split in pure Python here (for the broker's log at start), or None: compiled."""
+    if FrameParser.split is not None:
+        return None
+    if os.environ.get("STOMPBROKER_PURE_PYTHON", "") not in ("", "0"):
+        return "STOMPBROKER_PURE_PYTHON is set"
+    return "stompbroker/protocol/_framesplit.c was not built (no C compiler at install: see README)"
+
+
 # Unpacked at the start of each feed: (head, body offset, content-length, scan offset, line offset).
 _FRESH = (None, 0, -1, 0, 0)
 

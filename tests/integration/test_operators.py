@@ -306,3 +306,12 @@ def test_sigterm_during_a_start_that_hangs_stops_the_broker(tmp_path):
                 proc.kill()
                 proc.wait(5)
     assert "listening" not in log_path.read_text()
+
+
+def test_a_broker_whose_frames_are_split_in_pure_python_says_so_at_start(start_broker):
+    compiled = start_broker()
+    assert "pure Python" not in compiled.log()  # (README's install compiles the splitter)
+    pure = start_broker(env={"STOMPBROKER_PURE_PYTHON": "1"})
+    send_and_receive(pure.port)  # and works as well
+    warning = next(line for line in pure.log().splitlines() if "pure Python" in line)
+    assert "WARNING" in warning and "STOMPBROKER_PURE_PYTHON is set" in warning

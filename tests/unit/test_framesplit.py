@@ -131,3 +131,12 @@ def test_pure_python_when_turned_off(monkeypatch):
     assert stomp._compiled_split() is None
     monkeypatch.setenv("STOMPBROKER_PURE_PYTHON", "0")
     assert stomp._compiled_split() is split
+
+
+def test_the_log_line_says_why_frames_are_split_in_pure_python(monkeypatch):
+    assert stomp.splitter() is None
+    monkeypatch.setattr(FrameParser, "split", None)
+    monkeypatch.delenv("STOMPBROKER_PURE_PYTHON", raising=False)
+    assert "was not built" in stomp.splitter()
+    monkeypatch.setenv("STOMPBROKER_PURE_PYTHON", "1")
+    assert stomp.splitter() == "STOMPBROKER_PURE_PYTHON is set"
