@@ -9,6 +9,7 @@ import time
 import uuid
 
 import nats
+import nats.js.errors
 import pytest
 
 from stompbroker.cluster import jetstream as J
@@ -37,8 +38,18 @@ async def setup_queue(js, name, ack_wait=30.0):
 
 
 async def store(js, subject, data, msg_id):
-    """One message stored (PubAck awaited), with its Nats-Msg-Id as the broker sends it."""
-    return await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+    """One message stored (PubAck awaited), with its Nats-Msg-Id as the broker sends it. A stream just
+    made may not be known yet to the server the client is on ("no responders" for a moment, seen
+    in CI beside another NATS cluster): published again for up to 10 s, as the bridge's publisher
+    does (nothing was stored; the same id would be stored once anyway)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return await js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+        except nats.js.errors.NoStreamResponseError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 class Pulled:
