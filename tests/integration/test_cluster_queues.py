@@ -180,7 +180,24 @@ def test_client_ack_is_cumulative_and_unacked_messages_move_to_another_node(star
     assert drain(second, 0.5) == []
 
 
-def test_nack_redelivers_on_another_node_then_dead_letters(start_nodes):
+def waiting_pulls(nats_cluster, cluster_name: str, queue: str) -> int:
+    """Pull requests waiting in JetStream for a queue's consumer (the nodes' credit not yet used)."""
+    import asyncio
+
+    import nats
+
+    async def ask():
+        nc = await nats.connect(nats_cluster.urls[0])
+        try:
+            stream = shards.stream_name(cluster_name, shards.QUEUES, 6, shards.shard_of(queue, 6), DEFAULT_PACK)
+            consumer = "q_" + queue.replace("/", "%2F")
+            return (await nc.jetstream(timeout=10).consumer_info(stream, consumer)).num_waiting
+        finally:
+            await nc.close()
+    return asyncio.run(ask())
+
+
+def test_nack_redelivers_on_another_node_then_dead_letters(start_nodes, nats_cluster, cluster_name):
     nodes = start_nodes(3, "max_redeliveries=1")
     dlq = wire(nodes[0])
     dlq.frame("SUBSCRIBE", {"destination": "/queue/DLQ", "id": "d", "receipt": "d"})
@@ -194,10 +211,14 @@ def test_nack_redelivers_on_another_node_then_dead_letters(start_nodes):
     assert dlq.read()[0] == "RECEIPT"
     first = a.read(10)
     assert first[2] == b"bad" and "redelivered" not in first[1]
+    before = waiting_pulls(nats_cluster, cluster_name, "/queue/poison")
     b = wire(nodes[2])
     b.frame("SUBSCRIBE", {"destination": "/queue/poison", "id": "b", "ack": "client-individual", "receipt": "b"})
     assert b.read()[0] == "RECEIPT"
-    time.sleep(0.3)  # (node 2's pull request waits in JetStream before node 1's next one)
+    deadline = time.monotonic() + 10  # node 2's pull request waits in JetStream before node 1's next one
+    while waiting_pulls(nats_cluster, cluster_name, "/queue/poison") <= before:
+        assert time.monotonic() < deadline, "node 2's pull never reached JetStream"
+        time.sleep(0.05)
     a.frame("NACK", {"id": first[1]["ack"]})
     again = b.read(10)                         # JetStream gives it to the other node's waiting pull
     assert again[2] == b"bad" and again[1]["redelivered"] == "true"
