@@ -622,6 +622,10 @@ def test_a_durable_a_client_ends_on_one_node_is_dropped_by_the_nodes_it_was_on_b
     nodes = start_nodes(3, *admin)
     away = feed(nodes[0])
     away.close()
+    deadline = time.monotonic() + 10   # (n0 has seen its client go: a drop finds it detached)
+    while any(s["attached"] for s in Api(nodes[0]).ok("GET", "/api/subscriptions")["items"] if s["durable"]):
+        assert time.monotonic() < deadline, "n0 did not see its client of the durable go"
+        time.sleep(0.05)
     client = feed(nodes[2])
     assert [durables(n) for n in nodes] == [[FEED], [], [FEED]]
     client.conn.unsubscribe(id="f", headers={"receipt": "gone"})
