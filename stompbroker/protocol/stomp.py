@@ -41,11 +41,15 @@ def _fail(message: str, detail: str, head: bytes) -> ProtocolError:
     return ProtocolError(message, detail, _receipt(head))
 
 
+def _pure_python_asked() -> bool:
+    return os.environ.get("STOMPBROKER_PURE_PYTHON", "") not in ("", "0")
+
+
 def _compiled_split():
     """``_framesplit.split``: the common case of ``_parse_into`` in C. None where it was not built (no C
     compiler at install: the setup goes on without it) or is turned off (STOMPBROKER_PURE_PYTHON=1, to
     compare or rule it out); the parser then does it all in Python, with the same results."""
-    if os.environ.get("STOMPBROKER_PURE_PYTHON", "") not in ("", "0"):
+    if _pure_python_asked():
         return None
     try:
         from ._framesplit import split
@@ -58,7 +62,7 @@ def splitter() -> str | None:
     """Why frames are split in pure Python here (for the broker's log at start), or None: compiled."""
     if FrameParser.split is not None:
         return None
-    if os.environ.get("STOMPBROKER_PURE_PYTHON", "") not in ("", "0"):
+    if _pure_python_asked():
         return "STOMPBROKER_PURE_PYTHON is set"
     return "stompbroker/protocol/_framesplit.c was not built (no C compiler at install: see README)"
 
