@@ -83,24 +83,32 @@ def enqueue(b, name: str, message: Message) -> int:
 def hand_over(b, queue: Queue, message: Message) -> bool:
     """A message for a queue where nothing waits, given to the next consumer with room that accepts
     it, as ``pump`` would give it; False (nothing done) when there is none: the pump decides then."""
-    subs = consumers(b, queue)
+    sub, queue.rr, _ = next_taker(consumers(b, queue), queue.rr, message.headers, None)
+    if sub is None:
+        return False
+    b.examined += 1
+    b.stats["messages_delivered"] += 1
+    if deliver(b, sub, message, queue):  # outbox over its limit: drained before what follows
+        b.unfinished.append((pump, (queue, False)))
+    if not queue.unacked:
+        drop_if_idle(b, queue)
+    return True
+
+
+def next_taker(subs: tuple, rr: int, headers: dict, skip) -> tuple:
+    """(the first consumer from ``rr`` on, round-robin, with room that accepts a message of
+    ``headers`` and is not ``skip``, or None; the round-robin position after it, else ``rr``;
+    whether any consumer had room)."""
     n = len(subs)
-    rr = queue.rr
-    headers = message.headers
+    room = False
     for i in range(n):
         sub = subs[(rr + i) % n]
         if sub.prefetch and len(sub.unacked) >= sub.prefetch:  # (Subscription.has_room, inlined)
             continue
-        if sub.accepts is None or sub.accepts(headers):
-            queue.rr = (rr + i + 1) % n
-            b.examined += 1
-            b.stats["messages_delivered"] += 1
-            if deliver(b, sub, message, queue):  # outbox over its limit: drained before what follows
-                b.unfinished.append((pump, (queue, False)))
-            if not queue.unacked:
-                drop_if_idle(b, queue)
-            return True
-    return False
+        room = True
+        if sub is not skip and (sub.accepts is None or sub.accepts(headers)):
+            return sub, (rr + i + 1) % n, True
+    return None, rr, room
 
 
 def persist(b, queue: Queue, message: Message, log: bool = True) -> None:
@@ -164,7 +172,6 @@ def pump(b, queue: Queue, room: bool = False) -> int:
 
 def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) -> tuple[int, int]:
     """Deliver from ``source`` while some consumer has room; returns (deliveries, budget left)."""
-    n = len(subs)
     still_blocked = []
     delivered = parked = 0
     now = b.now
@@ -184,15 +191,8 @@ def scan(b, queue: Queue, subs: tuple, source, budget: int, room: bool = False) 
             chosen, any_room = chooser.choose(subs, message, avoid)
         # A NACKed message goes to another subscriber if any: a first pass skips the one it avoids.
         for skip in () if chooser is not None else (avoid, None) if avoid is not None else (None,):
-            for i in range(n):
-                sub = subs[(rr + i) % n]
-                if sub.prefetch and len(sub.unacked) >= sub.prefetch:  # (Subscription.has_room, inlined)
-                    continue
-                any_room = True
-                if sub is not skip and (sub.accepts is None or sub.accepts(headers)):
-                    chosen = sub
-                    rr = (rr + i + 1) % n
-                    break
+            chosen, rr, some_room = next_taker(subs, rr, headers, skip)
+            any_room = any_room or some_room
             if chosen is not None:
                 break
         if not any_room:
