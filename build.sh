@@ -38,7 +38,7 @@ install() {
     echo "$want" >"$stamp"
 }
 
-# The install compiles the STOMP frame splitter (stompbroker/protocol/_framesplit.c): a C compiler and
+# The install compiles the STOMP frame splitter and head decoder (stompbroker/protocol/*.c): a C compiler and
 # Python's headers. Without them pip goes on and the broker parses in pure Python (slower).
 need_cc() {
     local headers
@@ -47,7 +47,7 @@ need_cc() {
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev python3-dev >/dev/null
     else
-        echo "build.sh: no C compiler or Python headers: the frame splitter stays pure Python (e.g. apt-get install gcc python3-dev)" >&2
+        echo "build.sh: no C compiler or Python headers: the frame splitter and head decoder stay pure Python (e.g. apt-get install gcc python3-dev)" >&2
     fi
 }
 

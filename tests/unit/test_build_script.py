@@ -20,7 +20,8 @@ echo "broker $@"
 
 
 def project(tmp_path):
-    for name in ("build.sh", "setup.cfg", "pyproject.toml", "setup.py", "stompbroker/protocol/_framesplit.c"):
+    for name in ("build.sh", "setup.cfg", "pyproject.toml", "setup.py", "stompbroker/protocol/_framesplit.c",
+                 "stompbroker/protocol/_headparse.c"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
     bin_dir = tmp_path / ".venv" / "bin"
@@ -52,10 +53,11 @@ def test_run_installs_only_the_broker_and_only_once(tmp_path):
         f.write("\n# a change\n")
     result, calls = run(p, "run")
     assert [c for c in calls if " install " in f" {c} "], calls  # setup.cfg changed: install again
-    with open(p / "stompbroker/protocol/_framesplit.c", "a") as f:
-        f.write("\n/* a change */\n")
-    result, calls = run(p, "run")
-    assert [c for c in calls if " install " in f" {c} "], calls  # the C source changed: compiled again
+    for source in ("_framesplit.c", "_headparse.c"):
+        with open(p / "stompbroker/protocol" / source, "a") as f:
+            f.write("\n/* a change */\n")
+        result, calls = run(p, "run")
+        assert [c for c in calls if " install " in f" {c} "], (source, calls)  # the C source changed: compiled again
 
 
 def test_analysis_installs_analysis_and_notebook_extras(tmp_path):

@@ -128,15 +128,17 @@ def test_a_head_fed_byte_by_byte_is_not_rescanned_by_the_splitter(monkeypatch):
 
 def test_pure_python_when_turned_off(monkeypatch):
     monkeypatch.setenv("STOMPBROKER_PURE_PYTHON", "1")
-    assert stomp._compiled_split() is None
+    assert stomp._compiled("_framesplit", "split") is None
     monkeypatch.setenv("STOMPBROKER_PURE_PYTHON", "0")
-    assert stomp._compiled_split() is split
+    assert stomp._compiled("_framesplit", "split") is split
 
 
-def test_the_log_line_says_why_frames_are_split_in_pure_python(monkeypatch):
-    assert stomp.splitter() is None
+def test_the_log_line_says_why_frames_are_split_or_heads_decoded_in_pure_python(monkeypatch):
+    assert stomp.why_pure_python() is None
     monkeypatch.setattr(FrameParser, "split", None)
     monkeypatch.delenv("STOMPBROKER_PURE_PYTHON", raising=False)
-    assert "was not built" in stomp.splitter()
+    assert stomp.why_pure_python() == "stompbroker/protocol/_framesplit.c not built (no C compiler at install: see README)"
+    monkeypatch.setattr(stomp, "_PARSE_HEAD", None)
+    assert "_framesplit.c and stompbroker/protocol/_headparse.c not built" in stomp.why_pure_python()
     monkeypatch.setenv("STOMPBROKER_PURE_PYTHON", "1")
-    assert stomp.splitter() == "STOMPBROKER_PURE_PYTHON is set"
+    assert stomp.why_pure_python() == "STOMPBROKER_PURE_PYTHON is set"

@@ -535,7 +535,18 @@ def test_rendered_frames_parse_back_whatever_the_chunking(frames, cuts, crlf_bea
         assert parse_head(head, True) == (cmd, expected)
 
 
-def test_a_remembered_head_decodes_as_parse_head_does_and_each_caller_gets_its_own_dict():
+@pytest.fixture(params=["compiled", "pure"])
+def head_decoder(request, monkeypatch):
+    """parse_head_cached both ways: the C decoder (no table), and pure Python (the table)."""
+    from stompbroker.protocol import stomp
+    if request.param == "pure":
+        monkeypatch.setattr(stomp, "_PARSE_HEAD", None)
+    else:
+        assert stomp._PARSE_HEAD is not None
+    return request.param
+
+
+def test_a_remembered_head_decodes_as_parse_head_does_and_each_caller_gets_its_own_dict(head_decoder):
     from stompbroker.protocol import stomp
     heads = [b"SEND\ndestination:/queue/a\ncontent-length:3", b"SEND\ndestination:/queue/a\\cb\nx:\\n",
              b"SUBSCRIBE\nid:1\ndestination:/topic/t\nid:2", b"SEND\ndestination:/queue/" + b"x" * 600]
@@ -556,8 +567,10 @@ def test_a_remembered_head_decodes_as_parse_head_does_and_each_caller_gets_its_o
 
 
 def test_numbered_receipts_do_not_defeat_the_head_cache(monkeypatch):
-    """Heads that differ only in their receipt are decoded once; each gets its own receipt back."""
+    """Heads that differ only in their receipt are decoded once; each gets its own receipt back
+    (pure Python: the C decoder keeps no table)."""
     from stompbroker.protocol import stomp
+    monkeypatch.setattr(stomp, "_PARSE_HEAD", None)
     stomp._HEADS[True].clear()
     decoded = []
     real = stomp.parse_head
@@ -583,7 +596,7 @@ def test_numbered_receipts_do_not_defeat_the_head_cache(monkeypatch):
     b"SEND\ndestination:/topic/t\nreceipt:7\nx:\\q",                 # a bad escape elsewhere
     b"SEND\ndestination:/topic/t\nreceipt:a\\q",                     # a bad escape in the receipt
 ])
-def test_a_head_with_a_receipt_decodes_as_parse_head_does(head):
+def test_a_head_with_a_receipt_decodes_as_parse_head_does(head, head_decoder):
     from stompbroker.protocol import stomp
     for unescape in (True, False):
         for _ in range(2):  # decoded, then remembered
