@@ -191,7 +191,7 @@ class Broker:
         self.stats["frames_in"] += 1
         again = self.again
         if again is not None and again[0] is session and again[1] == head:
-            self.send_again(session, again[2], again[3], body)
+            self.send_again(session, again[2], again[3], body, again[4])
             return
         self.again = None
         gate = session.gate
@@ -235,14 +235,14 @@ class Broker:
         if self.ending:
             sessions.end_closed(self)
 
-    def send_again(self, session: Session, destination: str, headers: dict, body: bytes) -> None:
+    def send_again(self, session: Session, destination: str, headers: dict, body: bytes, only_topic: bool) -> None:
         """A SEND with the head of the session's plain SEND before it: what depends only on the head
         (its decoding, the command, the destination's checks) holds; what may have changed since is
         checked again (``routing.send_plain``), with the message's own copy of the headers."""
         if self.store is not None:
             self.ops_mark = self.store.ops
         try:
-            routing.send_plain(self, session, destination, headers.copy(), body)
+            routing.send_plain(self, session, destination, headers, body, True, only_topic)
         except ProtocolError as exc:
             replies.error(self, session, exc.message, exc.detail, exc.receipt)
         if self.ending:

@@ -27,8 +27,9 @@ SCHEDULED = frozenset(schedule.NAMES)
 
 def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple | None:
     """Check and route a SEND. A plain one (no receipt, temporary destination, special header or
-    DIAG destination) returns (destination, headers) as they were before routing, for the next
-    SEND with the same head (``Broker.send_again``)."""
+    DIAG destination) returns (destination, headers as they were before routing, whether only a
+    topic's subscriptions can take it: ``topic_only``), for the next SEND with the same head
+    (``Broker.send_again``)."""
     # The common SEND (no temporary destination, no permissions, memory store, no special header)
     # costs one test per rule here: each rule's function runs only when it can apply.
     receipt = headers.get("receipt")
@@ -36,7 +37,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple
     temp = destination.startswith(TEMP_PREFIXES)
     special = not SPECIAL.isdisjoint(headers)
     if not (temp or special or receipt is not None or destination.startswith(DIAG_PREFIX)):
-        plain = (destination, headers.copy())  # (a message's headers are its own once routed)
+        plain = (destination, headers.copy(), topic_only(destination, headers))  # (a message's headers are its own once routed)
         send_plain(b, session, destination, headers, body)
         return plain
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
@@ -58,13 +59,37 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple
     return None
 
 
-def send_plain(b, session: Session, destination: str, headers: dict, body: bytes) -> None:
+def send_plain(b, session: Session, destination: str, headers: dict, body: bytes, copy: bool = False,
+               only_topic: bool = False) -> None:
     """A plain SEND: what may change from one SEND to the next (the session's permissions, the
-    store's health, the queue's room) is checked, then it is published."""
+    store's health, the queue's room) is checked, then it is published (``copy``: with a copy of
+    ``headers``). ``only_topic`` (``topic_only`` of its head): where nothing subscribes to the topic
+    and nothing else could keep the message, it is counted as published and dropped, as publish
+    would, without making a message."""
     if b.auth is not None or b.config.diag_admin_only:
         permissions.allowed(b, session, destination, write=True, receipt=None)
+    subs = None
+    if only_topic:
+        subs = b.index.match(destination)
+        if not subs and not (b.unfinished or b.durables or b.stale is not None or b.backplane is not None):
+            stats = b.stats
+            stats["messages_published"] += 1
+            stats["messages_dropped"] += 1
+            return
     check_accepts(b, destination, headers, None)
-    publish(b, destination, headers, body, sender=session)
+    publish(b, destination, headers.copy() if copy else headers, body, sender=session, subs=subs)
+
+
+# Destinations publish routes elsewhere than to a topic's subscriptions, kept or dropped.
+NOT_TOPIC = (QUEUE_PREFIX, WORKER_PREFIX, DIAG_PREFIX, *REPLY_PREFIXES)
+
+
+def topic_only(destination: str, headers: dict) -> bool:
+    """Whether a plain SEND of this head can only reach its topic's subscriptions (or durable
+    subscriptions, the stale queue or other nodes, which ``send_plain`` looks at for each): no
+    queue, worker, DIAG or temporary destination, no de-duplication id, nothing for the store's log."""
+    return not destination.startswith(NOT_TOPIC) and dedup.HEADER not in headers \
+        and headers.get("persistent") != "true"
 
 
 def check_accepts(b, destination: str, headers: dict, receipt) -> None:
@@ -230,10 +255,11 @@ def store_refuses(b, destination: str, headers: dict) -> bool:
 
 
 def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.0, origin: str | None = None,
-            sender=None) -> int:
+            sender=None, subs: tuple | None = None) -> int:
     """Route one message; returns the number of deliveries made now. ``origin``: the id of a message
     another node of the cluster published (delivered here only, never kept or sent on). ``sender``:
     its sender's session, whose replies wait while the message waits for the cluster (cluster mode).
+    ``subs``: the destination's subscriptions, where the caller has just looked them up.
 
     While an earlier part of the event is unfinished (stopped over an outbox's limit), the whole
     publish waits its turn in ``Broker.unfinished``, so no delivery overtakes an earlier one.
@@ -272,7 +298,8 @@ def publish(b, destination: str, headers: dict, body: bytes, expires: float = 0.
                 discard(b, durable.queue, durable.queue.pop_oldest())  # oldest goes
             pump(b, durable.queue)
             kept += 1
-    subs = b.index.match(destination)
+    if subs is None:
+        subs = b.index.match(destination)
     if origin is not None:
         kept += 1  # from another node: delivered here or nowhere, never kept nor sent on
     elif b.backplane is not None:

@@ -104,3 +104,60 @@ def test_sends_with_a_receipt_or_in_a_transaction_are_never_repeated():
     assert rig.bodies(2) == [b"1", b"2"]  # the transaction's wait for its COMMIT
     rig.frame(1, "COMMIT", transaction="t")
     assert rig.bodies(2) == [b"3", b"4"]
+
+
+def counting_messages(monkeypatch) -> list:
+    from stompbroker.broker import routing
+    made = []
+
+    class Counted(routing.Message):
+        __slots__ = ()
+
+        def __init__(self, *args):
+            made.append(args[1])
+            super().__init__(*args)
+
+    monkeypatch.setattr(routing, "Message", Counted)
+    return made
+
+
+def test_a_repeated_head_to_a_topic_nobody_hears_is_counted_and_dropped_without_a_message(monkeypatch):
+    rig = Rig()
+    rig.connect(1)
+    made = counting_messages(monkeypatch)
+    for body in (b"1", b"2", b"3"):
+        rig.broker.on_frame(1, HEAD, body, rig.now)
+    assert made == ["/topic/a"]  # the first SEND only: it took the whole route
+    stats = rig.broker.stats
+    assert stats["messages_published"] == 3 and stats["messages_dropped"] == 3
+    assert rig.commands(1) == []
+
+
+def test_a_repeated_head_to_a_topic_that_someone_would_keep_or_hear_is_published(monkeypatch):
+    rig = Rig()
+    rig.connect(1)
+    rig.connect(2)
+    rig.subscribe(2, "/topic/a", sub_id="d", durable="true")   # a durable subscription, detached below
+    rig.frame(2, "DISCONNECT")
+    rig.broker.on_closed(2)
+    rig.broker.on_frame(1, HEAD, b"1", rig.now)
+    rig.broker.on_frame(1, HEAD, b"2", rig.now)
+    (durable,) = rig.broker.durables.values()
+    assert [m.body for m in durable.queue.messages] == [b"1", b"2"]
+    rig.connect(3)
+    run = rig.broker.again
+    rig.subscribe(3, "/topic/a", sub_id="t")
+    rig.broker.again = run  # (a subscription made without a frame of the run between: as an operator's action would)
+    rig.take(3)
+    rig.broker.on_frame(1, HEAD, b"3", rig.now)
+    assert rig.bodies(3) == [b"3"]
+
+
+def test_a_persistent_or_deduplicated_topic_send_or_a_queue_send_never_takes_the_dropping_path():
+    from stompbroker.broker import routing
+    assert routing.topic_only("/topic/a", {"destination": "/topic/a"})
+    assert routing.topic_only("/topic/a", {"persistent": "false"})
+    assert not routing.topic_only("/topic/a", {"persistent": "true"})  # the store logs it for replay
+    assert not routing.topic_only("/topic/a", {routing.dedup.HEADER: "x"})
+    for destination in ("/queue/a", "#work", "DIAG", "/reply-queue/x"):
+        assert not routing.topic_only(destination, {})
