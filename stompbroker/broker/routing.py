@@ -37,7 +37,8 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple
     temp = destination.startswith(TEMP_PREFIXES)
     special = not SPECIAL.isdisjoint(headers)
     if not (temp or special or receipt is not None or destination.startswith(DIAG_PREFIX)):
-        plain = (destination, headers.copy(), topic_only(destination, headers))  # (a message's headers are its own once routed)
+        # (a message's headers are its own once routed)
+        plain = (destination, headers.copy(), topic_only(destination, headers))
         send_plain(b, session, destination, headers, body)
         return plain
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)

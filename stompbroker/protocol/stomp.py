@@ -63,8 +63,8 @@ def why_pure_python() -> str | None:
     None: compiled."""
     if _pure_python_asked():
         return "STOMPBROKER_PURE_PYTHON is set"
-    missing = [f"stompbroker/protocol/{m}.c" for m, f in (("_framesplit", FrameParser.split), ("_headparse", _PARSE_HEAD))
-               if f is None]
+    built = (("_framesplit", FrameParser.split), ("_headparse", _PARSE_HEAD))
+    missing = [f"stompbroker/protocol/{module}.c" for module, function in built if function is None]
     if missing:
         return f"{' and '.join(missing)} not built (no C compiler at install: see README)"
     return None
