@@ -82,7 +82,8 @@ class FrameParser:
     between the blank line and the NUL.  Nothing is decoded here.
     """
 
-    split = _compiled("_framesplit", "split")  # (a class attribute: a subclass may set None, as the tests' pure parser does)
+    # (a class attribute: a subclass may set None, as the tests' pure parser does)
+    split = _compiled("_framesplit", "split")
 
     __slots__ = ("max_frame_size", "max_headers", "max_header_line", "max_names", "heartbeats",
                  "_buf", "_pending", "_error")

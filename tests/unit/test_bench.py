@@ -425,7 +425,8 @@ def test_a_commit_extracted_for_compare_gets_its_c_modules_compiled_as_the_insta
     where, commit = compare.extract_ref("HEAD", root, str(tmp_path / "tree"))
     sources = glob.glob(os.path.join(where, "stompbroker", "**", "*.c"), recursive=True)
     assert sources and len(commit) == 40
-    done = subprocess.run([sys.executable, "-c", "import stompbroker.protocol.stomp as s; print(s.__file__, s.FrameParser.split)"],
+    probe = "import stompbroker.protocol.stomp as s; print(s.__file__, s.FrameParser.split)"
+    done = subprocess.run([sys.executable, "-c", probe],
                           env={**os.environ, "PYTHONPATH": where}, cwd=str(tmp_path), capture_output=True, text=True)
     path, split = done.stdout.split(" ", 1)
     assert path.startswith(where) and "built-in function split" in split, done
