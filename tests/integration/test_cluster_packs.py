@@ -82,14 +82,22 @@ def nothing_more(w: Wire, wait: float = 1.0) -> list:
 
 
 def stream_state(nats_cluster, name: str) -> tuple[int, int]:
-    """(messages in the stream now, JetStream messages it ever stored: its last sequence number)."""
+    """(messages in the stream now, JetStream messages it ever stored: its last sequence number).
+    Asked again for up to 30 s: a stream whose leader is being elected, or a server slowed by a
+    loaded machine, does not answer at once (a CI run saw one request go unanswered for 10 s)."""
     import nats
 
     async def main():
         nc = await nats.connect(servers=[s.url for s in nats_cluster.servers if s.running])
+        deadline = time.monotonic() + 30
         try:
-            state = (await nc.jetstream(timeout=10).stream_info(name)).state
-            return state.messages, state.last_seq
+            while True:
+                try:
+                    state = (await nc.jetstream(timeout=10).stream_info(name)).state
+                    return state.messages, state.last_seq
+                except TimeoutError:   # (nats.errors.TimeoutError and asyncio.TimeoutError too)
+                    if time.monotonic() > deadline:
+                        raise
         finally:
             await nc.close()
     return asyncio.run(main())
