@@ -169,6 +169,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_tls_key", str, "", "PEM private key for cluster_tls_cert"),
     Setting("cluster_replicas", _int, 0, "copies JetStream keeps of queue and durable streams (0 = 3 when the NATS cluster has at least 3 servers, else 1)"),
     Setting("cluster_streams", _int, 6, "shards of queues and of durable/replay topic messages: each destination lives in one of this many JetStream streams of each kind, by a hash of its name, and their leaders are spread over the NATS servers (1 = one stream of each kind; give every node the same; see docs/cluster.md for changing it)"),
+    Setting("cluster_placement_tags", _list, "", "comma list of NATS server tags (each server's server_tags) to place the shards by: shard i of each kind goes to the servers carrying tag number i mod the count. With one copy (cluster_replicas=1) JetStream places a stream by free storage and never moves it, so shards can crowd on a few servers; one tag per server spreads them evenly. A tag must be carried by as many servers as there are copies. Changing the tags moves the existing streams (JetStream copies them over, nothing is lost). Empty = JetStream places them; give every node the same; see docs/cluster.md"),
     Setting("cluster_pack_max", _int, 16, "under load, up to this many queue messages of one destination go to JetStream as one message (those one round of the dispatcher has for it; a quiet node sends each at once): a fraction of JetStream's work per message. An auto-ack consumer pulls up to 4 packs ahead (at least 64 messages). A queue then holds at most max_queue_messages // cluster_pack_max JetStream messages, so between that many and max_queue_messages messages before a SEND gets 'queue full' (fewer per pack when max_queue_messages is under 1000 x this; 1 = one message each, the limit exact; give every node the same; see docs/cluster.md)"),
     Setting("cluster_topic_pack_max", _int, 64, "under load, up to this many topic messages that one round of the dispatcher publishes in a row to one destination go to NATS as one message (a quiet node sends each at the end of its round): a fraction of NATS's and the bridges' work per message, order kept; 1 = each message alone (every node reads both)"),
     Setting("cluster_ack_wait_ms", _int, 30_000, "a queue message delivered by a node and not acknowledged within this is redelivered elsewhere (a dead node's unacked messages come back after it)"),
@@ -371,6 +372,11 @@ def validate(values: dict) -> None:
             raise ValueError(f"{name} must be positive, got {values[name]}")
     if not 1 <= values["cluster_streams"] <= MAX_CLUSTER_STREAMS:
         raise ValueError(f"cluster_streams must be 1 to {MAX_CLUSTER_STREAMS}, got {values['cluster_streams']}")
+    if len(values["cluster_placement_tags"]) > MAX_CLUSTER_STREAMS:
+        raise ValueError(f"cluster_placement_tags: at most {MAX_CLUSTER_STREAMS} tags (one per shard)")
+    for tag in values["cluster_placement_tags"]:
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", tag):
+            raise ValueError(f"cluster_placement_tags: a tag is 1 to 64 letters, digits and _ . : -, got {tag!r}")
     if not 1 <= values["cluster_pack_max"] <= MAX_CLUSTER_PACK:
         raise ValueError(f"cluster_pack_max must be 1 to {MAX_CLUSTER_PACK}, got {values['cluster_pack_max']}")
     if not 1 <= values["cluster_topic_pack_max"] <= MAX_CLUSTER_PACK:

@@ -486,6 +486,12 @@ def parse_cluster_args(argv):
                    help="--scale: cores for each node and its NATS server (a cgroup each)")
     p.add_argument("--scale-consumers", type=int, default=2,
                    help="--scale: consumers (subscribers) of each node's destination, on the next node")
+    p.add_argument("--scale-destinations", type=int, default=1,
+                   help="--scale: destinations of each node, each with its own producer and consumers (a few "
+                        "destinations hash onto the shards unevenly; more spread them)")
+    p.add_argument("--placement-tags", action=argparse.BooleanOptionalAction, default=True,
+                   help="--scale: at one copy, tag the NATS servers and place shard i on server i mod N "
+                        "(cluster_placement_tags); else JetStream places them by free storage")
     p.add_argument("--scale-kinds", default="queue,topic", help="--scale: traffic kinds, queue and/or topic")
     p.add_argument("--r3", action="store_true", help="--scale: also cluster_replicas=3 queue runs where N >= 3")
     p.add_argument("-h", "--help", action="store_true")

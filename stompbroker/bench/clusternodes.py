@@ -81,12 +81,16 @@ class Cluster:
     """A NATS cluster and ``n`` broker nodes on it, for one run."""
 
     def __init__(self, n: int, nats_servers: int, node_args: list[str], extra_env: dict | None = None,
-                 own_server: bool = False):
+                 own_server: bool = False, tagged: bool = False):
         """``own_server``: node i is given NATS server i (modulo their number) alone, as a node
-        beside its own NATS server would be (it still learns the others for reconnecting)."""
+        beside its own NATS server would be (it still learns the others for reconnecting).
+        ``tagged``: NATS server i carries the tag ``server<i>`` and the nodes place shard i on
+        server i mod their number (``cluster_placement_tags``)."""
         from ..tools.natscluster import NatsCluster
 
-        self.nats = NatsCluster(nats_servers)
+        self.nats = NatsCluster(nats_servers, tagged=tagged)
+        if tagged:
+            node_args = [*node_args, f"cluster_placement_tags={','.join(self.nats.tags)}"]
         self.name = f"bench{os.getpid()}x{time.monotonic_ns() % 10**9}"
         # the nodes' queue layout: shard count and pack size (cluster/shards.py: which stream holds a queue)
         self.streams = setting(node_args, "cluster_streams")

@@ -22,7 +22,7 @@ import os
 import time
 
 from .cgroups import CgroupError, CpuGroup
-from .clusternodes import Cluster, Keepers, Nodes, target_of
+from .clusternodes import Cluster, Keepers, Nodes, setting, target_of
 from .procs import SpawnedBroker
 from .report import new_result
 from .wire import BenchError
@@ -44,20 +44,38 @@ def groups_for(n: int, cores: float, tag: str) -> list[CpuGroup]:
     return groups
 
 
-def load(runner, kind: str, nodes: list, k: int, transport: str) -> tuple[list, list, int]:
-    """Producer specs, consumer specs and deliveries per SEND: node i's producer to destination i,
-    its ``k`` consumers on node i+1 (mod the node count)."""
+def destinations(runner, kind: str, i: int, d: int) -> list[str]:
+    """Node i's ``d`` destinations."""
+    base = f"/{kind}/bench-{runner.run_id}-scale-{i}"
+    return [base] if d == 1 else [f"{base}-{j}" for j in range(d)]
+
+
+def load(runner, kind: str, nodes: list, k: int, d: int, transport: str) -> tuple[list, list, int]:
+    """Producer specs, consumer specs and deliveries per SEND: node i has ``d`` destinations, each
+    with its own producer on node i and ``k`` consumers on node i+1 (mod the node count)."""
     o = runner.opts
     n = len(nodes)
     producers, consumers = [], []
     for i in range(n):
-        dest = f"/{kind}/bench-{runner.run_id}-scale-{i}"
         there = target_of(nodes[(i + 1) % n], o)
-        consumers += runner.consumer_specs(there, transport, [[(dest, "0", [])] for _ in range(k)], 1)
-        headers = [("persistent", "true")] if kind == "queue" else []
-        producers.append(runner.producer_spec(target_of(nodes[i], o), transport, dest, fan=1 if kind == "queue" else k,
-                                              max_inflight=runner.inflight_cap(k), headers=headers))
+        for dest in destinations(runner, kind, i, d):
+            consumers += runner.consumer_specs(there, transport, [[(dest, "0", [])] for _ in range(k)], 1)
+            headers = [("persistent", "true")] if kind == "queue" else []
+            producers.append(runner.producer_spec(target_of(nodes[i], o), transport, dest,
+                                                  fan=1 if kind == "queue" else k,
+                                                  max_inflight=runner.inflight_cap(k), headers=headers))
     return producers, consumers, 1 if kind == "queue" else k
+
+
+def node_args(runner, scopts, n: int, replicas: int) -> tuple[list[str], bool]:
+    """The nodes' settings, and whether their NATS servers are tagged: at one copy, with
+    ``--placement-tags``, shard i goes to server i mod N, and the shard count is made a multiple of N
+    (the next one up) so that every server holds as many."""
+    args = list(runner.spawn_args) + [f"cluster_replicas={replicas}"]
+    if replicas != 1 or not scopts.placement_tags:
+        return args, False
+    streams = setting(args, "cluster_streams")
+    return args + [f"cluster_streams={-(-streams // n) * n}"], True
 
 
 def throttling(groups: list[CpuGroup], before: list[dict]) -> list[dict]:
@@ -71,16 +89,20 @@ def throttling(groups: list[CpuGroup], before: list[dict]) -> list[dict]:
 def one_run(runner, scopts, kind: str, n: int, replicas: int, transport: str) -> dict:
     """N cluster nodes (replicas R) under the quota, or n == 0: the standalone sqlite node."""
     o = runner.opts
-    k = scopts.scale_consumers
+    k, d = scopts.scale_consumers, scopts.scale_destinations
     standalone = n == 0
+    args, tagged = node_args(runner, scopts, n, replicas)
     label = "standalone" if standalone else f"{n}n-R{replicas}"
     name = f"cluster-scale-{kind}-{label}-{transport}"
     params = {"kind": kind, "nodes": max(n, 1), "standalone": standalone, "replicas": None if standalone else replicas,
-              "cpu_quota_cores": scopts.cpu_quota, "consumers_per_destination": k, "size": o.size,
+              "cpu_quota_cores": scopts.cpu_quota, "destinations_per_node": d, "consumers_per_destination": k,
+              "placement_tags": tagged, "cluster_streams": None if standalone else setting(args, "cluster_streams"),
+              "size": o.size,
               "duration": o.duration, "flow_control": runner.flow_label, "persistent": kind == "queue",
               "layout": ("one standalone node (store=sqlite): producer and consumers on it" if standalone else
-                         f"{n} nodes, each with its own NATS server, in a cgroup of {scopts.cpu_quota} cores; node i's "
-                         f"producer -> {k} consumers on node i+1")}
+                         f"{n} nodes, each with its own NATS server, in a cgroup of {scopts.cpu_quota} cores; "
+                         f"{d} destination(s) per node, each: a producer on node i -> {k} consumers on node i+1"
+                         + (", shards placed one per server by tags" if tagged else ""))}
 
     def body():
         groups = groups_for(max(n, 1), scopts.cpu_quota, f"{kind}{label}")
@@ -91,15 +113,15 @@ def one_run(runner, scopts, kind: str, n: int, replicas: int, transport: str) ->
                 groups[0].add_tree(broker.proc.pid)
                 nodes, measured = [broker], broker
             else:
-                cluster = Cluster(n, n, runner.spawn_args + [f"cluster_replicas={replicas}"], own_server=True)
+                cluster = Cluster(n, n, args, own_server=True, tagged=tagged)
                 for i, g in enumerate(groups):
                     g.add_tree(cluster.nodes[i].proc.pid)
                     g.add(cluster.nats.servers[i].proc.pid)
                 nodes, measured = cluster.nodes, Nodes(cluster.nodes, cluster.nats)
             time.sleep(0.5)
-            producers, consumers, fan = load(runner, kind, nodes, k, transport)
+            producers, consumers, fan = load(runner, kind, nodes, k, d, transport)
             if kind == "topic" and n > 1:  # each producer's node must know its subscribers' interest first
-                keepers = [Keepers(cluster, o, [f"/topic/bench-{runner.run_id}-scale-{i}"], [(i + 1) % n], source=i)
+                keepers = [Keepers(cluster, o, destinations(runner, kind, i, d), [(i + 1) % n], source=i)
                            for i in range(n)]
             before = [g.throttled() for g in groups]
             flow = runner.flow(name, producers, consumers, o.duration, measured, fan=fan)

@@ -55,16 +55,18 @@ REPLAY_CATCH_UP = 10.0     # seconds a replay waits for its consumer to reach th
 
 
 async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, work_queue: bool,
-                         max_age: float = 0.0, per_subject: int = 0) -> int:
+                         max_age: float = 0.0, per_subject: int = 0, tag: str = "") -> int:
     """Create (or update) a stream; returns the replicas it got. ``replicas`` 0 means 3 when the
     NATS cluster can hold them, else 1. ``per_subject``: the most messages one subject holds; a
-    publish over it is refused (discard-new per subject), never an older message dropped."""
+    publish over it is refused (discard-new per subject), never an older message dropped. ``tag``:
+    only servers carrying this tag hold it (a changed tag moves an existing stream there)."""
     limits = dict(max_msgs_per_subject=per_subject, discard=api.DiscardPolicy.NEW,
                   discard_new_per_subject=True) if per_subject else {}
     config = api.StreamConfig(**limits,
         name=name, subjects=subjects, storage=api.StorageType.FILE,
         retention=api.RetentionPolicy.WORK_QUEUE if work_queue else api.RetentionPolicy.LIMITS,
-        max_age=max_age or None, duplicate_window=min(DUPLICATE_WINDOW, max_age or DUPLICATE_WINDOW), num_replicas=replicas or 3)
+        max_age=max_age or None, duplicate_window=min(DUPLICATE_WINDOW, max_age or DUPLICATE_WINDOW), num_replicas=replicas or 3,
+        placement=api.Placement(tags=[tag]) if tag else None)
     tries = [config.num_replicas] if replicas else [3, 1]
     for i, n in enumerate(tries):
         config.num_replicas = n
@@ -539,14 +541,18 @@ class QueueBridge:
             return [shards.subject_root(self.cluster, kind, self.shards, i,
                                         self.pack if kind == shards.QUEUES else 1) + ".>"]
         limit = packs.queue_limit(self.config)   # (in packs: never more than max_queue_messages messages)
+        tags = getattr(self.config, "cluster_placement_tags", None) or []
+
+        def tag(i):
+            return tags[i % len(tags)] if tags else ""
         # the first one finds out how many replicas the NATS cluster takes
         self.replicas = await declare_stream(self.js, queues[0], subjects(shards.QUEUES, 0), self.replicas_hint,
-                                             work_queue=True, per_subject=limit)
+                                             work_queue=True, per_subject=limit, tag=tag(0))
         await asyncio.gather(
             *[declare_stream(self.js, name, subjects(shards.QUEUES, i), self.replicas or 1, work_queue=True,
-                             per_subject=limit) for i, name in enumerate(queues) if i],
+                             per_subject=limit, tag=tag(i)) for i, name in enumerate(queues) if i],
             *[declare_stream(self.js, name, subjects(shards.TOPICS, i), self.replicas or 1, work_queue=False,
-                             max_age=retention) for i, name in enumerate(topics)])
+                             max_age=retention, tag=tag(i)) for i, name in enumerate(topics)])
         log.info("JetStream: %d queue and %d topic streams ready (%d replicas)", len(queues), len(topics),
                  self.replicas)
 

@@ -68,8 +68,10 @@ def _get_json(url: str, timeout: float = 1.0) -> tuple[int, dict]:
 class NatsServer:
     """One server of the cluster: fixed ports and store dir, a process while running."""
 
-    def __init__(self, index: int, workdir: str, cluster_name: str, ports: tuple[int, int, int]):
+    def __init__(self, index: int, workdir: str, cluster_name: str, ports: tuple[int, int, int],
+                 tags: tuple[str, ...] = ()):
         self.index = index
+        self.tags = tags
         self.name = f"nats{index}"
         self.client_port, self.route_port, self.monitor_port = ports
         self.store_dir = os.path.join(workdir, self.name, "store")
@@ -89,10 +91,12 @@ class NatsServer:
 
     def write_config(self, route_ports: list[int]) -> None:
         routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in route_ports if p != self.route_port)
+        tags = "server_tags: [" + ", ".join(f'"{t}"' for t in self.tags) + "]\n" if self.tags else ""
         with open(self.config_path, "w") as f:
             f.write(
                 f'server_name: "{self.name}"\n'
-                f"listen: 127.0.0.1:{self.client_port}\n"
+                + tags
+                + f"listen: 127.0.0.1:{self.client_port}\n"
                 f"http: 127.0.0.1:{self.monitor_port}\n"
                 # a killed peer's clients move on quickly
                 "ping_interval: \"2s\"\nping_max: 2\n"
@@ -163,14 +167,17 @@ class NatsCluster:
     """``size`` clustered nats-server processes with JetStream on 127.0.0.1."""
 
     def __init__(self, size: int = 3, name: str | None = None, start: bool = True, timeout: float = 30.0,
-                 port: int = 0, workdir: str | None = None):
+                 port: int = 0, workdir: str | None = None, tagged: bool = False):
         """port=0: free ports; else clients on port+i, routes on port+2000+i, monitoring on port+4000+i.
-        workdir=None: store dirs in a temp dir deleted by close(); else kept there."""
+        workdir=None: store dirs in a temp dir deleted by close(); else kept there. tagged: server i
+        carries the tag ``server<i>`` (``tags``: the value for the broker's cluster_placement_tags)."""
         self.keep = workdir is not None
         self.workdir = workdir or tempfile.mkdtemp(prefix="stompbroker-nats-")
         self.name = name or f"test-{os.getpid()}-{time.monotonic_ns() % 10**9}"
         ports = free_ports(3 * size) if not port else [port + k * 2000 + i for i in range(size) for k in range(3)]
-        self.servers = [NatsServer(i, self.workdir, self.name, tuple(ports[3 * i:3 * i + 3])) for i in range(size)]
+        self.tags = [f"server{i}" for i in range(size)] if tagged else []
+        self.servers = [NatsServer(i, self.workdir, self.name, tuple(ports[3 * i:3 * i + 3]),
+                                   tuple(self.tags[i:i + 1])) for i in range(size)]
         route_ports = [s.route_port for s in self.servers]
         for s in self.servers:
             s.write_config(route_ports)

@@ -2,6 +2,8 @@
 
 - the shard count changed on a live cluster (a rolling restart from 2 to 3 shards under load):
   nothing receipted is lost or stranded: the old layout's streams drain to the same consumers;
+- single-copy shards placed by server tags (cluster_placement_tags), set by a rolling restart under
+  load: the existing streams move, one shard of each kind per server, nothing receipted lost;
 - five NATS servers and five nodes, each shard led by another server: kill -9 of the NATS server
   leading the busiest shard and of the node producing most into it, under load: 0 receipted lost,
   duplicates only redelivered, the producers go on within the election time.
@@ -170,6 +172,77 @@ def test_nodes_of_two_layouts_read_each_others_queues_durables_and_replay(start_
     reader.frame("SUBSCRIBE", {"destination": "/topic/kept", "id": "r", "replay-from": str(before)})
     replayed = sorted(reader.read(20)[2] for _ in range(2))
     assert replayed == [b"three", b"two"], replayed
+
+
+def one_queue_per_shard(n: int, prefix: str) -> list[str]:
+    queues, seen, i = [], set(), 0
+    while len(queues) < n:
+        q = f"/queue/{prefix}{i}"
+        if shards.shard_of(q, n) not in seen:
+            seen.add(shards.shard_of(q, n))
+            queues.append(q)
+        i += 1
+    return sorted(queues, key=lambda q: shards.shard_of(q, n))
+
+
+def test_placement_tags_move_single_copy_shards_one_per_server_under_load(start_broker, cluster_name):
+    with NatsCluster(4, tagged=True) as nats4:
+        def start(i: int, tagged: bool):
+            node = start_broker(f"cluster={nats4.url_setting}", f"cluster_name={cluster_name}", f"node_id=n{i}",
+                                "cluster_streams=4", "cluster_replicas=1", f"cluster_ack_wait_ms={ACK_WAIT_MS}",
+                                *([f"cluster_placement_tags={','.join(nats4.tags)}"] if tagged else []))
+            node.node = f"n{i}"
+            return node
+
+        queues = one_queue_per_shard(4, "placed")
+        streams = [shards.stream_name(cluster_name, shards.QUEUES, 4, i, DEFAULT_PACK) for i in range(4)]
+        streams += [shards.stream_name(cluster_name, shards.TOPICS, 4, i) for i in range(4)]
+        wanted = {name: f"nats{i % 4}" for i, name in enumerate(streams)}   # (shard i: the server tagged server<i>)
+        nodes = [start(i, False) for i in range(2)]
+        before = stream_leaders(nats4, streams)
+        load = Load(nodes, queues, lambda i: i % 2, lambda i: (i + 1) % 2)
+        for p in load.producers:
+            p.start()
+        try:
+            deadline = time.monotonic() + 10
+            while len(load.stats.receipted) < 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for i in range(2):   # the tags set by a rolling restart, under load; then the consumers
+                nodes[i].stop()
+                nodes[i] = start(i, True)
+            for c in load.consumers:
+                c.start()
+            for c in load.consumers:
+                assert c.subscribed.wait(10), c.failure
+            deadline = time.monotonic() + 60   # JetStream copies each stream over, then drops the old copy
+            while (after := stream_leaders(nats4, streams)) != wanted or not single_copies(nats4, streams):
+                assert time.monotonic() < deadline, (after, wanted)
+                time.sleep(0.5)
+            time.sleep(2.0)   # load on the moved streams
+        finally:
+            c = load.finish()
+        line = report("placement tags set by a rolling restart, 4 single-copy shards moved", c)
+        print(f"cluster placement, queue shards 0-3: before {[before[s] for s in streams[:4]]}, "
+              f"after {[after[s] for s in streams[:4]]}")
+        assert c["receipted"] > 300, line
+        assert c["lost"] == 0, line
+        assert c["duplicated_unflagged"] == 0, line
+        assert stream_messages(nats4, streams[:4]) == {name: 0 for name in streams[:4]}
+
+
+def single_copies(nats, names: list[str]) -> bool:
+    import asyncio
+
+    import nats as nats_py
+
+    async def main():
+        nc = await nats_py.connect(servers=[s.url for s in nats.servers if s.running])
+        try:
+            js = nc.jetstream(timeout=5)
+            return all([not (await js.stream_info(name)).cluster.replicas for name in names])
+        finally:
+            await nc.close()
+    return asyncio.run(main())
 
 
 def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_producer(start_nodes, cluster_name):

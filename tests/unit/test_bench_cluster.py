@@ -1,7 +1,9 @@
 """stompbroker-bench cluster: the pure parts (placement, the local-cost summary, options)."""
 
 from stompbroker.bench.cluster import SCENARIOS, local_summary, parse_cluster_args, queue_summary, remote_nodes
-from stompbroker.bench.scale import scale_chart, scale_summary, table
+from types import SimpleNamespace
+
+from stompbroker.bench.scale import destinations, node_args, scale_chart, scale_summary, table
 from stompbroker.bench.report import new_result, validate_result
 
 
@@ -108,6 +110,22 @@ def test_cluster_scale_options():
     _, copts, rest = parse_cluster_args(["--scale", "1,2,4", "--cpu-quota", "0.3", "--r3", "--duration", "4"])
     assert (copts.scale, copts.cpu_quota, copts.r3, copts.scale_consumers) == ("1,2,4", 0.3, True, 2)
     assert rest == ["--duration", "4"]
+    assert (copts.scale_destinations, copts.placement_tags) == (1, True)
+    _, copts, _ = parse_cluster_args(["--scale", "4", "--scale-destinations", "4", "--no-placement-tags"])
+    assert (copts.scale_destinations, copts.placement_tags) == (4, False)
+
+
+def test_scale_runs_place_single_copy_shards_by_tags_over_a_multiple_of_the_node_count():
+    runner = SimpleNamespace(spawn_args=["processors=2"], run_id="r1")
+    tags = SimpleNamespace(placement_tags=True)
+    assert node_args(runner, tags, 4, 1) == (["processors=2", "cluster_replicas=1", "cluster_streams=8"], True)
+    assert node_args(runner, tags, 2, 1) == (["processors=2", "cluster_replicas=1", "cluster_streams=6"], True)
+    assert node_args(runner, tags, 4, 3) == (["processors=2", "cluster_replicas=3"], False)
+    assert node_args(runner, SimpleNamespace(placement_tags=False), 4, 1)[1] is False
+    runner.spawn_args = ["cluster_streams=4"]
+    assert node_args(runner, tags, 4, 1)[0][-1] == "cluster_streams=4"
+    assert destinations(runner, "queue", 2, 1) == ["/queue/bench-r1-scale-2"]
+    assert destinations(runner, "topic", 0, 2) == ["/topic/bench-r1-scale-0-0", "/topic/bench-r1-scale-0-1"]
 
 
 def test_cpu_group_quota_where_cgroups_can_be_written():

@@ -27,13 +27,16 @@ def test_cluster_settings():
     config = make_config(cluster="nats://h1:4222, tls://h2:4222", node_id="n1")
     assert config.cluster == ["nats://h1:4222", "tls://h2:4222"]
     assert config.cluster_name == "stompbroker" and config.cluster_timeout_ms == 10000
-    assert make_config().cluster == []
+    assert make_config().cluster == [] and make_config().cluster_placement_tags == []
+    assert make_config(cluster_placement_tags="server0, az:b.1").cluster_placement_tags == ["server0", "az:b.1"]
     for bad, words in [({"cluster": "h1:4222", "node_id": "n"}, "nats://"),
                        ({"cluster": "nats://h:1"}, "needs a node_id"),
                        ({"cluster": "nats://h:1", "node_id": "a.b"}, "node_id"),
                        ({"cluster_name": "a.b"}, "cluster_name"),
                        ({"cluster_timeout_ms": "0"}, "cluster_timeout_ms"),
-                       ({"cluster_tls_cert": "c.pem"}, "cluster_tls_key")]:
+                       ({"cluster_tls_cert": "c.pem"}, "cluster_tls_key"),
+                       ({"cluster_placement_tags": "az 1"}, "cluster_placement_tags"),
+                       ({"cluster_placement_tags": ",".join(f"t{i}" for i in range(65))}, "at most 64")]:
         with pytest.raises(ValueError, match=words):
             make_config(**bad)
 
