@@ -19,6 +19,7 @@ same producer and consumers. The summary has the table (docs/performance.md) and
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 from .cgroups import CgroupError, CpuGroup
@@ -157,11 +158,12 @@ def cluster_scale(runner, copts, transport: str):
         plan = [(0, 0)] + [(n, 1) for n in sizes]
         if copts.r3 and kind == "queue":
             plan += [(n, 3) for n in sizes if n >= 3]
-        for n, replicas in plan:
-            res = one_run(runner, copts, kind, n, replicas, transport)
-            runs.append(res)
-            yield res
-            time.sleep(runner.opts.pause)
+        for _ in range(max(runner.opts.repeat, 1)):   # (rounds of the whole plan: the machine's drift hits all alike)
+            for n, replicas in plan:
+                res = one_run(runner, copts, kind, n, replicas, transport)
+                runs.append(res)
+                yield res
+                time.sleep(runner.opts.pause)
     summary = scale_summary(runs, transport, copts.cpu_quota)
     yield summary
     try:
@@ -177,9 +179,15 @@ def rate_of(res: dict) -> float | None:
     return res["rates"].get("deliveries_per_s")
 
 
+def _median(values: list):
+    values = sorted(v for v in values if v is not None)
+    return statistics.median(values) if values else None
+
+
 def scale_summary(runs: list[dict], transport: str, cores: float) -> dict:
     """Rows of (kind, nodes, replicas, msg/s, per node, vs standalone, vs one node), and the targets
-    at the largest node count."""
+    at the largest node count. With several runs of a setup (``--repeat``), its row has the medians
+    and the range of the rates."""
     res = new_result(f"cluster-scale-summary-{transport}", "cluster-scale-summary", transport,
                      {"cpu_quota_cores": cores,
                       "flow_control": next((r["parameters"].get("flow_control") for r in runs), None)})
@@ -188,25 +196,35 @@ def scale_summary(runs: list[dict], transport: str, cores: float) -> dict:
         mine = [r for r in runs if r["parameters"].get("kind") == kind]
         if not mine:
             continue
-        base = next((rate_of(r) for r in mine if r["parameters"]["standalone"]), None)
-        one = next((rate_of(r) for r in mine if not r["parameters"]["standalone"] and r["parameters"]["nodes"] == 1
-                    and r["parameters"]["replicas"] == 1), None)
+        setups: dict[tuple, list[dict]] = {}
         for r in mine:
             p = r["parameters"]
-            rate = rate_of(r)
-            n = p["nodes"]
-            cpu = r["broker"].get("cpu_s")
-            throttled = [t.get("throttled_s", 0.0) for t in (r.get("cgroups") or {}).get("throttling", [])]
-            held = (round(100 * max(throttled) / r["duration_s"]) if throttled and r.get("duration_s") else None)
-            rows.append({"kind": kind, "setup": "standalone sqlite" if p["standalone"] else f"cluster R{p['replicas']}",
-                         "nodes": n, "replicas": p["replicas"], "rate": rate,
+            setups.setdefault((p["standalone"], p["nodes"], p["replicas"]), []).append(r)
+        base = _median([rate_of(r) for r in setups.get((True, 1, None), [])])
+        one = _median([rate_of(r) for r in setups.get((False, 1, 1), [])])
+        for (standalone, n, replicas), group in setups.items():
+            rates = [rate_of(r) for r in group]
+            rate = _median(rates)
+            rate = round(rate) if rate is not None else None
+            per_message, held = [], []
+            for r in group:
+                cpu = r["broker"].get("cpu_s")
+                if cpu and r["counts"].get("delivered"):
+                    per_message.append(cpu / r["counts"]["delivered"] * 1e6)
+                throttled = [t.get("throttled_s", 0.0) for t in (r.get("cgroups") or {}).get("throttling", [])]
+                if throttled and r.get("duration_s"):
+                    held.append(100 * max(throttled) / r["duration_s"])
+            known = sorted(x for x in rates if x is not None)
+            rows.append({"kind": kind, "setup": "standalone sqlite" if standalone else f"cluster R{replicas}",
+                         "nodes": n, "replicas": replicas, "rate": rate, "runs": len(group),
+                         "range": [round(known[0]), round(known[-1])] if len(known) > 1 else None,
                          "per_node": round(rate / n) if rate else None,
                          "vs_standalone": round(rate / base, 2) if rate and base else None,
-                         "vs_one_node": (round(rate / one, 2) if rate and one and not p["standalone"] and p["replicas"] == 1
+                         "vs_one_node": (round(rate / one, 2) if rate and one and not standalone and replicas == 1
                                          else None),
-                         "cpu_us_per_message": round(cpu / r["counts"]["delivered"] * 1e6, 1)
-                         if cpu and r["counts"].get("delivered") else None,
-                         "held_pct": held, "status": r["status"]})
+                         "cpu_us_per_message": round(_median(per_message), 1) if per_message else None,
+                         "held_pct": round(_median(held)) if held else None,
+                         "status": "ok" if known else group[-1]["status"]})
         cluster_rows = [x for x in rows if x["kind"] == kind and x["replicas"] == 1]
         if cluster_rows:
             top = max(cluster_rows, key=lambda x: x["nodes"])
@@ -241,7 +259,8 @@ def table(summary: dict) -> str:
              "CPU µs per message | busiest node throttled |", "|---|---|---|---|---|---|---|---|---|"]
     for x in summary["counts"]["rows"]:
         f = lambda v, fmt="{:,}": "" if v is None else fmt.format(v)  # noqa: E731
-        lines.append(f"| {x['kind']} | {x['setup']} | {x['nodes']} | {f(x['rate'])} | {f(x['per_node'])} | "
+        rate = f(x["rate"]) + (" ({:,}-{:,})".format(*x["range"]) if x.get("range") else "")
+        lines.append(f"| {x['kind']} | {x['setup']} | {x['nodes']} | {rate} | {f(x['per_node'])} | "
                      f"{f(x['vs_standalone'], '{}x')} | {f(x['vs_one_node'], '{}x')} | {f(x['cpu_us_per_message'])} | "
                      f"{f(x.get('held_pct'), '{} %')} |")
     return "\n".join(lines)

@@ -98,6 +98,24 @@ def test_scale_summary_rows_ratios_and_the_targets_at_the_largest_node_count():
     assert "| queue | cluster R1 | 4 | 15,000 | 3,750 | 1.5x | 3.75x | 20.0 |  |" in text
 
 
+def test_scale_summary_of_repeated_runs_takes_each_setups_median():
+    runs = [scale_run("queue", 1, None, 10_000, standalone=True), scale_run("queue", 1, 1, 4_000),
+            scale_run("queue", 4, 1, 15_000),
+            scale_run("queue", 1, None, 14_000, standalone=True), scale_run("queue", 1, 1, 5_000),
+            scale_run("queue", 4, 1, 12_000),
+            scale_run("queue", 1, None, 12_000, standalone=True), scale_run("queue", 1, 1, 4_500),
+            scale_run("queue", 4, 1, 18_000)]
+    runs[-1]["status"] = "error"   # (a failed run is left out of the median)
+    res = scale_summary(runs, "tcp", 0.25)
+    rows = {(x["setup"], x["nodes"]): x for x in res["counts"]["rows"]}
+    assert len(rows) == 3 and rows[("standalone sqlite", 1)]["runs"] == 3
+    assert (rows[("standalone sqlite", 1)]["rate"], rows[("standalone sqlite", 1)]["range"]) == (12_000, [10_000, 14_000])
+    q4 = rows[("cluster R1", 4)]
+    assert (q4["rate"], q4["range"], q4["vs_standalone"], q4["vs_one_node"]) == (13_500, [12_000, 15_000], 1.12, 3.0)
+    assert "| queue | cluster R1 | 4 | 13,500 (12,000-15,000) | 3,375 | 1.12x | 3.0x |" in table(res)
+    assert validate_result(res) == []
+
+
 def test_scale_chart_draws_a_png(tmp_path):
     runs = [scale_run("queue", 1, None, 10_000, standalone=True), scale_run("queue", 1, 1, 4_000),
             scale_run("queue", 2, 1, 8_000), scale_run("queue", 4, 3, 9_000)]
