@@ -3,9 +3,12 @@
 Each node (its broker processes and its own NATS server) runs in a cgroup with the same CPU quota
 (``--cpu-quota`` cores, ``cgroups.py``), so N nodes have N times the CPU of one, as N machines
 would. For each N: N NATS servers and N nodes (``cluster_replicas=1``, and 3 where N >= 3 with
-``--r3``); node i's producer sends to its own destination and that destination's consumers sit on
-node i+1 (mod N): every message crosses nodes (with one node it cannot). Two kinds of traffic, one
-run each:
+``--r3``); node i has ``--scale-destinations`` destinations (default 1), each with its own producer
+on node i and its consumers on node i+1 (mod N): every message crosses nodes (with one node it
+cannot). At R1 the NATS servers are tagged and the nodes place shard i on server i mod N
+(``cluster_placement_tags``, ``--no-placement-tags`` to leave it to JetStream), with a shard count
+made a multiple of N. Two kinds of traffic, one run each per round (``--repeat`` rounds; each
+setup's row has the median):
 
 - ``queue``: persistent SENDs with receipts (the bench's flow control) to ``/queue/scale-i``,
   ``--scale-consumers`` consumers each: aggregate receipted and delivered msg/s.
