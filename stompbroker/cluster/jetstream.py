@@ -65,8 +65,8 @@ async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, w
     config = api.StreamConfig(**limits,
         name=name, subjects=subjects, storage=api.StorageType.FILE,
         retention=api.RetentionPolicy.WORK_QUEUE if work_queue else api.RetentionPolicy.LIMITS,
-        max_age=max_age or None, duplicate_window=min(DUPLICATE_WINDOW, max_age or DUPLICATE_WINDOW), num_replicas=replicas or 3,
-        placement=api.Placement(tags=[tag]) if tag else None)
+        max_age=max_age or None, duplicate_window=min(DUPLICATE_WINDOW, max_age or DUPLICATE_WINDOW),
+        num_replicas=replicas or 3, placement=api.Placement(tags=[tag]) if tag else None)
     tries = [config.num_replicas] if replicas else [3, 1]
     for i, n in enumerate(tries):
         config.num_replicas = n

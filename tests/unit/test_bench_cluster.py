@@ -109,7 +109,8 @@ def test_scale_summary_of_repeated_runs_takes_each_setups_median():
     res = scale_summary(runs, "tcp", 0.25)
     rows = {(x["setup"], x["nodes"]): x for x in res["counts"]["rows"]}
     assert len(rows) == 3 and rows[("standalone sqlite", 1)]["runs"] == 3
-    assert (rows[("standalone sqlite", 1)]["rate"], rows[("standalone sqlite", 1)]["range"]) == (12_000, [10_000, 14_000])
+    alone = rows[("standalone sqlite", 1)]
+    assert (alone["rate"], alone["range"]) == (12_000, [10_000, 14_000])
     q4 = rows[("cluster R1", 4)]
     assert (q4["rate"], q4["range"], q4["vs_standalone"], q4["vs_one_node"]) == (13_500, [12_000, 15_000], 1.12, 3.0)
     assert "| queue | cluster R1 | 4 | 13,500 (12,000-15,000) | 3,375 | 1.12x | 3.0x |" in table(res)
