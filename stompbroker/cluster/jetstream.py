@@ -81,7 +81,11 @@ async def declare_stream(js, name: str, subjects: list[str], replicas: int, *, w
         except nats.js.errors.APIError:
             if i == len(tries) - 1:
                 raise
-            log.info("stream %s: %d replicas refused, trying %d", name, n, tries[i + 1])
+            if tag:   # (cluster_replicas=0 with a tag on fewer servers than copies: say so, it is a choice)
+                log.warning("stream %s: %d replicas refused (fewer NATS servers carry the tag %r), %d copy instead",
+                            name, n, tag, tries[i + 1])
+            else:
+                log.info("stream %s: %d replicas refused, trying %d", name, n, tries[i + 1])
     return 0
 
 

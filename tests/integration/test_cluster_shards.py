@@ -230,6 +230,30 @@ def test_placement_tags_move_single_copy_shards_one_per_server_under_load(start_
         assert stream_messages(nats4, streams[:4]) == {name: 0 for name in streams[:4]}
 
 
+def test_a_tag_on_fewer_servers_than_copies_gets_one_copy_and_says_so_and_an_unknown_tag_is_refused(caplog):
+    import asyncio
+    import logging
+
+    import nats as nats_py
+
+    from stompbroker.cluster.jetstream import declare_stream
+
+    with NatsCluster(3, tagged=True) as nats3:
+        async def main():
+            nc = await nats_py.connect(servers=nats3.urls)
+            try:
+                js = nc.jetstream(timeout=10)
+                with caplog.at_level(logging.WARNING, logger="stompbroker.cluster"):
+                    assert await declare_stream(js, "A", ["a.>"], 0, work_queue=True, tag="server1") == 1
+                assert (await js.stream_info("A")).cluster.leader == "nats1"
+                with pytest.raises(nats_py.js.errors.BadRequestError, match="tags not matched"):
+                    await declare_stream(js, "B", ["b.>"], 1, work_queue=True, tag="nosuch")
+            finally:
+                await nc.close()
+        asyncio.run(main())
+    assert "fewer NATS servers carry the tag 'server1'" in caplog.text
+
+
 def single_copies(nats, names: list[str]) -> bool:
     import asyncio
 
