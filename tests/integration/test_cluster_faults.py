@@ -209,9 +209,10 @@ class Consumer(threading.Thread):
 
 
 def run_load(nodes, during, load_s: float = 6.0, fault_at: float = 2.5, drain_s: float = 25.0,
-             fault_when=None):
+             fault_when=None, went_on=None):
     """Producers and consumers on every node; ``during()`` at ``fault_at`` s into the load (and,
-    given ``fault_when(consumers)``, not before it holds: up to 20 s more); then
+    given ``fault_when(consumers)``, not before it holds: up to 20 s more); the load goes on until
+    ``load_s`` (and, given ``went_on(producers, consumers)``, until it holds: up to 20 s more); then
     the producers stop, the consumers ack everything and the run waits until every receipted
     message was delivered (or ``drain_s``). Returns (stats, producers, consumers)."""
     for i, n in enumerate(nodes):
@@ -235,6 +236,9 @@ def run_load(nodes, during, load_s: float = 6.0, fault_at: float = 2.5, drain_s:
                 time.sleep(0.05)
         during()
         time.sleep(max(load_s - fault_at, 0))
+        deadline = time.monotonic() + 20   # (a loaded machine can take seconds to move a client over)
+        while went_on is not None and not went_on(producers, consumers) and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         stop_producers.set()
         for p in producers:
@@ -271,8 +275,14 @@ def test_kill_9_one_broker_node_of_three_under_load(start_nodes):
         killed_at.append(time.monotonic())
         kill_node(nodes[victim])
 
-    # a loaded machine can take seconds before the victim's puller delivers: kill it holding some
-    stats, producers, consumers = run_load(nodes, kill, fault_when=lambda cs: len(cs[victim].held) > 0)
+    def elsewhere(counts: dict) -> int:
+        return sum(n for i, n in list(counts.items()) if i != victim)   # (list: taken at once, threads add)
+
+    # a loaded machine can take seconds before the victim's puller delivers: kill it holding some;
+    # the load goes on until the victim's clients are served by the other nodes (or 20 s more)
+    stats, producers, consumers = run_load(
+        nodes, kill, fault_when=lambda cs: len(cs[victim].held) > 0,
+        went_on=lambda ps, cs: elsewhere(ps[victim].receipted_on) > 10 and elsewhere(cs[victim].got_on) > 0)
     c = stats.counts()
     line = report("kill -9 broker node", c)
     assert c["sent"] > 100 and c["receipted"] > 100, line  # there was load
