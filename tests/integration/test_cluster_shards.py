@@ -40,6 +40,12 @@ class Load:
         self.consumers = [Consumer(f"c{i}", nodes, consumer_at(i), self.stats, self.stop_consumers, self.draining,
                                    queue=q) for i, q in enumerate(queues)]
 
+    def receipted(self, n: int, timeout: float = 10.0) -> None:
+        """Wait until ``n`` messages were receipted (or ``timeout``): a backlog before the change."""
+        deadline = time.monotonic() + timeout
+        while len(self.stats.receipted) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def finish(self, drain_s: float = 40.0) -> dict:
         stats = self.stats
         self.stop_producers.set()
@@ -61,7 +67,8 @@ class Load:
         return stats.counts()
 
 
-def stream_messages(nats, names: list[str]) -> dict[str, int]:
+def stream_infos(nats, names: list[str]) -> dict:
+    """name -> its JetStream StreamInfo, asked of the servers that run."""
     import asyncio
 
     import nats as nats_py
@@ -70,7 +77,7 @@ def stream_messages(nats, names: list[str]) -> dict[str, int]:
         nc = await nats_py.connect(servers=[s.url for s in nats.servers if s.running])
         try:
             js = nc.jetstream(timeout=5)
-            return {name: (await js.stream_info(name)).state.messages for name in names}
+            return {name: await js.stream_info(name) for name in names}
         finally:
             await nc.close()
     return asyncio.run(main())
@@ -92,9 +99,7 @@ def test_changing_the_shard_count_on_a_live_cluster_drains_the_old_streams(start
     try:
         # a backlog in the 2-shard streams first, then the rolling restart to 3 shards under load,
         # consumers coming in on the first node that runs 3 shards
-        deadline = time.monotonic() + 10
-        while len(load.stats.receipted) < 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        load.receipted(200)
         for i in range(3):
             nodes[i].stop()
             nodes[i] = start(i, 3)
@@ -116,7 +121,7 @@ def test_changing_the_shard_count_on_a_live_cluster_drains_the_old_streams(start
     assert unflagged <= retried, (unflagged - retried, line)
     # the old layout's queue streams drained, none stranded; the durable finds what waited for it
     old = [shards.stream_name(cluster_name, shards.QUEUES, 2, i, DEFAULT_PACK) for i in range(2)]
-    left = stream_messages(nats_cluster, old)
+    left = {name: info.state.messages for name, info in stream_infos(nats_cluster, old).items()}
     assert left == {name: 0 for name in old}, left
     print(f"cluster shards 2 -> 3: old streams {left}; {len(unflagged)} retried across layouts stored twice")
 
@@ -175,6 +180,7 @@ def test_nodes_of_two_layouts_read_each_others_queues_durables_and_replay(start_
 
 
 def one_queue_per_shard(n: int, prefix: str) -> list[str]:
+    """``/queue/<prefix><k>`` names, one in each of ``n`` shards, in shard order."""
     queues, seen, i = [], set(), 0
     while len(queues) < n:
         q = f"/queue/{prefix}{i}"
@@ -204,9 +210,7 @@ def test_placement_tags_move_single_copy_shards_one_per_server_under_load(start_
         for p in load.producers:
             p.start()
         try:
-            deadline = time.monotonic() + 10
-            while len(load.stats.receipted) < 200 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            load.receipted(200)
             for i in range(2):   # the tags set by a rolling restart, under load; then the consumers
                 nodes[i].stop()
                 nodes[i] = start(i, True)
@@ -215,7 +219,8 @@ def test_placement_tags_move_single_copy_shards_one_per_server_under_load(start_
             for c in load.consumers:
                 assert c.subscribed.wait(10), c.failure
             deadline = time.monotonic() + 60   # JetStream copies each stream over, then drops the old copy
-            while (after := stream_leaders(nats4, streams)) != wanted or not single_copies(nats4, streams):
+            while (after := stream_leaders(nats4, streams)) != wanted or any(
+                    info.cluster.replicas for info in stream_infos(nats4, streams).values()):   # (one copy each)
                 assert time.monotonic() < deadline, (after, wanted)
                 time.sleep(0.5)
             time.sleep(2.0)   # load on the moved streams
@@ -227,7 +232,8 @@ def test_placement_tags_move_single_copy_shards_one_per_server_under_load(start_
         assert c["receipted"] > 300, line
         assert c["lost"] == 0, line
         assert c["duplicated_unflagged"] == 0, line
-        assert stream_messages(nats4, streams[:4]) == {name: 0 for name in streams[:4]}
+        left = {name: info.state.messages for name, info in stream_infos(nats4, streams[:4]).items()}
+        assert left == {name: 0 for name in streams[:4]}
 
 
 def test_a_tag_on_fewer_servers_than_copies_gets_one_copy_and_says_so_and_an_unknown_tag_is_refused(caplog):
@@ -254,35 +260,12 @@ def test_a_tag_on_fewer_servers_than_copies_gets_one_copy_and_says_so_and_an_unk
     assert "fewer NATS servers carry the tag 'server1'" in caplog.text
 
 
-def single_copies(nats, names: list[str]) -> bool:
-    import asyncio
-
-    import nats as nats_py
-
-    async def main():
-        nc = await nats_py.connect(servers=[s.url for s in nats.servers if s.running])
-        try:
-            js = nc.jetstream(timeout=5)
-            return all([not (await js.stream_info(name)).cluster.replicas for name in names])
-        finally:
-            await nc.close()
-    return asyncio.run(main())
-
-
 def test_five_servers_five_nodes_kill_the_leader_of_the_busiest_shard_and_its_producer(start_nodes, cluster_name):
     with NatsCluster(5) as nats5:
         nodes = start_nodes(5, "cluster_streams=5", f"cluster_ack_wait_ms={ACK_WAIT_MS}", nats=nats5)
         for i, n in enumerate(nodes):
             n.node = f"n{i}"
-        # one queue per shard: each producer's queue is in another stream
-        queues, seen = [], set()
-        i = 0
-        while len(queues) < 5:
-            q = f"/queue/five{i}"
-            if shards.shard_of(q, 5) not in seen:
-                seen.add(shards.shard_of(q, 5))
-                queues.append(q)
-            i += 1
+        queues = one_queue_per_shard(5, "five")   # (each producer's queue is in another stream)
         streams = [shards.stream_name(cluster_name, shards.QUEUES, 5, shards.shard_of(q, 5), DEFAULT_PACK) for q in queues]
         deadline = time.monotonic() + 30   # the nodes spread the leaders: one shard per server
         while len(set((leaders := stream_leaders(nats5, streams)).values())) < 5:
