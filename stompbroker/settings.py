@@ -173,6 +173,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_pack_max", _int, 16, "under load, up to this many queue messages of one destination go to JetStream as one message (those one round of the dispatcher has for it; a quiet node sends each at once): a fraction of JetStream's work per message. An auto-ack consumer pulls up to 4 packs ahead (at least 64 messages). A queue then holds at most max_queue_messages // cluster_pack_max JetStream messages, so between that many and max_queue_messages messages before a SEND gets 'queue full' (fewer per pack when max_queue_messages is under 1000 x this; 1 = one message each, the limit exact; give every node the same; see docs/cluster.md)"),
     Setting("cluster_topic_pack_max", _int, 64, "under load, up to this many topic messages that one round of the dispatcher publishes in a row to one destination go to NATS as one message (a quiet node sends each at the end of its round): a fraction of NATS's and the bridges' work per message, order kept; 1 = each message alone (every node reads both)"),
     Setting("cluster_ack_wait_ms", _int, 30_000, "a queue message delivered by a node and not acknowledged within this is redelivered elsewhere (a dead node's unacked messages come back after it)"),
+    Setting("cluster_busy_bytes", _int, MB, "a node whose deliveries fall this far behind (bytes waiting in a writer's queue, or in the bridge's queue to the dispatcher) tells the other nodes it is busy, until under a quarter of it: they hold the receipts (and other replies) of the sessions publishing topic messages it subscribes, so producers that wait for receipts slow down instead of starving its own (0 = never say so)"),
+    Setting("cluster_busy_hold_ms", _int, 1000, "how long at most a session's replies are held while a node it publishes to is busy (cluster_busy_bytes); they go as soon as that node catches up (0 = never hold)"),
     Setting("cluster_timeout_ms", _int, 10_000, "while NATS is unreachable, a SEND that needs it waits this long before its sender gets an ERROR 'cluster unavailable'"),
     Setting("console", _bool, True, "serve the web console at / on the broker's port (admin users only when auth is on)"),
     Setting("http_api", _bool, True, "serve /api/overview, /api/queues, /api/connections, /api/scheduled (JSON) and /metrics (Prometheus) on the broker's port (admin users only when auth is on)"),
@@ -379,6 +381,10 @@ def validate(values: dict) -> None:
             raise ValueError(f"cluster_placement_tags: a tag is 1 to 64 letters, digits and _ . : -, got {tag!r}")
     if not 1 <= values["cluster_pack_max"] <= MAX_CLUSTER_PACK:
         raise ValueError(f"cluster_pack_max must be 1 to {MAX_CLUSTER_PACK}, got {values['cluster_pack_max']}")
+    for name in ("cluster_busy_bytes", "cluster_busy_hold_ms"):
+        if not 0 <= values[name] <= (1 << 30 if name == "cluster_busy_bytes" else 60_000):
+            raise ValueError(f"{name} must be 0 to {(1 << 30) if name == 'cluster_busy_bytes' else 60_000}, "
+                             f"got {values[name]}")
     if not 1 <= values["cluster_topic_pack_max"] <= MAX_CLUSTER_PACK:
         raise ValueError(f"cluster_topic_pack_max must be 1 to {MAX_CLUSTER_PACK}, "
                          f"got {values['cluster_topic_pack_max']}")

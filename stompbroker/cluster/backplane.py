@@ -68,7 +68,7 @@ class Backplane:
         self.worker_pos: dict[str, int] = {}
         self.timeout = config.cluster_timeout_ms / 1000
         self.stats = {"published": 0, "received": 0, "held": 0, "failed": 0, "unrouted_remote": 0,
-                      "stale_sent": 0, "bridge_starts": 0}
+                      "stale_sent": 0, "bridge_starts": 0, "throttled": 0}
         self.queues = ClusterQueues(config, self)  # queues, durables and replay-from on JetStream (cluster/queuing.py)
         # this round's topic messages published in a row to one subject: one NATS message (records.pack_topic)
         self.run_subject = self.run_destination = ""
@@ -77,6 +77,14 @@ class Backplane:
         self.run_max = max(int(getattr(config, "cluster_topic_pack_max", 1) or 1), 1)
         self.subjects: dict[str, str] = {}   # destination -> its topic subject (made once, not per message)
         self.sent_json: dict[tuple, bytes] = {}    # this node's headers (as items) -> their JSON in a pack
+        # Nodes behind with their deliveries (the bridge's REMOTE_BUSY): a session publishing to them
+        # has its replies (its receipts) held, so a producer that waits for receipts slows down.
+        self.busy = SubscriptionIndex()      # patterns some busy node subscribes (their pattern as entry)
+        self.busy_by: dict[str, str] = {}
+        self.throttled: dict = {}            # session -> [token, destination, until when at most]
+        self.busy_hold = config.cluster_busy_hold_ms / 1000
+        self.busy_bytes = config.cluster_busy_bytes
+        self.is_busy = False                 # this node, as last told to the bridge (behind)
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -125,7 +133,55 @@ class Backplane:
                 self.subjects.clear()
             subject = self.subjects[destination] = topic_subject(self.cluster, destination)
         self._send(b, subject, message, 0, sender)
+        if self.busy_by and sender is not None and self.busy.match(destination):
+            self._throttle(b, sender, destination)
         return True
+
+    def behind(self, deepest: int) -> None:
+        """Once per dispatcher round, the deepest of this node's delivery queues (its writers' and the
+        bridge's to the dispatcher), in bytes: past cluster_busy_bytes the node says it is busy, and
+        that it caught up under a quarter of that. The other nodes slow the producers that feed it."""
+        if self.is_busy:
+            if deepest < self.busy_bytes // 4:
+                self.is_busy = False
+                self.out.add(C.BUSY, 0, b"", 0)
+        elif deepest > self.busy_bytes and self.busy_bytes:
+            self.is_busy = True
+            self.out.add(C.BUSY, 0, b"", 1)
+
+    def _throttle(self, b, session, destination: str) -> None:
+        """A message to a busy node: its sender's replies from now on wait (at most busy_hold)."""
+        if session in self.throttled or type(session) is Later or not self.busy_hold or session.closing:
+            return
+        token = next(self.tokens)
+        self.stats["throttled"] += 1
+        self.throttled[session] = [token, destination, b.now + self.busy_hold]
+        self.waiting.setdefault(session, []).append([token, None, False, None])
+
+    def _unthrottle(self, b, now: float, every: bool = False) -> None:
+        """Release the held replies of the sessions whose destination has no busy node now."""
+        for session, (token, destination, until) in list(self.throttled.items()):
+            if every or now >= until or not self.busy.match(destination):
+                del self.throttled[session]
+                for entry in self.waiting.get(session, ()):
+                    if entry[0] == token:
+                        entry[2] = True
+                        break
+                self._release(b, session)
+
+    def _remote_busy(self, b, pattern: str, count: int) -> None:
+        if count > 0:
+            if pattern not in self.busy_by:
+                self.busy_by[pattern] = pattern
+                self.busy.add(pattern, pattern)
+            return
+        if self.busy_by.pop(pattern, None) is not None:
+            self.busy.remove(pattern, pattern)
+            self._unthrottle(b, b.now)
+
+    def _busy_reset(self, b) -> None:
+        self.busy, self.busy_by = SubscriptionIndex(), {}
+        self._unthrottle(b, b.now, every=True)
 
     def worker(self, b, message, subs: tuple, sender=None) -> bool:
         """A ``#`` worker message: True if it goes to another node (NATS picks one of its queue group),
@@ -260,7 +316,7 @@ class Backplane:
 
     # -- timers ----------------------------------------------------------------------------------
     def needs_tick(self) -> bool:
-        return bool(self.owners or self.queues.pending or self.queues.bound or self.queues.returning
+        return bool(self.owners or self.throttled or self.queues.pending or self.queues.bound or self.queues.returning
                     or self.queues.asked)
 
     def tick(self, b, now: float) -> None:
@@ -269,6 +325,8 @@ class Backplane:
         for token, (session, deadline) in list(self.owners.items()):
             if now >= deadline:
                 self._failed(b, token)
+        if self.throttled:
+            self._unthrottle(b, now)
         self.queues.on_tick(b, now, queues)
 
     def round_out(self, b) -> None:
@@ -300,6 +358,7 @@ class Backplane:
                 out.add(C.QUEUE_SETTLE, 0, settles)
 
     def session_ended(self, session) -> None:
+        self.throttled.pop(session, None)
         for entry in self.waiting.pop(session, ()):
             self.owners.pop(entry[0], None)
 
@@ -319,6 +378,9 @@ class Backplane:
             elif kind == C.REMOTE_RESET:
                 self.remote, self.remote_by = SubscriptionIndex(), {}
                 self.durables, self.durables_by = SubscriptionIndex(), {}
+                self._busy_reset(b)
+            elif kind == C.REMOTE_BUSY:
+                self._remote_busy(b, payload.decode(), aux)
             elif kind == C.STATUS:
                 self.status = orjson.loads(payload)
                 connected = bool(self.status.get("connected"))
@@ -327,6 +389,7 @@ class Backplane:
                         log.info("cluster: NATS connected (%s)", self.status.get("server"))
                     else:
                         log.warning("cluster: NATS unreachable: topics keep flowing on this node")
+                        self._busy_reset(b)
                 self.connected = connected
             elif kind == C.PUBLISHED:
                 self._published(b, conn)
@@ -439,6 +502,9 @@ class Backplane:
             "remote_subscriptions": sum(r.count for r in self.remote_by.values()),
             "held": len(self.owners),
             "failed": self.stats["failed"],
+            "busy": 1 if self.is_busy else 0,
+            "busy_nodes": len(s.get("busy_nodes", ())),
+            "throttled": self.stats["throttled"],
             "streams": s.get("streams", []),
         }
 

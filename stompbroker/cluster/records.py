@@ -30,6 +30,8 @@ class Kind(enum.IntEnum):
     PUBLISH = 101      # payload: pack_publish(subject, message); conn: token (0 = none) the bridge answers with
                        # PUBLISHED/FAILED; aux: PUBLISH_WORKER for a worker queue's subject (a queue group)
     STOP = 102         # the dispatcher is stopping: leave the cluster cleanly and exit
+    BUSY = 103         # aux: 1 = this node is behind with its deliveries (its writers' or its own queue is deep),
+                       # 0 = caught up: the other nodes slow the producers that feed it (backplane.py)
     QUEUE_CMD = 110    # payload: a queuing.pack()ed command for JetStream (queues, durables, replay; cluster/queuing.py)
     # The queue hot path, binary (no JSON per message):
     QUEUE_PUBLISH = 111  # conn: how many messages; aux: cluster_timeout_ms; payload: pack_queue_publish(subject,
@@ -43,6 +45,7 @@ class Kind(enum.IntEnum):
     PUBLISHED = 144    # conn: the token of a PUBLISH held while NATS was unreachable: it went out now
     FAILED = 145       # conn: that token: NATS stayed unreachable for cluster_timeout_ms, it was not published
     REMOTE_RESET = 146  # forget every remote pattern (the bridge lost the interest bucket's view; REMOTEs follow)
+    REMOTE_BUSY = 147  # payload: a pattern other nodes subscribe; aux: how many of those nodes are behind (0 = none)
     QUEUE_EVENT = 150  # payload: a queuing.pack()ed answer from JetStream (stored, failed, message, replayed...)
     QUEUE_STORED = 151   # payload: the tokens (u64 each) of publishes JetStream stored (PubAcks of one turn)
     QUEUE_MESSAGE = 152  # conn: ref; aux: JetStream's delivery count; payload: pack_pulled(key, data)
@@ -52,6 +55,7 @@ INTEREST, PUBLISH, STOP = Kind.INTEREST.value, Kind.PUBLISH.value, Kind.STOP.val
 BRIDGE_START, STATUS, REMOTE, MESSAGE = (Kind.BRIDGE_START.value, Kind.STATUS.value, Kind.REMOTE.value,
                                           Kind.MESSAGE.value)
 PUBLISHED, FAILED, REMOTE_RESET = Kind.PUBLISHED.value, Kind.FAILED.value, Kind.REMOTE_RESET.value
+BUSY, REMOTE_BUSY = Kind.BUSY.value, Kind.REMOTE_BUSY.value
 QUEUE_CMD, QUEUE_EVENT = Kind.QUEUE_CMD.value, Kind.QUEUE_EVENT.value
 QUEUE_PUBLISH, QUEUE_SETTLE = Kind.QUEUE_PUBLISH.value, Kind.QUEUE_SETTLE.value
 QUEUE_STORED, QUEUE_MESSAGE = Kind.QUEUE_STORED.value, Kind.QUEUE_MESSAGE.value

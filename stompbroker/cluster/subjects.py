@@ -27,6 +27,7 @@ import functools
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 EMPTY = "%"          # the token of an empty segment
 TOPIC, RELATIVE, WORKER, QUEUE, DURABLE = "t", "r", "w", "q", "d"
+BUSY = "busy"        # (a whole token: never one of the kinds above)
 
 
 def escape_segment(segment: str) -> str:
@@ -74,6 +75,11 @@ def worker_subject(cluster: str, destination: str) -> str:
 
 def queue_subject(cluster: str, destination: str) -> str:
     return f"{cluster}.{QUEUE}.{_tokens(destination.lstrip('/'))}"
+
+
+def busy_subject(cluster: str) -> str:
+    """Where each node says whether it is behind with its deliveries (``cluster/topics.py``)."""
+    return f"{cluster}.{BUSY}"
 
 
 def destination_of(subject: str) -> str:

@@ -29,20 +29,22 @@ import orjson
 from . import records as C
 from .fastpath import FastPath, pub
 from .records import DURABLE_MARK
-from .subjects import cover, pattern_filters, worker_subject
+from .subjects import busy_subject, cover, pattern_filters, worker_subject
 
 log = logging.getLogger("stompbroker.cluster")
 
 REFRESH = 10.0   # seconds between rewrites of this node's interest entry
 RETIRE = 2.0     # seconds a NATS subscription no longer wanted is kept (see resubscribe)
 TTL = 30.0       # seconds the bucket keeps an entry; a node silent this long is forgotten
+BUSY_EVERY = 0.5  # seconds between a busy node's repeats of its word (and its word that it caught up)
+BUSY_TTL = 2.0    # seconds another node's busy word holds unless repeated (a killed node's ends)
 
 
 class Topics:
     def __init__(self, bridge):
         self.bridge = bridge
         self.cluster = bridge.cluster
-        self.handlers = {C.INTEREST: self.interest, C.PUBLISH: self.publish}
+        self.handlers = {C.INTEREST: self.interest, C.PUBLISH: self.publish, C.BUSY: self.busy}
         self.local: dict[str, int] = {}       # pattern -> local subscriptions
         self.subs: dict[str, object] = {}     # subject -> nats subscription (the cover)
         self.retiring: dict[str, tuple] = {}  # subject -> (subscription, when it goes): no longer wanted
@@ -60,6 +62,11 @@ class Topics:
         self.changed = asyncio.Event()        # the local interest changed: write the entry
         self.put_task = None
         self.fast = FastPath(bridge.nc)
+        self.busy_here = False                # this node's dispatcher says it is behind
+        self.busy_said = 0.0                  # when this node last said so (or that it caught up)
+        self.busy_sub = None
+        self.busy_nodes: dict[str, float] = {}  # other node -> until when its busy word holds
+        self.busy_sent: dict[str, int] = {}   # pattern -> busy nodes holding it, as told to the dispatcher
         self.stats = {"messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0, "duplicates": 0,
                       "unpublished": 0, "publish_errors": 0}
 
@@ -91,6 +98,10 @@ class Topics:
 
     async def resubscribe(self) -> None:
         nc = self.bridge.nc
+        if self.busy_sub is None:
+            self.busy_sub = await nc.subscribe(busy_subject(self.cluster), pending_bytes_limit=0,
+                                               pending_msgs_limit=0)
+            self.fast.route(self.busy_sub, self.received_busy)
         wanted = self.wanted()
         for subject, group in wanted.items():
             if subject in self.subs:
@@ -210,6 +221,8 @@ class Topics:
                     self.totals.pop(pattern, None)
                 if announce:
                     self.bridge.emit(C.REMOTE, 0, pattern.encode(), max(total, 0))
+        if node in self.busy_nodes:
+            self.busy_changed()
 
     # -- the connection's life -------------------------------------------------------------------
     async def connected(self) -> None:
@@ -253,6 +266,10 @@ class Topics:
                         "ended" if self.watch_task.done() else "stalled")
             self.setup_due = 0.0
             await self.setup()
+        if self.busy_here and now - self.busy_said >= BUSY_EVERY:
+            self.say_busy(now)
+        if self.busy_nodes:
+            self.expire_busy(now)
         held = self.held
         while held and held[0][0] <= now:
             _, _, _, token = held.popleft()
@@ -274,7 +291,55 @@ class Topics:
 
     def status(self) -> dict:
         return {**self.stats, "subscriptions": len(self.subs), "remote_nodes": len(self.nodes),
-                "held": len(self.held)}
+                "held": len(self.held), "busy": self.busy_here, "busy_nodes": sorted(self.busy_nodes)}
+
+    # -- busy nodes --------------------------------------------------------------------------------
+    async def busy(self, conn: int, aux: int, payload: bytes) -> None:
+        self.busy_here = bool(aux)
+        self.say_busy(time.monotonic())
+
+    def say_busy(self, now: float) -> None:
+        if self.bridge.connected:
+            self.fast.send(pub(busy_subject(self.cluster).encode(), b"",
+                               b"%s %d" % (self.bridge.node.encode(), self.busy_here)))
+        self.busy_said = now
+
+    def received_busy(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
+        node, _, flag = bytes(data).decode(errors="replace").rpartition(" ")
+        if not node or node == self.bridge.node:
+            return
+        was = node in self.busy_nodes
+        if flag == "1":
+            self.busy_nodes[node] = time.monotonic() + BUSY_TTL
+            if was:
+                return
+        elif was:
+            del self.busy_nodes[node]
+        else:
+            return
+        self.busy_changed()
+
+    def expire_busy(self, now: float) -> None:
+        """A busy word not repeated within BUSY_TTL ends (its node was killed, or cut off)."""
+        gone = [node for node, until in self.busy_nodes.items() if now >= until]
+        if gone:
+            for node in gone:
+                del self.busy_nodes[node]
+            self.busy_changed()
+
+    def busy_changed(self) -> None:
+        """Tell the dispatcher, per pattern, how many of the nodes that subscribe it are behind."""
+        counts: dict[str, int] = {}
+        for node in self.busy_nodes:
+            for pattern in self.nodes.get(node, ()):
+                if not pattern.startswith(DURABLE_MARK):
+                    counts[pattern] = counts.get(pattern, 0) + 1
+        for pattern in self.busy_sent.keys() | counts.keys():
+            n = counts.get(pattern, 0)
+            if n != self.busy_sent.get(pattern, 0):
+                self.bridge.emit(C.REMOTE_BUSY, 0, pattern.encode(), n)
+        self.busy_sent = counts
+        self.bridge.flush()
 
     # -- messages out ----------------------------------------------------------------------------
     async def publish(self, token: int, aux: int, payload: bytes) -> None:

@@ -544,6 +544,11 @@ class Dispatcher:
             if box.count:
                 self.flush_one(box)
         if self.backplane is not None:
+            deepest = self.from_bridge.used_bytes  # (how far behind this node is: Backplane.behind)
+            for ring in self.rings:
+                if ring.used_bytes > deepest:
+                    deepest = ring.used_bytes
+            self.backplane.behind(deepest)
             self.backplane.round_out(self.broker)  # topic packs, pulls the queues' consumers have room for
             if self.backplane.out.count or self.bridge_backlog:
                 self.to_cluster()

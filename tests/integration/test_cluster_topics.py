@@ -504,3 +504,63 @@ def test_durable_gets_plain_topic_messages_sent_on_another_node_while_away(start
     assert [f[2] for f in drain(live, 1.0) if f[0] == "MESSAGE"] == [b"p3"]
     for x in (w, live, sender, here):
         x.close()
+
+
+class Timed(Got):
+    """Got, with when each receipt and each message body arrived (monotonic)."""
+
+    def __init__(self):
+        super().__init__()
+        self.at: dict[str, float] = {}
+
+    def on_message(self, frame):
+        self.at.setdefault(frame.body, time.monotonic())
+        super().on_message(frame)
+
+    def on_receipt(self, frame):
+        self.at[frame.headers["receipt-id"]] = time.monotonic()
+        super().on_receipt(frame)
+
+
+def timed_client(node) -> tuple[stomp.Connection12, Timed]:
+    conn = stomp.Connection12([node.address], heartbeats=(0, 0))
+    got = Timed()
+    conn.set_listener("", got)
+    conn.connect(wait=True)
+    return conn, got
+
+
+def test_a_busy_node_slows_the_producers_that_feed_it_and_its_word_ends_with_it(start_nodes):
+    from tests.natscluster import kill_node
+    (a,) = start_nodes(1, "cluster_busy_hold_ms=3000")
+    # b says it is busy once a delivery waits for its writer, and never catches up (under 1 // 4 bytes)
+    (b,) = start_nodes(1, "cluster_busy_bytes=1", first=1)
+    cb, gb = timed_client(b)
+    cb.subscribe("/topic/busy", id="S")
+    wait_interest(a, 1)
+    ca, ga = timed_client(a)
+    other, go = timed_client(a)
+    ca.send("/topic/busy", "warm-up")
+    wait_for(lambda: cluster_diag(a)["busy_nodes"] == 1, 15, "b's word that it is busy, on a")
+    assert cluster_diag(b)["busy"] == 1
+    throttled = cluster_diag(a)["throttled"]
+    sent = time.monotonic()
+    ca.send("/topic/busy", "held", receipt="r1")
+    wait_for(lambda: "held" in gb.at, 10, "the message on b")
+    other.send("/topic/free", "not held", receipt="q1")   # another session, to no busy node
+    wait_for(lambda: "r1" in ga.at and "q1" in go.at, 10, "both receipts")
+    try:
+        assert gb.at["held"] < ga.at["r1"]       # the message went at once; its receipt was held
+        assert go.at["q1"] < ga.at["r1"]         # the other session's was not
+        assert ga.at["r1"] - sent >= 2.0         # held while b stayed busy (at most 3 s)
+        assert cluster_diag(a)["throttled"] == throttled + 1
+    finally:
+        print("receipt after", round(ga.at["r1"] - sent, 3), "s")
+    kill_node(b)
+    wait_for(lambda: cluster_diag(a)["busy_nodes"] == 0, 10, "b's word to end")
+    ca.send("/topic/busy", "after", receipt="r2")       # (b's interest lasts longer: still sent to NATS)
+    wait_for(lambda: "r2" in ga.at, 10, "the receipt once b is gone")
+    assert cluster_diag(a)["throttled"] == throttled + 1
+    assert ga.errors == [] and gb.errors == []
+    for c in (ca, other):
+        c.disconnect()

@@ -547,3 +547,84 @@ def test_a_topic_pack_takes_any_destination_the_settings_allow():
     long = "/topic/" + "d" * 70_000
     pack = C.pack_topic(long, [C.topic_member("n-1", {}, b"x")])
     assert C.unpack_topic(pack) == (long, [("n-1", b"{}", b"x", 0)])
+
+
+def busy(pattern: str, count: int = 1) -> bytes:
+    return C.record(C.REMOTE_BUSY, 0, pattern.encode(), count)
+
+
+def test_a_node_says_it_is_busy_past_cluster_busy_bytes_and_caught_up_under_a_quarter_of_it():
+    r = rig(cluster_busy_bytes=1000)
+    behind = r.broker.backplane.behind
+    said = []
+    for deepest in (0, 1000, 1001, 50_000, 250, 249, 900, 1001):
+        behind(deepest)
+        said.append([aux for name, _, aux, _ in to_bridge(r) if name == "BUSY"])
+    assert said == [[], [], [1], [], [], [0], [], [1]]
+    r = rig(cluster_busy_bytes=0)
+    r.broker.backplane.behind(1 << 30)
+    assert to_bridge(r) == []
+
+
+def test_a_session_publishing_to_a_busy_node_has_its_replies_held_until_that_node_catches_up():
+    r = rig()
+    r.connect(1)
+    r.connect(2)
+    feed(r, status(True), remote("/topic/a"), remote("/topic/c"), busy("/topic/*"))
+    to_bridge(r)
+    r.send(1, "/topic/a", b"1", receipt="r1")
+    assert [(d, body) for _, d, body, _, _ in published(to_bridge(r))] == [("/topic/a", b"1")]  # sent at once
+    r.send(1, "/topic/local", b"2", receipt="r2")
+    r.send(1, "/topic/a", b"3", receipt="r3")
+    assert r.frames(1) == []                    # r1 held, and what follows it in order
+    r.send(2, "/topic/local", b"x", receipt="q1")
+    assert [f["receipt-id"] for f in r.frames(2)] == ["q1"]  # another session, nothing sent to the busy node
+    assert r.broker.backplane.stats["throttled"] == 1
+    feed(r, busy("/topic/*", 0))
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r1", "r2", "r3"]
+    r.send(1, "/topic/a", b"4", receipt="r4")
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r4"]
+    feed(r, busy("/topic/a"))                   # a node subscribing /topic/a only is busy
+    r.send(1, "/topic/c", b"5", receipt="r5")
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r5"]
+    r.send(1, "/topic/a", b"6", receipt="r6")
+    assert r.frames(1) == []
+
+
+def test_held_replies_go_after_cluster_busy_hold_ms_when_nats_goes_or_the_bridge_starts_again():
+    r = rig(cluster_busy_hold_ms=500)
+    r.connect(1)
+    feed(r, status(True), remote("/topic/a"), busy("/topic/a"))
+    r.send(1, "/topic/a", b"1", receipt="r1")
+    assert r.broker.needs_tick()
+    r.tick(0.3)
+    assert r.frames(1) == []
+    r.tick(0.3)
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r1"]  # the node is still busy: at most 0.5 s
+    assert not r.broker.backplane.throttled
+    r.send(1, "/topic/a", b"2", receipt="r2")
+    assert r.frames(1) == []
+    feed(r, status(False))                      # what the bridge said of the others no longer holds
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r2"]
+    feed(r, status(True), busy("/topic/a"))
+    r.send(1, "/topic/a", b"3", receipt="r3")
+    assert r.frames(1) == []
+    feed(r, C.record(C.REMOTE_RESET))
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r3"]
+    r = rig(cluster_busy_hold_ms=0)
+    r.connect(1)
+    feed(r, status(True), remote("/topic/a"), busy("/topic/a"))
+    r.send(1, "/topic/a", b"1", receipt="r1")
+    assert [f["receipt-id"] for f in r.frames(1)] == ["r1"]
+
+
+def test_a_held_session_that_ends_is_forgotten():
+    r = rig()
+    r.connect(1)
+    feed(r, status(True), remote("/topic/a"), busy("/topic/a"))
+    r.send(1, "/topic/a", b"1", receipt="r1")
+    assert r.broker.backplane.throttled
+    r.frame(1, "DISCONNECT", receipt="bye")
+    r.broker.on_closed(1)
+    assert not r.broker.backplane.throttled and not r.broker.backplane.waiting
+    feed(r, busy("/topic/a", 0))                # (nothing left to release)

@@ -157,6 +157,7 @@ SNAPSHOT = {
     "cluster": {"node": "n1", "server": "nats://127.0.0.1:4222", "connected": 1, "rtt_ms": 0.25, "messages_in": 3,
                 "messages_out": 4, "bytes_in": 30, "bytes_out": 40, "reconnects": 1, "subscriptions": 2,
                 "local_patterns": 2, "remote_patterns": 5, "remote_subscriptions": 6, "held": 0, "failed": 0,
+                "busy": 0, "busy_nodes": 0, "throttled": 0,
                 "streams": [{"name": "c_QUEUES_6_1", "messages": 6, "bytes": 600, "stored": 9, "leader": "nats2",
                              "replicas": 3, "shard": "1/6"}]},
     "http": {"internal_errors": 0, "audit_errors": 1, "actions": [{"action": "purge", "status": 200, "count": 3}]},
