@@ -305,8 +305,12 @@ class Topics:
         self.busy_said = now
 
     def received_busy(self, subject: bytes, reply: bytes, data: bytes, status: str) -> None:
+        """Another node's word ("<node id> 1" or "... 0"). Only a node whose interest is known counts
+        (nobody sends to the others), so what anyone publishes there cannot grow the table."""
+        if len(data) > 256:
+            return
         node, _, flag = bytes(data).decode(errors="replace").rpartition(" ")
-        if not node or node == self.bridge.node:
+        if node not in self.nodes:
             return
         was = node in self.busy_nodes
         if flag == "1":

@@ -46,7 +46,10 @@ def test_the_dispatcher_hears_per_pattern_how_many_of_its_subscribers_nodes_are_
     assert bridge.told() == {"/topic/a": 2}
     heard(b"c.busy", b"", word("n3", 1), "")                  # a repeat: nothing new
     heard(b"c.busy", b"", word("n1", 1), "")                  # this node's own word
-    assert bridge.told() == {}
+    heard(b"c.busy", b"", word("n9", 1), "")                  # a node with no interest known
+    heard(b"c.busy", b"", b"x" * 300 + b" 1", "")
+    heard(b"c.busy", b"", b"garbage", "")
+    assert bridge.told() == {} and sorted(t.busy_nodes) == ["n2", "n3"]
     t.node_interest("n2", {"/topic/b*": 2})                  # a busy node's interest changes
     assert bridge.told() == {"/topic/a": 1}
     heard(b"c.busy", b"", word("n2", 0), "")
