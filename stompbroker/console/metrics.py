@@ -42,6 +42,7 @@ CLUSTER_TOTALS = (
     ("bytes_out", "cluster_sent_bytes", "bytes published to NATS"),
     ("reconnects", "cluster_reconnects", "reconnections to NATS"),
     ("failed", "cluster_unavailable_errors", "SENDs answered with ERROR cluster unavailable"),
+    ("throttled", "cluster_throttled", "times a session's replies were held because it published to a busy node"),
 )
 
 QUANTILES = (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms"), ("0.999", "p999_ms"), ("1", "max_ms"))
@@ -234,6 +235,10 @@ def families(s: dict, max_queues: int | None = None, vhost: str | None = None):
                                 value=cluster["connected"])
         yield GaugeMetricFamily(PREFIX + "cluster_rtt_seconds", "round trip to the NATS server, last measured",
                                 value=cluster["rtt_ms"] / 1000)
+        yield GaugeMetricFamily(PREFIX + "cluster_busy", "1 while this node says it is behind with its deliveries",
+                                value=cluster["busy"])
+        yield GaugeMetricFamily(PREFIX + "cluster_busy_nodes", "other nodes heard saying they are behind",
+                                value=cluster["busy_nodes"])
         for key, name, text in CLUSTER_TOTALS:
             yield CounterMetricFamily(PREFIX + name, text, value=cluster[key])
         depth = GaugeMetricFamily(PREFIX + "cluster_stream_messages", "messages in the cluster's JetStream stream",
