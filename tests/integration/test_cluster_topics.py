@@ -44,9 +44,9 @@ class Got(stomp.ConnectionListener):
             return out
 
 
-def client(node) -> tuple[stomp.Connection12, Got]:
+def client(node, listener=Got) -> tuple[stomp.Connection12, Got]:
     conn = stomp.Connection12([node.address], heartbeats=(0, 0))
-    got = Got()
+    got = listener()
     conn.set_listener("", got)
     conn.connect(wait=True)
     return conn, got
@@ -522,24 +522,16 @@ class Timed(Got):
         super().on_receipt(frame)
 
 
-def timed_client(node) -> tuple[stomp.Connection12, Timed]:
-    conn = stomp.Connection12([node.address], heartbeats=(0, 0))
-    got = Timed()
-    conn.set_listener("", got)
-    conn.connect(wait=True)
-    return conn, got
-
-
 def test_a_busy_node_slows_the_producers_that_feed_it_and_its_word_ends_with_it(start_nodes):
     from tests.natscluster import kill_node
     (a,) = start_nodes(1, "cluster_busy_hold_ms=3000")
     # b says it is busy once a delivery waits for its writer, and never catches up (under 1 // 4 bytes)
     (b,) = start_nodes(1, "cluster_busy_bytes=1", first=1)
-    cb, gb = timed_client(b)
+    cb, gb = client(b, Timed)
     cb.subscribe("/topic/busy", id="S")
     wait_interest(a, 1)
-    ca, ga = timed_client(a)
-    other, go = timed_client(a)
+    ca, ga = client(a, Timed)
+    other, go = client(a, Timed)
     ca.send("/topic/busy", "warm-up")
     wait_for(lambda: cluster_diag(a)["busy_nodes"] == 1, 15, "b's word that it is busy, on a")
     assert cluster_diag(b)["busy"] == 1
