@@ -16,7 +16,10 @@ setup's row has the median):
   aggregate deliveries/s across nodes.
 
 Against one standalone node (``store=sqlite``, no NATS) in one cgroup with the same quota and the
-same producer and consumers. The summary has the table (docs/performance.md) and ``scale.png``.
+same producer and consumers. The summary has the table (docs/performance.md) and ``scale.png``; its
+last column, the busiest producer's messages over the least busy one's, shows whether the nodes'
+producers were served alike (one node's fan-out can starve another node's producer: docs/cluster.md,
+Busy nodes).
 """
 
 from __future__ import annotations
@@ -69,6 +72,18 @@ def load(runner, kind: str, nodes: list, k: int, d: int, transport: str) -> tupl
                                                   fan=1 if kind == "queue" else k,
                                                   max_inflight=runner.inflight_cap(k), headers=headers))
     return producers, consumers, 1 if kind == "queue" else k
+
+
+def per_producer(per_connection: list, k: int, fan: int) -> list:
+    """Each producer's delivered messages: its destination's ``k`` consumers come in a row (``load``),
+    each with ``fan`` deliveries per message between them (topic: each gets every message)."""
+    return [sum(per_connection[i:i + k]) // fan for i in range(0, len(per_connection) - k + 1, k)] if k else []
+
+
+def spread(counts: list):
+    """The busiest producer's messages over the least busy one's: 1.0 when the nodes' producers
+    were served alike (None with one producer, or one that got nothing through)."""
+    return round(max(counts) / min(counts), 1) if len(counts) > 1 and min(counts) > 0 else None
 
 
 def node_args(runner, scopts, n: int, replicas: int) -> tuple[list[str], bool]:
@@ -131,6 +146,7 @@ def one_run(runner, scopts, kind: str, n: int, replicas: int, transport: str) ->
             flow = runner.flow(name, producers, consumers, o.duration, measured, fan=fan)
             pss, pss_by = measured.pss()
             res = runner.delivery_result(name, "cluster-scale", transport, params, flow, measured, fan)
+            res["counts"]["per_producer"] = per_producer(res["counts"].get("per_connection") or [], k, fan)
             res["broker"]["pss_bytes"], res["broker"]["pss_by_process"] = pss, pss_by
             res["cgroups"] = {"kind": groups[0].kind, "cores_each": scopts.cpu_quota,
                               "throttling": throttling(groups, before)}
@@ -210,6 +226,8 @@ def scale_summary(runs: list[dict], transport: str, cores: float) -> dict:
             rate = _median(rates)
             rate = round(rate) if rate is not None else None
             per_message, held = [], []
+            spreads = [s for s in (spread(r["counts"].get("per_producer") or []) for r in group if rate_of(r))
+                       if s is not None]
             for r in group:
                 cpu = r["broker"].get("cpu_s")
                 if cpu and r["counts"].get("delivered"):
@@ -227,6 +245,7 @@ def scale_summary(runs: list[dict], transport: str, cores: float) -> dict:
                                          else None),
                          "cpu_us_per_message": round(_median(per_message), 1) if per_message else None,
                          "held_pct": round(_median(held)) if held else None,
+                         "producers_spread": _median(spreads),
                          "status": "ok" if known else group[-1]["status"]})
         cluster_rows = [x for x in rows if x["kind"] == kind and x["replicas"] == 1]
         if cluster_rows:
@@ -259,13 +278,14 @@ def _target(metric: str, value, goal: float) -> dict:
 def table(summary: dict) -> str:
     """The summary's rows as a markdown table (docs/performance.md)."""
     lines = ["| traffic | setup | nodes | msg/s (all nodes) | per node | vs standalone | vs 1 cluster node | "
-             "CPU µs per message | busiest node throttled |", "|---|---|---|---|---|---|---|---|---|"]
+             "CPU µs per message | busiest node throttled | producers, busiest / least |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for x in summary["counts"]["rows"]:
         f = lambda v, fmt="{:,}": "" if v is None else fmt.format(v)  # noqa: E731
         rate = f(x["rate"]) + (" ({:,}-{:,})".format(*x["range"]) if x.get("range") else "")
         lines.append(f"| {x['kind']} | {x['setup']} | {x['nodes']} | {rate} | {f(x['per_node'])} | "
                      f"{f(x['vs_standalone'], '{}x')} | {f(x['vs_one_node'], '{}x')} | {f(x['cpu_us_per_message'])} | "
-                     f"{f(x.get('held_pct'), '{} %')} |")
+                     f"{f(x.get('held_pct'), '{} %')} | {f(x.get('producers_spread'), '{}x')} |")
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@
 from stompbroker.bench.cluster import SCENARIOS, local_summary, parse_cluster_args, queue_summary, remote_nodes
 from types import SimpleNamespace
 
-from stompbroker.bench.scale import destinations, node_args, scale_chart, scale_summary, table
+from stompbroker.bench.scale import destinations, node_args, per_producer, scale_chart, scale_summary, spread, table
 from stompbroker.bench.report import new_result, validate_result
 
 
@@ -114,6 +114,25 @@ def test_scale_summary_of_repeated_runs_takes_each_setups_median():
     q4 = rows[("cluster R1", 4)]
     assert (q4["rate"], q4["range"], q4["vs_standalone"], q4["vs_one_node"]) == (13_500, [12_000, 15_000], 1.12, 3.0)
     assert "| queue | cluster R1 | 4 | 13,500 (12,000-15,000) | 3,375 | 1.12x | 3.0x |" in table(res)
+    assert validate_result(res) == []
+
+
+def test_scale_summary_says_how_evenly_the_producers_were_served():
+    # topic, 2 consumers per destination: each gets all its producer's messages
+    assert per_producer([50, 50, 200, 200, 100, 100], 2, 2) == [50, 200, 100]
+    # queue, 2 consumers per destination share its messages
+    assert per_producer([30, 20, 150, 50], 2, 1) == [50, 200]
+    assert per_producer([], 2, 2) == [] and per_producer([5], 0, 1) == []
+    assert spread([50, 200, 100]) == 4.0 and spread([7]) is None and spread([0, 9]) is None
+    runs = [scale_run("topic", 1, None, 40_000, standalone=True), scale_run("topic", 4, 1, 150_000),
+            scale_run("topic", 4, 1, 160_000), scale_run("topic", 4, 1, 170_000)]
+    for r, counts in zip(runs, ([40], [10, 100, 10, 100], [50, 60, 50, 60], [100, 100, 100, 130])):
+        r["counts"]["per_producer"] = counts
+    res = scale_summary(runs, "tcp", 0.25)
+    rows = {(x["setup"], x["nodes"]): x for x in res["counts"]["rows"]}
+    assert rows[("cluster R1", 4)]["producers_spread"] == 1.3      # the median of 10.0, 1.2 and 1.3
+    assert rows[("standalone sqlite", 1)]["producers_spread"] is None
+    assert "| 1.3x |" in table(res)
     assert validate_result(res) == []
 
 
