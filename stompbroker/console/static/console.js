@@ -252,7 +252,9 @@
     if (c.node) {
       const { clusterRates } = last;
       fillTable("cluster", [[c.node, c.connected ? c.server : "unreachable", ms(c.rtt_ms), si(clusterRates.in),
-                             si(clusterRates.out), si(c.remote_patterns), si(c.reconnects)]]);
+                             si(clusterRates.out), si(c.remote_patterns), si(c.reconnects),
+                             // busy nodes (docs/cluster.md): this node, and the others heard saying so
+                             (c.busy ? "this node" : "no") + (c.busy_nodes ? ` (+${c.busy_nodes} other)` : "")]]);
       const streams = c.streams || [];
       fillTable("streams", streams.map((s) => [s.name, s.shard || "–", s.leader || "–", si(s.messages),
                                                si((streamSeen[s.name] || {}).rate), bytes(s.bytes)]));
