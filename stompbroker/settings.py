@@ -381,10 +381,9 @@ def validate(values: dict) -> None:
             raise ValueError(f"cluster_placement_tags: a tag is 1 to 64 letters, digits and _ . : -, got {tag!r}")
     if not 1 <= values["cluster_pack_max"] <= MAX_CLUSTER_PACK:
         raise ValueError(f"cluster_pack_max must be 1 to {MAX_CLUSTER_PACK}, got {values['cluster_pack_max']}")
-    for name in ("cluster_busy_bytes", "cluster_busy_hold_ms"):
-        if not 0 <= values[name] <= (1 << 30 if name == "cluster_busy_bytes" else 60_000):
-            raise ValueError(f"{name} must be 0 to {(1 << 30) if name == 'cluster_busy_bytes' else 60_000}, "
-                             f"got {values[name]}")
+    for name, most in (("cluster_busy_bytes", 1 << 30), ("cluster_busy_hold_ms", 60_000)):
+        if not 0 <= values[name] <= most:
+            raise ValueError(f"{name} must be 0 to {most}, got {values[name]}")
     if not 1 <= values["cluster_topic_pack_max"] <= MAX_CLUSTER_PACK:
         raise ValueError(f"cluster_topic_pack_max must be 1 to {MAX_CLUSTER_PACK}, "
                          f"got {values['cluster_topic_pack_max']}")

@@ -225,10 +225,10 @@ def scale_summary(runs: list[dict], transport: str, cores: float) -> dict:
             rates = [rate_of(r) for r in group]
             rate = _median(rates)
             rate = round(rate) if rate is not None else None
-            per_message, held = [], []
-            spreads = [s for s in (spread(r["counts"].get("per_producer") or []) for r in group if rate_of(r))
-                       if s is not None]
+            per_message, held, spreads = [], [], []
             for r in group:
+                if rate_of(r):
+                    spreads.append(spread(r["counts"].get("per_producer") or []))
                 cpu = r["broker"].get("cpu_s")
                 if cpu and r["counts"].get("delivered"):
                     per_message.append(cpu / r["counts"]["delivered"] * 1e6)

@@ -80,7 +80,7 @@ class Backplane:
         # Nodes behind with their deliveries (the bridge's REMOTE_BUSY): a session publishing to them
         # has its replies (its receipts) held, so a producer that waits for receipts slows down.
         self.busy = SubscriptionIndex()      # patterns some busy node subscribes (their pattern as entry)
-        self.busy_by: dict[str, str] = {}
+        self.busy_patterns: set[str] = set()
         self.throttled: dict = {}            # session -> [token, destination, until when at most]
         self.busy_hold = config.cluster_busy_hold_ms / 1000
         self.busy_bytes = config.cluster_busy_bytes
@@ -133,7 +133,7 @@ class Backplane:
                 self.subjects.clear()
             subject = self.subjects[destination] = topic_subject(self.cluster, destination)
         self._send(b, subject, message, 0, sender)
-        if self.busy_by and sender is not None and self.busy.match(destination):
+        if self.busy_patterns and sender is not None and self.busy.match(destination):
             self._throttle(b, sender, destination)
         return True
 
@@ -171,16 +171,17 @@ class Backplane:
 
     def _remote_busy(self, b, pattern: str, count: int) -> None:
         if count > 0:
-            if pattern not in self.busy_by:
-                self.busy_by[pattern] = pattern
+            if pattern not in self.busy_patterns:
+                self.busy_patterns.add(pattern)
                 self.busy.add(pattern, pattern)
             return
-        if self.busy_by.pop(pattern, None) is not None:
+        if pattern in self.busy_patterns:
+            self.busy_patterns.discard(pattern)
             self.busy.remove(pattern, pattern)
             self._unthrottle(b, b.now)
 
     def _busy_reset(self, b) -> None:
-        self.busy, self.busy_by = SubscriptionIndex(), {}
+        self.busy, self.busy_patterns = SubscriptionIndex(), set()
         self._unthrottle(b, b.now, every=True)
 
     def worker(self, b, message, subs: tuple, sender=None) -> bool:

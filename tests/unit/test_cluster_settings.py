@@ -29,6 +29,7 @@ def test_cluster_settings():
     assert config.cluster_name == "stompbroker" and config.cluster_timeout_ms == 10000
     assert make_config().cluster == [] and make_config().cluster_placement_tags == []
     assert make_config(cluster_placement_tags="server0, az:b.1").cluster_placement_tags == ["server0", "az:b.1"]
+    assert make_config(cluster_busy_bytes="0", cluster_busy_hold_ms="60000").cluster_busy_hold_ms == 60000
     for bad, words in [({"cluster": "h1:4222", "node_id": "n"}, "nats://"),
                        ({"cluster": "nats://h:1"}, "needs a node_id"),
                        ({"cluster": "nats://h:1", "node_id": "a.b"}, "node_id"),
@@ -36,7 +37,9 @@ def test_cluster_settings():
                        ({"cluster_timeout_ms": "0"}, "cluster_timeout_ms"),
                        ({"cluster_tls_cert": "c.pem"}, "cluster_tls_key"),
                        ({"cluster_placement_tags": "az 1"}, "cluster_placement_tags"),
-                       ({"cluster_placement_tags": ",".join(f"t{i}" for i in range(65))}, "at most 64")]:
+                       ({"cluster_placement_tags": ",".join(f"t{i}" for i in range(65))}, "at most 64"),
+                       ({"cluster_busy_bytes": "-1"}, "cluster_busy_bytes must be 0 to"),
+                       ({"cluster_busy_hold_ms": "60001"}, "cluster_busy_hold_ms must be 0 to 60000")]:
         with pytest.raises(ValueError, match=words):
             make_config(**bad)
 
