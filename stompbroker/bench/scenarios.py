@@ -207,7 +207,7 @@ def latency(runner, transport):
         res["rates"]["offered_per_s"] = o.rate
         res["generator"]["max_send_lag_ms"] = round(flow.producers[0].get("max_lag_s", 0) * 1000, 3)
         res["headline"] = {"metric": "p99 latency", "value": res["latency_ms"]["p99"], "unit": "ms"}
-        res["target"] = check_target("latency", res["latency_ms"]["p99"])
+        res["target"] = check_target("latency", res["latency_ms"]["p99"], o.rate)
         res["generator_ceiling"] = runner.ceiling("latency", transport)
         return res
     yield runner.guarded(name, "latency", transport, params, body)
