@@ -44,26 +44,28 @@ def flavour() -> str | None:
 
 
 class CpuGroup:
-    """A cgroup limited to ``cores`` CPUs (0.25 = a quarter of one core), made now, removed by close()."""
+    """A cgroup limited to ``cores`` CPUs (0.25 = a quarter of one core) in each period of
+    ``period_us``, made now, removed by close()."""
 
-    def __init__(self, name: str, cores: float):
+    def __init__(self, name: str, cores: float, period_us: int = PERIOD_US):
         self.kind = flavour()
         if self.kind is None:
             raise CgroupError("no writable cgroup CPU controller (cgroup v2 with cpu, or v1 cpu): run as root")
         self.cores = cores
-        quota = max(int(cores * PERIOD_US), 1000)
+        self.period_us = period_us
+        quota = max(int(cores * period_us), 1000)
         if self.kind == "v2":
             control = os.path.join(V2_ROOT, "cgroup.subtree_control")
             if "cpu" not in _read(control).split():
                 _write(control, "+cpu")
             self.path = os.path.join(V2_ROOT, name)
             os.makedirs(self.path, exist_ok=True)
-            _write(os.path.join(self.path, "cpu.max"), f"{quota} {PERIOD_US}")
+            _write(os.path.join(self.path, "cpu.max"), f"{quota} {period_us}")
             self.root = V2_ROOT
         else:
             self.path = os.path.join(V1_ROOT, name)
             os.makedirs(self.path, exist_ok=True)
-            _write(os.path.join(self.path, "cpu.cfs_period_us"), str(PERIOD_US))
+            _write(os.path.join(self.path, "cpu.cfs_period_us"), str(period_us))
             _write(os.path.join(self.path, "cpu.cfs_quota_us"), str(quota))
             self.root = V1_ROOT
 

@@ -484,6 +484,8 @@ def parse_cluster_args(argv):
                    help="scale-out under equal CPU instead of --scenario: node counts, e.g. 1,2,4 (bench/scale.py)")
     p.add_argument("--cpu-quota", type=float, default=0.25,
                    help="--scale: cores for each node and its NATS server (a cgroup each)")
+    p.add_argument("--cpu-period-ms", type=float, default=100.0,
+                   help="--scale: the quota's period (each node runs --cpu-quota x this, then waits for the next)")
     p.add_argument("--scale-consumers", type=int, default=2,
                    help="--scale: consumers (subscribers) of each node's destination, on the next node")
     p.add_argument("--scale-destinations", type=int, default=1,

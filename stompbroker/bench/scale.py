@@ -39,11 +39,11 @@ SCALE_VS_ONE_NODE_TARGET = 3.5
 KINDS = ("queue", "topic")
 
 
-def groups_for(n: int, cores: float, tag: str) -> list[CpuGroup]:
+def groups_for(n: int, cores: float, tag: str, period_us: int) -> list[CpuGroup]:
     groups = []
     try:
         for i in range(n):
-            groups.append(CpuGroup(f"stompbroker-bench-{tag}-{os.getpid()}-n{i}", cores))
+            groups.append(CpuGroup(f"stompbroker-bench-{tag}-{os.getpid()}-n{i}", cores, period_us))
     except BaseException:
         for g in groups:
             g.close()
@@ -114,17 +114,18 @@ def one_run(runner, scopts, kind: str, n: int, replicas: int, transport: str) ->
     label = "standalone" if standalone else f"{n}n-R{replicas}"
     name = f"cluster-scale-{kind}-{label}-{transport}"
     params = {"kind": kind, "nodes": max(n, 1), "standalone": standalone, "replicas": None if standalone else replicas,
-              "cpu_quota_cores": scopts.cpu_quota, "destinations_per_node": d, "consumers_per_destination": k,
+              "cpu_quota_cores": scopts.cpu_quota, "cpu_period_ms": scopts.cpu_period_ms, "destinations_per_node": d, "consumers_per_destination": k,
               "placement_tags": tagged, "cluster_streams": None if standalone else setting(args, "cluster_streams"),
               "size": o.size,
               "duration": o.duration, "flow_control": runner.flow_label, "persistent": kind == "queue",
               "layout": ("one standalone node (store=sqlite): producer and consumers on it" if standalone else
-                         f"{n} nodes, each with its own NATS server, in a cgroup of {scopts.cpu_quota} cores; "
-                         f"{d} destination(s) per node, each: a producer on node i -> {k} consumers on node i+1"
+                         f"{n} nodes, each with its own NATS server, in a cgroup of {scopts.cpu_quota} cores "
+                         f"(per period of {scopts.cpu_period_ms:g} ms); {d} destination(s) per node, each: a producer "
+                         f"on node i -> {k} consumers on node i+1"
                          + (", shards placed one per server by tags" if tagged else ""))}
 
     def body():
-        groups = groups_for(max(n, 1), scopts.cpu_quota, f"{kind}{label}")
+        groups = groups_for(max(n, 1), scopts.cpu_quota, f"{kind}{label}", int(scopts.cpu_period_ms * 1000))
         cluster = broker = keepers = None
         try:
             if standalone:
@@ -245,7 +246,7 @@ def scale_summary(runs: list[dict], transport: str, cores: float) -> dict:
                                          else None),
                          "cpu_us_per_message": round(_median(per_message), 1) if per_message else None,
                          "held_pct": round(_median(held)) if held else None,
-                         "producers_spread": _median(spreads),
+                         "producers_spread": round(_median(spreads), 1) if any(spreads) else None,
                          "status": "ok" if known else group[-1]["status"]})
         cluster_rows = [x for x in rows if x["kind"] == kind and x["replicas"] == 1]
         if cluster_rows:

@@ -134,6 +134,10 @@ def test_scale_summary_says_how_evenly_the_producers_were_served():
     assert rows[("standalone sqlite", 1)]["producers_spread"] is None
     assert "| 1.3x |" in table(res)
     assert validate_result(res) == []
+    runs[1]["counts"]["per_producer"], runs[2]["counts"]["per_producer"] = [10, 41], [10, 48]
+    res = scale_summary(runs[:3], "tcp", 0.25)   # two rounds: the mean of 4.1 and 4.8, to one place (not 4.449999999999999)
+    rows = {(x["setup"], x["nodes"]): x for x in res["counts"]["rows"]}
+    assert rows[("cluster R1", 4)]["producers_spread"] == 4.4 and "| 4.4x |" in table(res)
 
 
 def test_scale_chart_draws_a_png(tmp_path):
@@ -192,6 +196,26 @@ def test_cpu_group_quota_where_cgroups_can_be_written():
         os.waitpid(pid, 0)
         assert t.monotonic() - started >= 1.0
         assert group.throttled()["throttled_periods"] > 0
+    finally:
+        group.close()
+
+
+def test_cpu_group_with_a_shorter_period():
+    """--cpu-period-ms: the same share of the CPU, given in shorter turns."""
+    import os
+
+    from stompbroker.bench.cgroups import CpuGroup, flavour
+
+    if flavour() is None:
+        import pytest
+        pytest.skip("no writable cgroup CPU controller here (not root)")
+    group = CpuGroup(f"stompbroker-test-{os.getpid()}-p", 0.25, 10_000)
+    try:
+        if group.kind == "v2":
+            written = open(os.path.join(group.path, "cpu.max")).read().split()
+        else:
+            written = [open(os.path.join(group.path, f"cpu.cfs_{k}_us")).read().strip() for k in ("quota", "period")]
+        assert written == ["2500", "10000"]
     finally:
         group.close()
 
