@@ -85,6 +85,7 @@ class Backplane:
         self.busy_hold = config.cluster_busy_hold_ms / 1000
         self.busy_bytes = config.cluster_busy_bytes
         self.is_busy = False                 # this node, as last told to the bridge (behind)
+        self.fed = float("-inf")             # when another node's topic message last reached this one
 
     # -- interest --------------------------------------------------------------------------------
     def subscribed(self, pattern: str) -> None:
@@ -137,15 +138,17 @@ class Backplane:
             self._throttle(b, sender, destination)
         return True
 
-    def behind(self, deepest: int) -> None:
+    def behind(self, deepest: int, now: float) -> None:
         """Once per dispatcher round, the deepest of this node's delivery queues (its writers' and the
         bridge's to the dispatcher), in bytes: past cluster_busy_bytes the node says it is busy, and
-        that it caught up under a quarter of that. The other nodes slow the producers that feed it."""
+        that it caught up under a quarter of that. The other nodes slow the producers that feed it,
+        so it says so only while other nodes' messages reach it (within FED_WITHIN): a node busy with
+        its own producers alone (a one-node cluster) publishes no words nobody could act on."""
         if self.is_busy:
             if deepest < self.busy_bytes // 4:
                 self.is_busy = False
                 self.out.add(C.BUSY, 0, b"", 0)
-        elif deepest > self.busy_bytes and self.busy_bytes:
+        elif deepest > self.busy_bytes and self.busy_bytes and now - self.fed < FED_WITHIN:
             self.is_busy = True
             self.out.add(C.BUSY, 0, b"", 1)
 
@@ -373,6 +376,7 @@ class Backplane:
         b.now = now
         try:
             if kind == C.MESSAGE:
+                self.fed = now
                 self.arrived(b, payload, now)
             elif kind == C.REMOTE:
                 self._remote(b, payload.decode(), aux)
@@ -525,6 +529,7 @@ def _broker_modules() -> tuple:
 SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
 HEADERS_KEPT = 512            # distinct headers of this node's topic messages kept encoded
 HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
+FED_WITHIN = 1.0   # seconds after another node's last message that this node may say it is busy
 TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).

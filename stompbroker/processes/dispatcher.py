@@ -548,7 +548,7 @@ class Dispatcher:
             for ring in self.rings:
                 if ring.used_bytes > deepest:
                     deepest = ring.used_bytes
-            self.backplane.behind(deepest)
+            self.backplane.behind(deepest, self.broker.now)
             self.backplane.round_out(self.broker)  # topic packs, pulls the queues' consumers have room for
             if self.backplane.out.count or self.bridge_backlog:
                 self.to_cluster()

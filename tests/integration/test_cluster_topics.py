@@ -569,15 +569,20 @@ class Timed(Got):
 def test_a_busy_node_slows_the_producers_that_feed_it_and_its_word_ends_with_it(start_nodes):
     from tests.natscluster import kill_node
     (a,) = start_nodes(1, "cluster_busy_hold_ms=3000")
-    # b says it is busy once a delivery waits for its writer, and never catches up (under 1 // 4 bytes)
+    # b says it is busy once a delivery of a's messages waits for its writer (a round that sees it
+    # queued: a few messages), and never catches up (under 1 // 4 bytes)
     (b,) = start_nodes(1, "cluster_busy_bytes=1", first=1)
     cb, gb = client(b, Timed)
     cb.subscribe("/topic/busy", id="S")
     wait_interest(a, 1)
     ca, ga = client(a, Timed)
     other, go = client(a, Timed)
-    ca.send("/topic/busy", "warm-up")
-    wait_for(lambda: cluster_diag(a)["busy_nodes"] == 1, 15, "b's word that it is busy, on a")
+    warm, _ = client(a)   # (a session of its own: one that sent after a heard b is busy is held)
+
+    def busy_on_a() -> bool:
+        warm.send("/topic/busy", "warm-up")
+        return cluster_diag(a)["busy_nodes"] == 1
+    wait_for(busy_on_a, 15, "b's word that it is busy, on a")
     assert cluster_diag(b)["busy"] == 1
     throttled = cluster_diag(a)["throttled"]
     sent = time.monotonic()
@@ -598,5 +603,5 @@ def test_a_busy_node_slows_the_producers_that_feed_it_and_its_word_ends_with_it(
     wait_for(lambda: "r2" in ga.at, 10, "the receipt once b is gone")
     assert cluster_diag(a)["throttled"] == throttled + 1
     assert ga.errors == [] and gb.errors == []
-    for c in (ca, other):
+    for c in (ca, other, warm):
         c.disconnect()

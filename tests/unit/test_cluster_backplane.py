@@ -553,17 +553,38 @@ def busy(pattern: str, count: int = 1) -> bytes:
     return C.record(C.REMOTE_BUSY, 0, pattern.encode(), count)
 
 
+def fed(r: Rig) -> None:
+    """Another node's topic message reaches this one (at r.now)."""
+    feed(r, C.record(C.MESSAGE, 0, C.pack_message("n2-1", "/topic/nobody", {}, b"x")))
+
+
 def test_a_node_says_it_is_busy_past_cluster_busy_bytes_and_caught_up_under_a_quarter_of_it():
     r = rig(cluster_busy_bytes=1000)
+    fed(r)
     behind = r.broker.backplane.behind
     said = []
     for deepest in (0, 1000, 1001, 50_000, 250, 249, 900, 1001):
-        behind(deepest)
+        behind(deepest, r.now)
         said.append([aux for name, _, aux, _ in to_bridge(r) if name == "BUSY"])
     assert said == [[], [], [1], [], [], [0], [], [1]]
     r = rig(cluster_busy_bytes=0)
-    r.broker.backplane.behind(1 << 30)
+    fed(r)
+    r.broker.backplane.behind(1 << 30, r.now)
     assert to_bridge(r) == []
+
+
+def test_a_node_that_no_other_node_feeds_never_says_it_is_busy():
+    """Its depth is its own producers' doing: no other node could slow down for it (and a one-node
+    cluster would publish words nobody reads)."""
+    r = rig(cluster_busy_bytes=1000)
+    behind = r.broker.backplane.behind
+    behind(50_000, r.now)
+    assert to_bridge(r) == []
+    fed(r)
+    behind(50_000, r.now + 1.5)   # (the last message from another node came 1.5 s ago)
+    assert to_bridge(r) == []
+    behind(50_000, r.now + 0.5)
+    assert [aux for name, _, aux, _ in to_bridge(r) if name == "BUSY"] == [1]
 
 
 def test_a_session_publishing_to_a_busy_node_has_its_replies_held_until_that_node_catches_up():
