@@ -114,7 +114,8 @@ def one_run(runner, scopts, kind: str, n: int, replicas: int, transport: str) ->
     label = "standalone" if standalone else f"{n}n-R{replicas}"
     name = f"cluster-scale-{kind}-{label}-{transport}"
     params = {"kind": kind, "nodes": max(n, 1), "standalone": standalone, "replicas": None if standalone else replicas,
-              "cpu_quota_cores": scopts.cpu_quota, "cpu_period_ms": scopts.cpu_period_ms, "destinations_per_node": d, "consumers_per_destination": k,
+              "cpu_quota_cores": scopts.cpu_quota, "cpu_period_ms": scopts.cpu_period_ms,
+              "destinations_per_node": d, "consumers_per_destination": k,
               "placement_tags": tagged, "cluster_streams": None if standalone else setting(args, "cluster_streams"),
               "size": o.size,
               "duration": o.duration, "flow_control": runner.flow_label, "persistent": kind == "queue",

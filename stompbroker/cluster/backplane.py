@@ -142,8 +142,8 @@ class Backplane:
         """Once per dispatcher round, the deepest of this node's delivery queues (its writers' and the
         bridge's to the dispatcher), in bytes: past cluster_busy_bytes the node says it is busy, and
         that it caught up under a quarter of that. The other nodes slow the producers that feed it,
-        so it says so only while other nodes' messages reach it (within FED_WITHIN): a node busy with
-        its own producers alone (a one-node cluster) publishes no words nobody could act on."""
+        so it says so only while other nodes' messages reach it (within FED_WITHIN): a node kept busy
+        by its own producers alone (a one-node cluster) says nothing, as no other node could help."""
         if self.is_busy:
             if deepest < self.busy_bytes // 4:
                 self.is_busy = False
@@ -529,7 +529,7 @@ def _broker_modules() -> tuple:
 SUBJECTS_KEPT = 10_000        # topic subjects remembered (past it they are made again)
 HEADERS_KEPT = 512            # distinct headers of this node's topic messages kept encoded
 HEADERS_KEPT_BYTES = 1024     # ... each at most this long as JSON
-FED_WITHIN = 1.0   # seconds after another node's last message that this node may say it is busy
+FED_WITHIN = 1.0              # seconds after another node's last message that this node may say it is busy
 TOPIC_PACK_BYTES = 64 * 1024  # a topic pack holds at most this many bytes (a bigger message goes alone)
 
 # Headers that stay on this node (the broker's own, or meaningless elsewhere).

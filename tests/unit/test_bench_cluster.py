@@ -135,7 +135,8 @@ def test_scale_summary_says_how_evenly_the_producers_were_served():
     assert "| 1.3x |" in table(res)
     assert validate_result(res) == []
     runs[1]["counts"]["per_producer"], runs[2]["counts"]["per_producer"] = [10, 41], [10, 48]
-    res = scale_summary(runs[:3], "tcp", 0.25)   # two rounds: the mean of 4.1 and 4.8, to one place (not 4.449999999999999)
+    # two rounds: the mean of 4.1 and 4.8, to one place (not 4.449999999999999)
+    res = scale_summary(runs[:3], "tcp", 0.25)
     rows = {(x["setup"], x["nodes"]): x for x in res["counts"]["rows"]}
     assert rows[("cluster R1", 4)]["producers_spread"] == 4.4 and "| 4.4x |" in table(res)
 
