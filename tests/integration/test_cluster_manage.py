@@ -514,55 +514,92 @@ def feed(node, **headers) -> Client:
     return c
 
 
-def feed_pending(nats_cluster, cluster_name: str) -> int | None:
-    """The messages the feed's JetStream consumer has not had acknowledged; None: no consumer."""
+STREAM_NOT_FOUND = 10059   # (JetStream's err_code; a consumer not found is another)
+
+
+def jetstream_asked(nats_cluster, ask):
+    """``ask(jetstream)``'s answer, asked again while JetStream does not answer or says the stream is
+    not found, for at most 30 s: a request that reaches a stream or a consumer while its leader is
+    being elected can go unanswered, or be told the stream is not there (the nodes move leaders to
+    spread them; in full runs a 10 s request once went unanswered, and a stream the test had used
+    was once "not found")."""
     import nats
+    import nats.errors
     import nats.js.errors
 
     async def main():
         nc = await nats.connect(nats_cluster.urls[1])
         try:
-            stream = shards.stream_name(cluster_name, shards.TOPICS, 6, shards.shard_of("/topic/feed", 6))
-            info = await nc.jetstream(timeout=10).consumer_info(stream, "d_root%2Fapp1%2Ffeed")
-            return info.num_pending + info.num_ack_pending
-        except nats.js.errors.NotFoundError:
-            return None
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    return await ask(nc.jetstream(timeout=3))
+                except (nats.errors.TimeoutError, nats.js.errors.NotFoundError) as exc:
+                    if isinstance(exc, nats.js.errors.NotFoundError) and exc.err_code != STREAM_NOT_FOUND:
+                        raise
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
         finally:
             await nc.close()
     return asyncio.run(main())
+
+
+def feed_pending(nats_cluster, cluster_name: str) -> int | None:
+    """The messages the feed's JetStream consumer has not had acknowledged; None: no consumer."""
+    import nats.js.errors
+
+    async def ask(js):
+        stream = shards.stream_name(cluster_name, shards.TOPICS, 6, shards.shard_of("/topic/feed", 6))
+        try:
+            info = await js.consumer_info(stream, "d_root%2Fapp1%2Ffeed")
+        except nats.js.errors.NotFoundError:
+            return None
+        return info.num_pending + info.num_ack_pending
+    return jetstream_asked(nats_cluster, ask)
 
 
 def feed_kept(nats_cluster, cluster_name: str) -> int:
     """The topic messages to /topic/feed JetStream keeps (for durables, replay-from)."""
-    import nats
-
-    async def main():
-        nc = await nats.connect(nats_cluster.urls[1])
-        try:
-            stream = shards.stream_name(cluster_name, shards.TOPICS, 6, shards.shard_of("/topic/feed", 6))
-            subject = shards.topic_subject(cluster_name, 6, "/topic/feed")
-            info = await nc.jetstream(timeout=10).stream_info(stream, subjects_filter=subject)
-            return (info.state.subjects or {}).get(subject, 0)
-        finally:
-            await nc.close()
-    return asyncio.run(main())
+    async def ask(js):
+        stream = shards.stream_name(cluster_name, shards.TOPICS, 6, shards.shard_of("/topic/feed", 6))
+        subject = shards.topic_subject(cluster_name, 6, "/topic/feed")
+        info = await js.stream_info(stream, subjects_filter=subject)
+        return (info.state.subjects or {}).get(subject, 0)
+    return jetstream_asked(nats_cluster, ask)
 
 
 def durables(node) -> list[str]:
     return [s["key"] for s in Api(node).ok("GET", "/api/subscriptions")["items"] if s["durable"]]
 
 
-def remote_patterns(node) -> int:
-    """The other nodes' topic patterns ``node`` knows (its DIAG's cluster figures)."""
+def cluster_figures(node) -> dict:
+    """``node``'s DIAG cluster figures."""
     w = Wire(node.connect())
     try:
         w.connect(login="root", passcode="toor")
         w.send(b"DIAG\n\ncluster\0")
         command, headers, _ = w.read()
         assert command == "DIAG", (command, headers)
-        return json.loads(headers["cluster"])["remote_patterns"]
+        return json.loads(headers["cluster"])
     finally:
         w.close()
+
+
+def remote_patterns(node) -> int:
+    """The other nodes' topic patterns ``node`` knows."""
+    return cluster_figures(node)["remote_patterns"]
+
+
+def wait_connected(nodes, timeout: float = 15) -> None:
+    """Every node's bridge connected to NATS, so it hears what the others publish from now on (a
+    node that is not hears nothing of a durable subscription ended elsewhere meanwhile:
+    docs/cluster.md, "What is not guaranteed")."""
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while not cluster_figures(node)["connected"]:
+            assert time.monotonic() < deadline, f"{node.address} never connected to NATS"
+            time.sleep(0.05)
 
 
 def wait_remote_patterns(node, n: int, timeout: float = 15) -> None:
@@ -585,8 +622,10 @@ def test_remove_a_durable_from_any_node_drops_every_nodes_record_and_its_message
     for i in range(3):                      # kept for it while it is away
         sender.conn.send("/topic/feed", f"old{i}", headers={"persistent": "true", "receipt": f"old{i}"})
     sender.wait(lambda c: len(c.receipts) == 3, what="stored")
-    deadline = time.monotonic() + 10   # (JetStream counts a consumer's pending messages a moment after storing)
-    while feed_pending(nats_cluster, cluster_name) < 3:
+    # (JetStream counts a consumer's pending messages a moment after storing, and may answer that a
+    # durable's consumer made a moment ago is not found yet)
+    deadline = time.monotonic() + 30
+    while (feed_pending(nats_cluster, cluster_name) or 0) < 3:
         assert time.monotonic() < deadline, "the feed's consumer never counted its 3 messages"
         time.sleep(0.1)
     assert api.ok("DELETE", path) == {"removed": FEED, "dropped": 3}
@@ -620,6 +659,7 @@ def test_a_durable_a_client_ends_on_one_node_is_dropped_by_the_nodes_it_was_on_b
     """Made on n0 and left there, taken up on n2 and ended there by its client (UNSUBSCRIBE): n0
     drops its record too, so no node keeps /topic/feed's messages for it any more."""
     nodes = start_nodes(3, *admin)
+    wait_connected(nodes)
     away = feed(nodes[0])
     away.close()
     deadline = time.monotonic() + 10   # (n0 has seen its client go: a drop finds it detached)
@@ -654,6 +694,7 @@ def test_a_durable_a_client_ends_on_one_node_is_dropped_by_the_nodes_it_was_on_b
 
 def test_remove_a_durable_attached_on_another_node_is_409_and_removes_nothing(start_nodes, admin):
     nodes = start_nodes(3, *admin)
+    wait_connected(nodes)
     away = feed(nodes[0])                   # made on n0, left, kept on n0 too
     away.close()
     attached = feed(nodes[2])
