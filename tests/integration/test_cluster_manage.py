@@ -16,9 +16,9 @@ import pytest
 from stompbroker.cluster import shards
 from stompbroker.security import hash_secret
 from tests.integration.test_cluster_queues import Client
+from tests.integration.test_cluster_topics import cluster_diag
 from tests.integration.test_manage_api import Api, q
 from tests.natscluster import DEFAULT_PACK, free_ports
-from tests.stompwire import Wire
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -574,16 +574,7 @@ def durables(node) -> list[str]:
 
 
 def cluster_figures(node) -> dict:
-    """``node``'s DIAG cluster figures."""
-    w = Wire(node.connect())
-    try:
-        w.connect(login="root", passcode="toor")
-        w.send(b"DIAG\n\ncluster\0")
-        command, headers, _ = w.read()
-        assert command == "DIAG", (command, headers)
-        return json.loads(headers["cluster"])
-    finally:
-        w.close()
+    return cluster_diag(node, login="root", passcode="toor")
 
 
 def remote_patterns(node) -> int:

@@ -53,11 +53,12 @@ def client(node, listener=Got) -> tuple[stomp.Connection12, Got]:
     return conn, got
 
 
-def cluster_diag(node) -> dict:
-    """The node's DIAG ``cluster`` figures (the answer is a DIAG frame with a ``cluster:<JSON>`` header)."""
+def cluster_diag(node, **login) -> dict:
+    """The node's DIAG ``cluster`` figures (the answer is a DIAG frame with a ``cluster:<JSON>`` header);
+    ``login``: the CONNECT's login and passcode where the node asks for them."""
     w = Wire(node.connect())
     try:
-        w.connect()
+        w.connect(**login)
         w.send(b"DIAG\n\ncluster\0")
         command, headers, _ = w.read()
         assert command == "DIAG", (command, headers)
