@@ -73,7 +73,18 @@ test('a queue: each message to exactly one consumer across the nodes', { timeout
       seen.push({ node: i, body: message.body });
       message.ack();
     }, { ack: 'client-individual', 'prefetch-count': '10' }));
-    await sleep(500); // each node binds the queue's consumer
+    // each node binds the queue's consumer: probes until both nodes' consumers took one (a node
+    // that binds late would find the other one had taken every message)
+    const deadline = Date.now() + 20000;
+    let probes = 0;
+    while ([0, 1].some(n => !seen.some(s => s.node === n))) {
+      assert.ok(Date.now() < deadline, `both nodes' consumers bound (took: ${seen.map(s => s.node).join(', ')})`);
+      await receipt(producer, id => producer.publish({ destination, body: `probe${probes++}`,
+        headers: { persistent: 'true', receipt: id } }));
+      await sleep(100);
+    }
+    await withTimeout((async () => { while (seen.length < probes) await sleep(20); })(), 10000, 'every probe');
+    seen.length = 0;
     const bodies = Array.from({ length: 200 }, (_, i) => `m${i}`);
     await Promise.all(bodies.map(body =>
       receipt(producer, id => producer.publish({ destination, body, headers: { persistent: 'true', receipt: id } }),
