@@ -102,12 +102,13 @@ setup_analysis() {
 }
 
 # The Python suite in two passes: most of it on two workers, a file to a worker (its tests wait on
-# brokers, NATS and Spark more than they compute), then the files marked `alone` (tests/conftest.py:
-# they bound latency or memory, which another test beside them would disturb) on their own.
+# brokers, NATS and Spark more than they compute) and the longest files first (tests/conftest.py),
+# then the files marked `alone` (tests/conftest.py: they bound latency or memory, which another
+# test beside them would disturb) on their own.
 # A pass with nothing to run (pytest's exit 5, when ARGS select no test of it) is no failure.
 run_pytest() {
     local rc=0 alone=0
-    .venv/bin/python -m pytest -n 2 --dist loadfile -m "not alone" "$@" || rc=$?
+    .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" "$@" || rc=$?
     [ "$rc" = 5 ] && rc=0
     .venv/bin/python -m pytest -m alone "$@" || alone=$?
     [ "$alone" = 5 ] && alone=0

@@ -33,11 +33,20 @@ ALONE = {"test_stall.py", "test_partial_frames.py", "test_leak_flag.py", "test_h
          "test_ws_limits.py", "test_fuzz_edges.py", "test_idle_memory.py"}
 
 
+# Files that take minutes (Spark's JVMs, kill -9 and election waits), longest first: two workers
+# (./build.sh test, `--no-loadscope-reorder`) start them first, so the many short files fill in
+# beside them and none of them is the last to finish. By default xdist orders files by how many
+# tests they hold, which put the Spark files, with few tests each, last.
+LONG_FIRST = ("test_analysis_cluster.py", "test_analysis.py", "test_streaming.py", "test_cluster_shards.py",
+              "test_analysis_notebook.py", "test_cluster_faults.py", "test_cluster_packs.py")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: measures timing or memory; run without other tests beside it")
 
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: LONG_FIRST.index(item.path.name) if item.path.name in LONG_FIRST else len(LONG_FIRST))
     for item in items:
         if item.path.name in ALONE:
             item.add_marker(pytest.mark.alone)
