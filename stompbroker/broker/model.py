@@ -251,6 +251,12 @@ class Message:
             # of making and hashing a key.
             if headers == last[0] and len(body) == last[1] and self.destination == last[2]:
                 block = last[3]
+            elif _MISSES[escaped] >= MISS_RUN and _MISSES[escaped] % MISS_RUN:
+                # A run of headers the table never holds (a header of its own on every message: a
+                # timestamp, an id): making, hashing and keeping their keys is wasted. One message
+                # in MISS_RUN still looks, to see the run end.
+                _MISSES[escaped] += 1
+                block = _header_block(self.destination, headers, len(body), escaped)
             else:
                 if "receipt" in headers:  # (never rendered: a producer's receipts differ, its blocks need not)
                     key = (self.destination, len(body), *[h for h in headers.items() if h[0] != "receipt"])
@@ -259,10 +265,13 @@ class Message:
                 blocks = _BLOCKS[escaped]
                 block = blocks.get(key)
                 if block is None:
+                    _MISSES[escaped] += 1
                     block = _header_block(self.destination, self.headers, len(body), escaped)
                     if len(blocks) >= BLOCK_CACHE_ENTRIES:
                         blocks.clear()  # unique headers: the table is dropped whole, no bookkeeping per hit
                     blocks[key] = block
+                else:
+                    _MISSES[escaped] = 0
                 _LAST[escaped] = (dict(headers), len(body), self.destination, block)  # (a copy: never changed after)
             mid = escape(self.id) if escaped else _no_newlines(self.id)
             part = b"".join((b"message-id:", mid.encode(), b"\n", block, body, b"\0"))
@@ -273,6 +282,8 @@ class Message:
 BLOCK_CACHE_ENTRIES = 512
 _BLOCKS: tuple[dict, dict] = ({}, {})  # per escaping style: (destination, body length, *headers) -> block
 _LAST = [(None, -1, None, b""), (None, -1, None, b"")]  # per escaping style: (headers, body length, destination, block)
+MISS_RUN = 16
+_MISSES = [0, 0]  # per escaping style: blocks not found in the table since the last found there
 
 
 def _header_block(destination: str, headers: dict, length: int, escaped: bool) -> bytes:

@@ -65,3 +65,22 @@ def test_a_run_of_equal_headers_reuses_the_last_block_and_any_difference_breaks_
                                          *[(k, v) for k, v in other.headers.items() if k != "destination"]],
                              other.body)
         assert b"MESSAGE\nsubscription:s\n" + other.shared(True) == fresh
+
+
+def test_a_run_of_headers_of_their_own_skips_the_table_and_a_repeating_producer_finds_it_again():
+    model._BLOCKS[True].clear()
+    model._MISSES[True] = 0
+    for i in range(model.MISS_RUN * 4):     # a timestamp of its own on every message
+        message = Message(f"u{i}", "/topic/t", {"destination": "/topic/t", "ts": str(i), "receipt": str(i)}, b"x")
+        assert message.shared(True) == rendered_from_scratch(message, True)
+    # past the first MISS_RUN misses, one message in MISS_RUN looks in the table (and misses)
+    assert len(model._BLOCKS[True]) == model.MISS_RUN + 3
+    a, b = {"destination": "/topic/t", "k": "a"}, {"destination": "/topic/t", "k": "b"}
+    for i in range(model.MISS_RUN * 6):     # two producers in turn: the table has each after a few looks
+        message = Message(f"r{i}", "/topic/t", dict(a if i % 2 else b), b"x")
+        assert message.shared(True) == rendered_from_scratch(message, True)
+    assert model._MISSES[True] == 0         # found in the table again: every message looks there
+    before = dict(model._BLOCKS[True])
+    Message("r", "/topic/t", dict(a), b"x").shared(True)
+    Message("r", "/topic/t", dict(b), b"x").shared(True)
+    assert model._BLOCKS[True] == before
