@@ -38,8 +38,8 @@ install() {
     echo "$want" >"$stamp"
 }
 
-# The install compiles the STOMP frame splitter and head decoder (stompbroker/protocol/*.c): a C compiler and
-# Python's headers. Without them pip goes on and the broker parses in pure Python (slower).
+# The install compiles the STOMP frame splitter, head decoder and MESSAGE renderer (stompbroker/protocol/*.c):
+# a C compiler and Python's headers. Without them pip goes on and the broker parses in pure Python (slower).
 need_cc() {
     local headers
     headers=$("$PYTHON" -c 'import os, sysconfig; print(os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))')

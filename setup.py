@@ -4,4 +4,4 @@ compiler the install goes on and the broker runs its pure-Python parser (docs/pe
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(f"stompbroker.protocol.{name}", [f"stompbroker/protocol/{name}.c"], optional=True)
-                   for name in ("_framesplit", "_headparse")])
+                   for name in ("_framesplit", "_headparse", "_headrender")])

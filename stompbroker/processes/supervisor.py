@@ -303,8 +303,8 @@ class Supervisor:
         log.info("settings: %s", self.config.describe())
         why = why_pure_python()
         if why is not None:
-            log.warning("STOMP frames are split and heads decoded in pure Python, up to half more CPU per SEND: %s",
-                        why)
+            log.warning("STOMP frames are split, heads decoded and messages rendered in pure Python, up to half "
+                        "more CPU per SEND: %s", why)
         log.debug("all settings: %s", self.config.describe(every=True))
         for warning in exposure.warnings(self.config, self.port):
             log.warning(warning)

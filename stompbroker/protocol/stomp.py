@@ -47,7 +47,8 @@ def _pure_python_asked() -> bool:
 
 def _compiled(module: str, name: str):
     """A function of one of this package's C modules: ``_framesplit.split`` (the common case of
-    ``_parse_into``) or ``_headparse.parse`` (of ``parse_head``). None where it was not built (no C
+    ``_parse_into``), ``_headparse.parse`` (of ``parse_head``) or ``_headrender.part`` (of
+    ``Message.shared``, ``RENDER_PART``). None where it was not built (no C
     compiler at install: the setup goes on without it) or is turned off (STOMPBROKER_PURE_PYTHON=1, to
     compare or rule it out); the Python code then does it all, with the same results."""
     if _pure_python_asked():
@@ -59,11 +60,11 @@ def _compiled(module: str, name: str):
 
 
 def why_pure_python() -> str | None:
-    """Why frames are split and heads decoded in pure Python here (for the broker's log at start), or
-    None: compiled."""
+    """Why frames are split, heads decoded and messages rendered in pure Python here (for the broker's
+    log at start), or None: compiled."""
     if _pure_python_asked():
         return "STOMPBROKER_PURE_PYTHON is set"
-    built = (("_framesplit", FrameParser.split), ("_headparse", _PARSE_HEAD))
+    built = (("_framesplit", FrameParser.split), ("_headparse", _PARSE_HEAD), ("_headrender", RENDER_PART))
     missing = [f"stompbroker/protocol/{module}.c" for module, function in built if function is None]
     if missing:
         return f"{' and '.join(missing)} not built (no C compiler at install: see README)"
@@ -396,6 +397,7 @@ _unescape = unescape  # parse_head's argument shadows the name
 
 
 _PARSE_HEAD = _compiled("_headparse", "parse")
+RENDER_PART = _compiled("_headrender", "part")
 
 
 def parse_head(head: bytes, unescape: bool) -> tuple[str, dict[str, str]]:

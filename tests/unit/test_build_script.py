@@ -21,7 +21,7 @@ echo "broker $@"
 
 def project(tmp_path):
     for name in ("build.sh", "setup.cfg", "pyproject.toml", "setup.py", "stompbroker/protocol/_framesplit.c",
-                 "stompbroker/protocol/_headparse.c"):
+                 "stompbroker/protocol/_headparse.c", "stompbroker/protocol/_headrender.c"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
     bin_dir = tmp_path / ".venv" / "bin"
@@ -53,7 +53,7 @@ def test_run_installs_only_the_broker_and_only_once(tmp_path):
         f.write("\n# a change\n")
     result, calls = run(p, "run")
     assert [c for c in calls if " install " in f" {c} "], calls  # setup.cfg changed: install again
-    for source in ("_framesplit.c", "_headparse.c"):
+    for source in ("_framesplit.c", "_headparse.c", "_headrender.c"):
         with open(p / "stompbroker/protocol" / source, "a") as f:
             f.write("\n/* a change */\n")
         result, calls = run(p, "run")

@@ -1,10 +1,22 @@
-"""A MESSAGE's shared part: the header block after message-id is rendered once and reused."""
+"""A MESSAGE's shared part in Python (where the C renderer is not built: tests/unit/test_headrender.py
+compares the two): the header block after message-id is rendered once and reused."""
 
 from __future__ import annotations
+
+import pytest
 
 from stompbroker.broker import model
 from stompbroker.broker.model import Message
 from stompbroker.protocol.stomp import FrameParser, parse_head, render_frame
+
+
+@pytest.fixture(autouse=True)
+def python_rendering(monkeypatch):
+    """Python's renderer, with its tables as a fresh process has them (other tests render too)."""
+    monkeypatch.setattr(model, "RENDER_PART", None)
+    monkeypatch.setattr(model, "_BLOCKS", ({}, {}))
+    monkeypatch.setattr(model, "_LAST", [(None, -1, None, b""), (None, -1, None, b"")])
+    monkeypatch.setattr(model, "_MISSES", [0, 0])
 
 
 def rendered_from_scratch(message: Message, escaped: bool) -> bytes:
@@ -68,8 +80,6 @@ def test_a_run_of_equal_headers_reuses_the_last_block_and_any_difference_breaks_
 
 
 def test_a_run_of_headers_of_their_own_skips_the_table_and_a_repeating_producer_finds_it_again():
-    model._BLOCKS[True].clear()
-    model._MISSES[True] = 0
     for i in range(model.MISS_RUN * 4):     # a timestamp of its own on every message
         message = Message(f"u{i}", "/topic/t", {"destination": "/topic/t", "ts": str(i), "receipt": str(i)}, b"x")
         assert message.shared(True) == rendered_from_scratch(message, True)
