@@ -143,7 +143,7 @@ def cluster_section(k: int) -> dict:
     return {"node": "b", "server": "nats://10.0.0.1:4222", "connected": 0 if k == 3 else 1, "rtt_ms": 0.5,
             **{name: round(rate * sec) for name, rate in CLUSTER_RATES.items()},
             "reconnects": 1 if k > SAMPLES_PER_RUN // 2 else 0, "subscriptions": 2, "local_patterns": 2,
-            "remote_patterns": 1, "remote_subscriptions": 1, "held": 0, "failed": 0,
+            "peers": 1, "remote_patterns": 1, "remote_subscriptions": 1, "held": 0, "failed": 0,
             "busy": 0, "busy_nodes": 0, "throttled": 0,
             "streams": [{"name": "c_QUEUES_6_0", "messages": k, "bytes": 100 * k, "stored": 2 * k, "leader": "nats1",
                          "replicas": 3, "shard": "0/6"}]}

@@ -502,6 +502,7 @@ class Backplane:
             "bytes_out": s.get("bytes_out", 0),
             "reconnects": s.get("reconnects", 0),
             "subscriptions": s.get("subscriptions", 0),
+            "peers": s.get("peers", 0),
             "local_patterns": sum(1 for p in self.local if not p.startswith(DURABLE_MARK)),
             "remote_patterns": len(self.remote_by),
             "remote_subscriptions": sum(r.count for r in self.remote_by.values()),

@@ -291,6 +291,7 @@ class Topics:
 
     def status(self) -> dict:
         return {**self.stats, "subscriptions": len(self.subs), "remote_nodes": len(self.nodes),
+                "peers": len(self.heard),  # (the nodes an operator's removal waits for: jetstream.py, forget)
                 "held": len(self.held), "busy": self.busy_here, "busy_nodes": sorted(self.busy_nodes)}
 
     # -- busy nodes --------------------------------------------------------------------------------

@@ -235,6 +235,8 @@ def families(s: dict, max_queues: int | None = None, vhost: str | None = None):
                                 value=cluster["connected"])
         yield GaugeMetricFamily(PREFIX + "cluster_rtt_seconds", "round trip to the NATS server, last measured",
                                 value=cluster["rtt_ms"] / 1000)
+        yield GaugeMetricFamily(PREFIX + "cluster_peers", "other live nodes this node has read in the interest bucket",
+                                value=cluster["peers"])
         yield GaugeMetricFamily(PREFIX + "cluster_busy", "1 while this node says it is behind with its deliveries",
                                 value=cluster["busy"])
         yield GaugeMetricFamily(PREFIX + "cluster_busy_nodes", "other nodes heard saying they are behind",

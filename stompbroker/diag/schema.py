@@ -37,7 +37,7 @@ LINE = {
     # cluster mode only (docs/cluster.md): this node, its NATS server and the traffic across nodes
     "cluster": {"node": STRING, "server": STRING,
                 **_numbers("connected", "rtt_ms", "messages_in", "messages_out", "bytes_in", "bytes_out",
-                           "reconnects", "subscriptions", "local_patterns", "remote_patterns", "remote_subscriptions", "held", "failed",
+                           "reconnects", "subscriptions", "peers", "local_patterns", "remote_patterns", "remote_subscriptions", "held", "failed",
                            "busy", "busy_nodes", "throttled"),
                 "streams": [{"name": STRING, "leader": STRING, "shard": STRING,
                              **_numbers("messages", "bytes", "stored", "replicas")}]},

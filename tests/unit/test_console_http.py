@@ -156,8 +156,8 @@ SNAPSHOT = {
     "latency": {"count": 8, "p50_ms": 0.5, "p90_ms": 1.0, "p99_ms": 2.0, "p999_ms": 2.0, "max_ms": 4.0},
     "cluster": {"node": "n1", "server": "nats://127.0.0.1:4222", "connected": 1, "rtt_ms": 0.25, "messages_in": 3,
                 "messages_out": 4, "bytes_in": 30, "bytes_out": 40, "reconnects": 1, "subscriptions": 2,
-                "local_patterns": 2, "remote_patterns": 5, "remote_subscriptions": 6, "held": 0, "failed": 0,
-                "busy": 1, "busy_nodes": 2, "throttled": 3,
+                "peers": 4, "local_patterns": 2, "remote_patterns": 5, "remote_subscriptions": 6, "held": 0,
+                "failed": 0, "busy": 1, "busy_nodes": 2, "throttled": 3,
                 "streams": [{"name": "c_QUEUES_6_1", "messages": 6, "bytes": 600, "stored": 9, "leader": "nats2",
                              "replicas": 3, "shard": "1/6"}]},
     "http": {"internal_errors": 0, "audit_errors": 1, "actions": [{"action": "purge", "status": 200, "count": 3}]},
@@ -188,6 +188,7 @@ def test_metric_families_parse_with_prometheus_names_and_units():
     assert samples[("stompbroker_cluster_rtt_seconds", ())] == pytest.approx(0.00025)
     assert samples[("stompbroker_cluster_busy", ())] == 1
     assert samples[("stompbroker_cluster_busy_nodes", ())] == 2
+    assert samples[("stompbroker_cluster_peers", ())] == 4
     assert samples[("stompbroker_cluster_throttled_total", ())] == 3
     assert samples[("stompbroker_cluster_stream_messages", (("stream", "c_QUEUES_6_1"),))] == 6
     assert samples[("stompbroker_cluster_stream_leader", (("server", "nats2"), ("stream", "c_QUEUES_6_1")))] == 1
