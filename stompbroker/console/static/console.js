@@ -251,8 +251,8 @@
     $("cluster-box").hidden = !c.node;
     if (c.node) {
       const { clusterRates } = last;
-      fillTable("cluster", [[c.node, c.connected ? c.server : "unreachable", ms(c.rtt_ms), si(clusterRates.in),
-                             si(clusterRates.out), si(c.remote_patterns), si(c.reconnects),
+      fillTable("cluster", [[c.node, c.connected ? c.server : "unreachable", si(c.peers), ms(c.rtt_ms),
+                             si(clusterRates.in), si(clusterRates.out), si(c.remote_patterns), si(c.reconnects),
                              // busy nodes (docs/cluster.md): this node, and the others heard saying so
                              (c.busy ? "this node" : "no") + (c.busy_nodes ? ` (+${c.busy_nodes} other)` : "")]]);
       const streams = c.streams || [];
