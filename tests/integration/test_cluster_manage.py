@@ -16,7 +16,7 @@ import pytest
 from stompbroker.cluster import shards
 from stompbroker.security import hash_secret
 from tests.integration.test_cluster_queues import Client
-from tests.integration.test_cluster_topics import cluster_diag
+from tests.integration.test_cluster_topics import cluster_diag, wait_for
 from tests.integration.test_manage_api import Api, q
 from tests.natscluster import DEFAULT_PACK, free_ports
 
@@ -581,20 +581,14 @@ def wait_connected(nodes, timeout: float = 15) -> None:
     """Every node's bridge connected to NATS, so it hears what the others publish from now on (a
     node that is not hears nothing of a durable subscription ended elsewhere meanwhile:
     docs/cluster.md, "What is not guaranteed")."""
-    deadline = time.monotonic() + timeout
     for node in nodes:
-        while not cluster_figures(node)["connected"]:
-            assert time.monotonic() < deadline, f"{node.address} never connected to NATS"
-            time.sleep(0.05)
+        wait_for(lambda: cluster_figures(node)["connected"], timeout, f"{node.address} to connect to NATS")
 
 
 def wait_peers(node, n: int, timeout: float = 15) -> None:
     """``node`` has read ``n`` other nodes' entries in the interest bucket (DIAG ``cluster.peers``):
     the nodes its removal of a durable subscription waits for."""
-    deadline = time.monotonic() + timeout
-    while cluster_figures(node)["peers"] < n:
-        assert time.monotonic() < deadline, f"{node.address} never read {n} other nodes' entries"
-        time.sleep(0.05)
+    wait_for(lambda: cluster_figures(node)["peers"] >= n, timeout, f"{node.address} to read {n} other nodes' entries")
 
 
 def test_remove_a_durable_from_any_node_drops_every_nodes_record_and_its_messages(start_nodes, admin, tmp_path,

@@ -467,10 +467,9 @@ def test_the_console_shows_the_cluster(start_nodes):
             row = page.inner_text("#cluster tbody")
             assert row.startswith("n0") and "nats://127.0.0.1:" in row, row
             assert row.split("\t")[-1].strip() == "no", row   # behind: no busy node
-            deadline = time.monotonic() + 15  # other nodes: n1, once n0 has read its entry
-            while page.inner_text("#cluster tbody").split("\t")[2].strip() != "1" and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert page.inner_text("#cluster tbody").split("\t")[2].strip() == "1", page.inner_text("#cluster tbody")
+            # other nodes: n1, once n0 has read its entry
+            wait_for(lambda: page.inner_text("#cluster tbody").split("\t")[2].strip() == "1", 15,
+                     "the console to show n0's one other node")
             deadline = time.monotonic() + 15  # (the bridge reads stream depths every 5 s)
             while "KV_" not in page.inner_text("#streams tbody") and time.monotonic() < deadline:
                 time.sleep(0.2)
