@@ -39,7 +39,7 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple
     if not (temp or special or receipt is not None or destination.startswith(DIAG_PREFIX)):
         # (a message's headers are its own once routed)
         plain = (destination, headers.copy(), topic_only(destination, headers))
-        send_plain(b, session, destination, headers, body)
+        send_plain(b, session, destination, headers, body, only_topic=plain[2])
         return plain
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
         permissions.allowed(b, session, destination, write=True, receipt=receipt)
@@ -64,19 +64,24 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
                only_topic: bool = False) -> None:
     """A plain SEND: what may change from one SEND to the next (the session's permissions, the
     store's health, the queue's room) is checked, then it is published (``copy``: with a copy of
-    ``headers``). ``only_topic`` (``topic_only`` of its head): where nothing subscribes to the topic
-    and nothing else could keep the message, it is counted as published and dropped, as publish
-    would, without making a message."""
+    ``headers``). ``only_topic`` (``topic_only`` of its head): where nothing on this node subscribes
+    to the topic and nothing else could keep the message, it is counted as published and dropped, as
+    publish would, or in cluster mode packed for the other nodes that want it, without making a
+    message."""
     if b.auth is not None or b.config.diag_admin_only:
         permissions.allowed(b, session, destination, write=True, receipt=None)
     subs = None
     if only_topic:
         subs = b.index.match(destination)
-        if not subs and not (b.unfinished or b.durables or b.stale is not None or b.backplane is not None):
-            stats = b.stats
-            stats["messages_published"] += 1
-            stats["messages_dropped"] += 1
-            return
+        if not subs and not (b.unfinished or b.durables):
+            if b.backplane is not None:  # (only other nodes may hear it: no message is made for it here)
+                if b.store is None and b.backplane.publish_plain(b, destination, headers, body, session):
+                    return
+            elif b.stale is None:
+                stats = b.stats
+                stats["messages_published"] += 1
+                stats["messages_dropped"] += 1
+                return
     check_accepts(b, destination, headers, None)
     publish(b, destination, headers.copy() if copy else headers, body, sender=session, subs=subs)
 

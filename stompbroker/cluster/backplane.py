@@ -21,7 +21,7 @@ import logging
 
 import orjson
 
-from ..broker.model import Later
+from ..broker.model import Later, Message
 from ..broker.names import DIAG_PREFIX, QUEUE_PREFIX, TEMP_PREFIXES, REPLY_PREFIXES, WORKER_PREFIX
 from ..broker.subscriptions import SubscriptionIndex
 from . import records as C
@@ -138,6 +138,27 @@ class Backplane:
             self._throttle(b, sender, destination)
         return True
 
+    def publish_plain(self, b, destination: str, headers: dict, body: bytes, sender) -> bool:
+        """A plain SEND to a topic no subscription of this node hears (``routing.send_plain``): put
+        in this round's pack for NATS without making a message, as ``publish`` and ``_send`` would
+        (True). False where it needs more (no other node wants it, a durable subscription does, NATS
+        unreachable, packs off): the caller publishes it the whole way."""
+        if not self.connected or self.run_max <= 1 or not self.remote.match(destination) \
+                or destination.startswith(LOCAL_ONLY) or self.durable_wants(b, destination):
+            return False
+        b.stats["messages_published"] += 1
+        self.stats["published"] += 1
+        subject = self.subjects.get(destination)
+        if subject is None:
+            if len(self.subjects) >= SUBJECTS_KEPT:
+                self.subjects.clear()
+            subject = self.subjects[destination] = topic_subject(self.cluster, destination)
+        self._pack(subject, destination, C.topic_member_json(f"{b.token}-{next(b.message_ids)}",
+                                                             self.headers_json(headers), body, 0))
+        if self.busy_patterns and self.busy.match(destination):
+            self._throttle(b, sender, destination)
+        return True
+
     def behind(self, deepest: int, now: float) -> None:
         """Once per dispatcher round, the deepest of this node's delivery queues (its writers' and the
         bridge's to the dispatcher), in bytes: past cluster_busy_bytes the node says it is busy, and
@@ -208,13 +229,8 @@ class Backplane:
         expires_ms = max(int((message.expires - b.now) * 1000), 1) if message.expires else 0
         self.stats["published"] += 1
         if self.connected and not flags and self.run_max > 1:  # (a worker message goes alone: NATS picks its node)
-            member = C.topic_member_json(message.id, self.headers_json(message.headers), message.body, expires_ms)
-            if self.run and (subject != self.run_subject or len(self.run) >= self.run_max
-                             or self.run_bytes + len(member) > TOPIC_PACK_BYTES):
-                self.close_run()
-            self.run_subject, self.run_destination = subject, message.destination
-            self.run.append(member)
-            self.run_bytes += len(member)
+            self._pack(subject, message.destination, C.topic_member_json(
+                message.id, self.headers_json(message.headers), message.body, expires_ms))
             return
         self.close_run()
         headers = {k: v for k, v in message.headers.items() if k not in NOT_SENT}
@@ -228,6 +244,15 @@ class Backplane:
                 self.waiting.setdefault(sender, []).append([token, None, False, message.headers.get("receipt")])
             self.stats["held"] += 1
         self.out.add(C.PUBLISH, token, payload, flags)
+
+    def _pack(self, subject: str, destination: str, member: bytes) -> None:
+        """A topic message joins this round's run to ``subject`` (a new run past its limits)."""
+        if self.run and (subject != self.run_subject or len(self.run) >= self.run_max
+                         or self.run_bytes + len(member) > TOPIC_PACK_BYTES):
+            self.close_run()
+        self.run_subject, self.run_destination = subject, destination
+        self.run.append(member)
+        self.run_bytes += len(member)
 
     def headers_json(self, headers: dict) -> bytes:
         """A message's headers as they travel in a topic pack (JSON, without NOT_SENT), made once per
@@ -435,6 +460,13 @@ class Backplane:
     def _publish_members(self, b, destination: str, members: list, start: int, now: float) -> None:
         """A pack's messages, published in order. A fan-out stopped over an outbox's limit leaves
         the rest as the broker's next unfinished step."""
+        if b.unfinished:  # (an earlier step goes first)
+            self._members_later(b, destination, members, start, now)
+            return
+        routing = (_BROKER or _broker_modules())[1]
+        if b.store is None and not destination.startswith(routing.NOT_TOPIC):
+            self._fan_out_members(b, routing, destination, members, start, now)
+            return
         last = decoded = None
         for i in range(start, len(members)):
             message_id, head, body, expires_ms = members[i]
@@ -442,9 +474,38 @@ class Backplane:
                 last, decoded = head, C.decode_headers(head)
             self._publish_remote(b, destination, decoded.copy(), body, expires_ms, message_id, now)
             if b.unfinished and i + 1 < len(members):
-                b.unfinished.append((lambda broker, rest: self._publish_members(broker, destination, members, rest,
-                                                                                now), (i + 1,)))
+                self._members_later(b, destination, members, i + 1, now)
                 return
+
+    def _fan_out_members(self, b, routing, destination: str, members: list, start: int, now: float) -> None:
+        """``_publish_members`` for a plain topic on a node without a store: what ``routing.publish``
+        does with another node's message (deliver it here or nowhere), with the destination's
+        subscriptions looked up once for the pack."""
+        subs = b.index.match(destination)
+        stats = self.stats
+        if not subs:
+            stats["received"] += len(members) - start
+            stats["unrouted_remote"] += len(members) - start
+            return
+        fan_out = routing.fan_out
+        last = decoded = None
+        for i in range(start, len(members)):
+            message_id, head, body, expires_ms = members[i]   # (ms left to live: never expired on arrival)
+            stats["received"] += 1
+            if head != last:
+                last, decoded = head, C.decode_headers(head)
+            expires = now + expires_ms / 1000 if expires_ms else 0.0
+            message = Message(message_id, destination, decoded.copy(), body, expires)
+            if not fan_out(b, message, subs, 1):
+                stats["unrouted_remote"] += 1
+            if b.unfinished and i + 1 < len(members):
+                self._members_later(b, destination, members, i + 1, now)
+                return
+
+    def _members_later(self, b, destination: str, members: list, start: int, now: float) -> None:
+        """The pack's messages from ``start`` on wait their turn as the broker's last unfinished step."""
+        b.unfinished.append((lambda broker, rest: self._publish_members(broker, destination, members, rest, now),
+                             (start,)))
 
     def _publish_remote(self, b, destination: str, headers: dict, body: bytes, expires_ms: int, message_id: str,
                         now: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 
+from stompbroker.broker.model import Message
 from stompbroker.cluster import records as C
 from stompbroker.cluster import shards
 from stompbroker.cluster.backplane import Backplane
@@ -541,6 +542,62 @@ def test_a_producers_headers_are_encoded_once_for_its_packs_and_each_message_tra
         r.send(1, "/topic/a", b"x", n=str(i))
     to_bridge(r)
     assert 0 < len(kept) <= 512
+
+
+def test_a_plain_send_only_other_nodes_hear_is_packed_without_a_message(monkeypatch):
+    """The sending node's cross-node SEND: with no subscription of its own to deliver to, it goes
+    into the round's pack as ``publish`` would put it (id, headers, order, counts) but no message is
+    made for it. One that a local subscription, a durable subscription anywhere or a receipt
+    concerns takes the whole route, and keeps its place in the pack."""
+    from stompbroker.broker import routing
+    made = []
+    monkeypatch.setattr(routing, "Message", lambda *args: made.append(args[1]) or Message(*args))
+    r = sending()
+    bp = r.broker.backplane
+    for i in range(4):
+        r.send(1, "/topic/a", b"m%d" % i, colour="red")
+    assert made == []
+    r.send(1, "/topic/a", b"m4", colour="red", receipt="r1")   # a receipt: the whole route
+    r.subscribe(1, "/topic/a", "local")
+    r.send(1, "/topic/a", b"m5", colour="red")                   # delivered here too
+    r.frame(1, "UNSUBSCRIBE", id="local")
+    feed(r, remote("\x00/topic/a"))                              # a durable elsewhere: JetStream keeps it
+    bp.queues.out.clear()
+    r.send(1, "/topic/a", b"m6", colour="red")
+    assert made == ["/topic/a"] * 3
+    assert [c[2] for c in bp.queues.out if c[0] == "publish"] == [shards.topic_subject("c", 6, "/topic/a")]
+    (_, _, _, payload), = [rec for rec in to_bridge(r) if rec[0] == "PUBLISH"]
+    _, members = C.unpack_topic(C.unpack_publish(payload)[1])
+    assert [body for _, _, body, _ in members] == [b"m%d" % i for i in range(7)]
+    assert [mid.rsplit("-", 1)[1] for mid, _, _, _ in members] == [str(i) for i in range(1, 8)]
+    assert {head for _, head, _, _ in members} == {b'{"colour":"red"}'}
+    assert r.broker.stats["messages_published"] == 7 and bp.stats["published"] == 7
+    assert [(o.command, o.body) for o in r.frames(1)] == [("RECEIPT", b""), ("MESSAGE", b"m5")]
+
+
+def test_a_pack_from_another_node_looks_up_its_topics_subscriptions_once(monkeypatch):
+    r = rig()
+    r.connect(1)
+    r.subscribe(1, "/topic/p", "a")
+    r.subscribe(1, "/topic/*", "b", selector="n = '1'")
+    feed(r, status(True))
+    index = r.broker.index
+    looked = []
+    real = index.match
+    monkeypatch.setattr(index, "match", lambda destination: looked.append(destination) or real(destination))
+    members = [C.topic_member("n2-%d" % i, {"n": str(i % 2)}, b"m%d" % i, 5000 * (i == 3)) for i in range(6)]
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/p", members)))
+    assert looked == ["/topic/p"]
+    got = r.messages(1)
+    assert [(m["subscription"], m.body) for m in got] == [
+        ("a", b"m0"), ("a", b"m1"), ("b", b"m1"), ("a", b"m2"), ("a", b"m3"), ("b", b"m3"), ("a", b"m4"),
+        ("a", b"m5"), ("b", b"m5")]
+    assert [m["message-id"] for m in got if m["subscription"] == "a"] == ["n2-%d" % i for i in range(6)]
+    assert [m["n"] for m in got if m["subscription"] == "a"] == ["0", "1"] * 3
+    assert r.broker.backplane.stats["received"] == 6 and r.broker.backplane.stats["unrouted_remote"] == 0
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/news/nobody", members)))
+    assert r.broker.backplane.stats["received"] == 12 and r.broker.backplane.stats["unrouted_remote"] == 6
+    assert r.messages(1) == []
 
 
 def test_a_topic_pack_takes_any_destination_the_settings_allow():
