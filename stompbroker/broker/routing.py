@@ -73,17 +73,39 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
     subs = None
     if only_topic:
         subs = b.index.match(destination)
-        if not subs and not (b.unfinished or b.durables):
-            if b.backplane is not None:  # (only other nodes may hear it: no message is made for it here)
-                if b.store is None and b.backplane.publish_plain(b, destination, headers, body, session):
-                    return
-            elif b.stale is None:
-                stats = b.stats
-                stats["messages_published"] += 1
-                stats["messages_dropped"] += 1
+        if not (b.unfinished or b.durables):
+            backplane = b.backplane
+            if not subs:
+                if backplane is None:
+                    if b.stale is None:
+                        stats = b.stats
+                        stats["messages_published"] += 1
+                        stats["messages_dropped"] += 1
+                        return
+                elif b.store is None and backplane.publish_plain(b, destination, headers, body, session):
+                    return  # (only other nodes hear it: no message is made for it here)
+            if b.store is None:
+                check_accepts(b, destination, headers, None)
+                publish_topic(b, session, destination, headers.copy() if copy else headers, body, subs)
                 return
     check_accepts(b, destination, headers, None)
     publish(b, destination, headers.copy() if copy else headers, body, sender=session, subs=subs)
+
+
+def publish_topic(b, session: Session, destination: str, headers: dict, body: bytes, subs: tuple) -> None:
+    """``publish`` for a plain SEND whose head only topic subscriptions can take (``topic_only``)
+    on a broker that keeps nothing itself here (no store, no durable subscription, no unfinished
+    step): the same route, without the checks its head has passed."""
+    b.stats["messages_published"] += 1
+    message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers, body)
+    kept = 0
+    backplane = b.backplane
+    if backplane is not None:
+        if backplane.durables_by:  # (another node's durable subscription may want it kept in JetStream)
+            backplane.queues.takes(b, message, session)
+        if backplane.remote_by and backplane.publish(b, message, session):
+            kept = 1
+    fan_out(b, message, subs, kept)
 
 
 # Destinations publish routes elsewhere than to a topic's subscriptions, kept or dropped.

@@ -575,6 +575,31 @@ def test_a_plain_send_only_other_nodes_hear_is_packed_without_a_message(monkeypa
     assert [(o.command, o.body) for o in r.frames(1)] == [("RECEIPT", b""), ("MESSAGE", b"m5")]
 
 
+def test_a_topic_send_heard_on_its_own_node_asks_the_cluster_only_what_could_concern_it(monkeypatch):
+    """Local traffic costs little more than on a single node: with no other node's interest and no
+    durable subscription anywhere, a plain topic SEND asks neither the remote index nor JetStream."""
+    r = rig()
+    bp = r.broker.backplane
+    r.connect(1)
+    r.subscribe(1, "/topic/a", "local")
+    feed(r, status(True))
+    asked = []
+    for name in ("publish", "durable_wants"):
+        real = getattr(bp, name)
+        monkeypatch.setattr(bp, name, lambda *args, real=real, name=name: asked.append(name) or real(*args))
+    r.send(1, "/topic/a", b"m1")
+    r.send(1, "/topic/a", b"m2")
+    assert asked == [] and r.bodies(1) == [b"m1", b"m2"]
+    feed(r, remote("/topic/b"))                     # another node's interest, elsewhere
+    r.send(1, "/topic/a", b"m3")
+    assert asked == ["publish"] and published(to_bridge(r)) == []
+    feed(r, remote("\x00/topic/a"))                 # a durable elsewhere: JetStream keeps it
+    bp.queues.out.clear()
+    r.send(1, "/topic/a", b"m4")
+    assert [c[2] for c in bp.queues.out if c[0] == "publish"] == [shards.topic_subject("c", 6, "/topic/a")]
+    assert r.bodies(1) == [b"m3", b"m4"]
+
+
 def test_a_pack_from_another_node_looks_up_its_topics_subscriptions_once(monkeypatch):
     r = rig()
     r.connect(1)

@@ -161,3 +161,31 @@ def test_a_persistent_or_deduplicated_topic_send_or_a_queue_send_never_takes_the
     assert not routing.topic_only("/topic/a", {routing.dedup.HEADER: "x"})
     for destination in ("/queue/a", "#work", "DIAG", "/reply-queue/x"):
         assert not routing.topic_only(destination, {})
+
+
+def test_a_plain_topic_send_where_nothing_keeps_messages_is_published_without_publishs_checks(monkeypatch):
+    """No store, no durable subscription, no unfinished step: a plain topic SEND goes by
+    ``publish_topic`` (the checks its head passed are not made again), with the same deliveries,
+    ids and stale queue as ``publish``."""
+    from stompbroker.broker import routing
+    published = []
+    real = routing.publish
+    monkeypatch.setattr(routing, "publish", lambda b, destination, *args, **kw: published.append(destination)
+                        or real(b, destination, *args, **kw))
+    rig = Rig(TTL=5000)
+    rig.connect(1)
+    rig.connect(2)
+    rig.subscribe(2, "/topic/a", sub_id="s1")
+    rig.subscribe(2, "/topic/a", sub_id="s2")
+    for body in (b"1", b"2"):
+        rig.broker.on_frame(1, HEAD, body, rig.now)
+    got = rig.messages(2)
+    assert [(m["subscription"], m.body) for m in got] == [("s1", b"1"), ("s2", b"1"), ("s1", b"2"), ("s2", b"2")]
+    assert got[0]["message-id"] == got[1]["message-id"] != got[2]["message-id"]
+    rig.frame(2, "UNSUBSCRIBE", id="s1")
+    rig.frame(2, "UNSUBSCRIBE", id="s2")
+    rig.broker.on_frame(1, HEAD, b"3", rig.now)   # heard by nobody: the stale queue keeps it for a late one
+    rig.subscribe(2, "/topic/a", sub_id="late")
+    assert rig.bodies(2) == [b"3"]
+    assert published == []
+    assert rig.broker.stats["messages_published"] == 3
