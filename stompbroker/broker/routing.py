@@ -64,10 +64,11 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
                only_topic: bool = False) -> None:
     """A plain SEND: what may change from one SEND to the next (the session's permissions, the
     store's health, the queue's room) is checked, then it is published (``copy``: with a copy of
-    ``headers``). ``only_topic`` (``topic_only`` of its head): where nothing on this node subscribes
-    to the topic and nothing else could keep the message, it is counted as published and dropped, as
-    publish would, or in cluster mode packed for the other nodes that want it, without making a
-    message."""
+    ``headers``). ``only_topic`` (``topic_only`` of its head), with no durable subscription or
+    unfinished step to change its route: where nothing on this node subscribes to the topic and
+    nothing else could keep the message, it is counted as published and dropped, as publish would,
+    or in cluster mode packed for the other nodes that want it, without making a message; else it
+    goes by ``publish_topic``."""
     if b.auth is not None or b.config.diag_admin_only:
         permissions.allowed(b, session, destination, write=True, receipt=None)
     subs = None
@@ -82,20 +83,19 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
                         stats["messages_published"] += 1
                         stats["messages_dropped"] += 1
                         return
-                elif b.store is None and backplane.publish_plain(b, destination, headers, body, session):
+                elif backplane.publish_plain(b, destination, headers, body, session):
                     return  # (only other nodes hear it: no message is made for it here)
-            if b.store is None:
-                check_accepts(b, destination, headers, None)
-                publish_topic(b, session, destination, headers.copy() if copy else headers, body, subs)
-                return
+            check_accepts(b, destination, headers, None)
+            publish_topic(b, session, destination, headers.copy() if copy else headers, body, subs)
+            return
     check_accepts(b, destination, headers, None)
     publish(b, destination, headers.copy() if copy else headers, body, sender=session, subs=subs)
 
 
 def publish_topic(b, session: Session, destination: str, headers: dict, body: bytes, subs: tuple) -> None:
-    """``publish`` for a plain SEND whose head only topic subscriptions can take (``topic_only``)
-    on a broker that keeps nothing itself here (no store, no durable subscription, no unfinished
-    step): the same route, without the checks its head has passed."""
+    """``publish`` for a plain SEND whose head only topic subscriptions can take (``topic_only``:
+    not persistent, so the store never logs it) on a broker with no durable subscription and no
+    unfinished step: the same route, without the checks its head has passed."""
     b.stats["messages_published"] += 1
     message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers, body)
     kept = 0

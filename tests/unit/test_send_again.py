@@ -189,3 +189,27 @@ def test_a_plain_topic_send_where_nothing_keeps_messages_is_published_without_pu
     assert rig.bodies(2) == [b"3"]
     assert published == []
     assert rig.broker.stats["messages_published"] == 3
+
+
+def test_with_a_store_a_plain_topic_send_takes_the_short_route_and_a_persistent_one_is_logged(monkeypatch, tmp_path):
+    from stompbroker.broker import routing
+    from stompbroker.store.sqlite import Store
+    published = []
+    real = routing.publish
+    monkeypatch.setattr(routing, "publish", lambda b, destination, *args, **kw: published.append(destination)
+                        or real(b, destination, *args, **kw))
+    rig = Rig(store="sqlite", store_path=str(tmp_path / "s.db"))
+    store = Store(rig.config.store_path, 0.0, 0.0)
+    logged = []
+    monkeypatch.setattr(store, "log", lambda destination, message_id, headers, body: logged.append(body))
+    rig.broker.recover(store, rig.now)
+    rig.connect(1)
+    rig.connect(2)
+    rig.subscribe(2, "/topic/a", sub_id="s")
+    for body in (b"1", b"2"):
+        rig.broker.on_frame(1, HEAD, body, rig.now)
+    assert published == [] and logged == []
+    rig.send(1, "/topic/a", b"p", persistent="true")   # kept for replay-from: the whole route
+    assert published == ["/topic/a"] and logged == [b"p"]
+    assert rig.bodies(2) == [b"1", b"2", b"p"]
+    store.close()
