@@ -464,7 +464,7 @@ class Backplane:
             self._members_later(b, destination, members, start, now)
             return
         routing = (_BROKER or _broker_modules())[1]
-        if b.store is None and not destination.startswith(routing.NOT_TOPIC):
+        if not destination.startswith(routing.NOT_TOPIC):
             self._fan_out_members(b, routing, destination, members, start, now)
             return
         last = decoded = None
@@ -478,9 +478,9 @@ class Backplane:
                 return
 
     def _fan_out_members(self, b, routing, destination: str, members: list, start: int, now: float) -> None:
-        """``_publish_members`` for a plain topic on a node without a store: what ``routing.publish``
-        does with another node's message (deliver it here or nowhere), with the destination's
-        subscriptions looked up once for the pack."""
+        """``_publish_members`` for a topic: what ``routing.publish`` does with another node's
+        message (deliver it here or nowhere; a cluster node has no store to log it in), with the
+        destination's subscriptions looked up once for the pack."""
         subs = b.index.match(destination)
         stats = self.stats
         if not subs:
