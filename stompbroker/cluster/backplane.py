@@ -483,18 +483,21 @@ class Backplane:
         destination's subscriptions looked up once for the pack."""
         subs = b.index.match(destination)
         stats = self.stats
-        if not subs:
-            stats["received"] += len(members) - start
-            stats["unrouted_remote"] += len(members) - start
-            return
         fan_out = routing.fan_out
         last = decoded = None
         for i in range(start, len(members)):
-            message_id, head, body, expires_ms = members[i]   # (ms left to live: never expired on arrival)
+            message_id, head, body, expires_ms = members[i]
             stats["received"] += 1
+            expires = now + expires_ms / 1000 if expires_ms else 0.0
+            if expires and b.now >= expires:  # (ms left to live on arrival: only after waiting its turn)
+                b.stats["messages_expired"] += 1
+                stats["unrouted_remote"] += 1
+                continue
+            if not subs:
+                stats["unrouted_remote"] += 1
+                continue
             if head != last:
                 last, decoded = head, C.decode_headers(head)
-            expires = now + expires_ms / 1000 if expires_ms else 0.0
             message = Message(message_id, destination, decoded.copy(), body, expires)
             if not fan_out(b, message, subs, 1):
                 stats["unrouted_remote"] += 1

@@ -495,6 +495,25 @@ def test_a_pack_from_another_node_is_delivered_in_order_and_resumes_after_an_out
     assert r.broker.backplane.stats["received"] == 40
 
 
+def test_a_packs_message_that_expires_while_waiting_its_turn_is_not_delivered():
+    r = rig()
+    r.connect(1)
+    r.subscribe(1, "/topic/p")
+    feed(r, status(True))
+    to_bridge(r)
+    r.outboxes[0].limit = 1     # every delivery stops the pack
+    members = [C.topic_member("n2-%d" % i, {}, b"m%d" % i, 1000 if i >= 5 else 0) for i in range(10)]
+    feed(r, C.record(C.MESSAGE, 0, C.pack_topic("/topic/p", members)))
+    assert r.broker.unfinished   # stopped over the outbox's limit, the rest waits
+    delivered = len(r.bodies(1))
+    assert delivered < 5
+    r.broker.now += 2.0          # the ones with 1 s to live are past it when their turn comes
+    finish(r)
+    assert r.bodies(1) == [b"m%d" % i for i in range(delivered, 5)]
+    assert r.broker.stats["messages_expired"] == 5
+    assert r.broker.backplane.stats["received"] == 10 and r.broker.backplane.stats["unrouted_remote"] == 5
+
+
 def test_a_topic_pack_travels_whole_and_one_cut_short_or_with_more_is_refused():
     members = [C.topic_member("n-1", {"a": "1"}, b"body", 5000), C.topic_member("n-2", {}, b"", 0)]
     pack = C.pack_topic("/topic/x", members)
