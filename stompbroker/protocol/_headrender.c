@@ -1,7 +1,7 @@
 /* A MESSAGE's shared part (model.Message.shared), compiled, for a message whose headers are its own
  * (a rendering the block table cannot keep). The message-id, the destination and every name and
- * value must be a str; anything else returns None and Python renders it, so the bytes never depend
- * on this module (tests/unit/test_headrender.py compares the two). The headers are a dict, `skip` a
+ * value must be exactly a str; anything else returns None and Python renders it, so the bytes never
+ * depend on this module (tests/unit/test_headrender.py compares the two). The headers are a dict, `skip` a
  * set of names; anything else also goes to Python.
  */
 #define PY_SSIZE_T_CLEAN
@@ -39,11 +39,13 @@ put(char *out, const char *s, Py_ssize_t n, int escaped)
     return out;
 }
 
-/* The UTF-8 of a str, or NULL (not a str, or not encodable: Python then does what it does). */
+/* The UTF-8 of a str, or NULL (not exactly a str, or not encodable: Python then does what it does).
+ * Exact strs only: a subclass's __hash__ or __eq__ could run Python code between the sizing pass
+ * and the writing pass below, and change what the second one writes. */
 static const char *
 utf8(PyObject *s, Py_ssize_t *n)
 {
-    if (!PyUnicode_Check(s))
+    if (!PyUnicode_CheckExact(s))
         return NULL;
     const char *u = PyUnicode_AsUTF8AndSize(s, n);
     if (u == NULL)
@@ -77,6 +79,8 @@ part(PyObject *self, PyObject *args)
         goto fallback;
     Py_ssize_t size = 11 + escaped_size(id, in, escaped) + 13 + escaped_size(d, dn, escaped) + ln + body.len + 1;
     while (PyDict_Next(headers, &pos, &name, &value)) {
+        if (!PyUnicode_CheckExact(name))
+            goto fallback;
         int skipped = PySet_Contains(skip, name);
         if (skipped < 0)
             goto done;

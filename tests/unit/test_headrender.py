@@ -39,7 +39,11 @@ def test_the_same_bytes_as_python_for_any_headers(message_id, destination, heade
 def test_what_is_not_a_str_or_not_utf8_is_left_to_python():
     good = ("m", "/topic/a", {"k": "v"}, NOT_FORWARDED, b"", True)
     assert part(*good) is not None
+    class Name(str):
+        pass
+
     for at, bad in [(2, {"k": 1}), (2, {1: "v"}), (2, {"k": "\udc80"}), (2, [("k", "v")]), (0, 1),
+                    (2, {Name("k"): "v"}), (2, {"k": Name("v")}), (0, Name("m")),
                     (1, "/topic/\udc80"), (4, "body"), (3, ["receipt"])]:
         args = (*good[:at], bad, *good[at + 1:])
         assert part(*args) is None, args
