@@ -235,14 +235,14 @@ class Broker:
         if self.ending:
             sessions.end_closed(self)
 
-    def send_again(self, session: Session, destination: str, headers: dict, body: bytes, only_topic: bool) -> None:
+    def send_again(self, session: Session, destination: str, headers: dict, body: bytes, route: int) -> None:
         """A SEND with the head of the session's plain SEND before it: what depends only on the head
         (its decoding, the command, the destination's checks) holds; what may have changed since is
         checked again (``routing.send_plain``), with the message's own copy of the headers."""
         if self.store is not None:
             self.ops_mark = self.store.ops
         try:
-            routing.send_plain(self, session, destination, headers, body, True, only_topic)
+            routing.send_plain(self, session, destination, headers, body, True, route)
         except ProtocolError as exc:
             replies.error(self, session, exc.message, exc.detail, exc.receipt)
         if self.ending:

@@ -14,7 +14,7 @@ from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
 from .choosing import GROUP, Chooser
-from .queues import deliver, deliver_tracked, discard, drop_if_idle, enqueue, get_queue, persist, pump
+from .queues import deliver, deliver_tracked, discard, drop_if_idle, enqueue, get_queue, hand_over, persist, pump
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -24,12 +24,14 @@ SPECIAL = frozenset(("reply-to", "expires", "expiration", "priority", GROUP, *la
                      scheduling.ACTION))
 SCHEDULED = frozenset(schedule.NAMES)
 
+# A plain SEND's short routes (``plain_route``): none, a topic's subscriptions, an empty queue's pump.
+ANY, TOPIC, QUEUE = 0, 1, 2
+
 
 def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple | None:
     """Check and route a SEND. A plain one (no receipt, temporary destination, special header or
-    DIAG destination) returns (destination, headers as they were before routing, whether only a
-    topic's subscriptions can take it: ``topic_only``), for the next SEND with the same head
-    (``Broker.send_again``)."""
+    DIAG destination) returns (destination, headers as they were before routing, the short route its
+    head allows: ``plain_route``), for the next SEND with the same head (``Broker.send_again``)."""
     # The common SEND (no temporary destination, no permissions, memory store, no special header)
     # costs one test per rule here: each rule's function runs only when it can apply.
     receipt = headers.get("receipt")
@@ -38,8 +40,8 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple
     special = not SPECIAL.isdisjoint(headers)
     if not (temp or special or receipt is not None or destination.startswith(DIAG_PREFIX)):
         # (a message's headers are its own once routed)
-        plain = (destination, headers.copy(), topic_only(destination, headers))
-        send_plain(b, session, destination, headers, body, only_topic=plain[2])
+        plain = (destination, headers.copy(), plain_route(destination, headers))
+        send_plain(b, session, destination, headers, body, route=plain[2])
         return plain
     if (b.auth is not None or b.config.diag_admin_only) and not temp:  # (its own temporaries are its own)
         permissions.allowed(b, session, destination, write=True, receipt=receipt)
@@ -61,18 +63,22 @@ def send(b, session: Session, command: str, headers: dict, body: bytes) -> tuple
 
 
 def send_plain(b, session: Session, destination: str, headers: dict, body: bytes, copy: bool = False,
-               only_topic: bool = False) -> None:
+               route: int = ANY) -> None:
     """A plain SEND: what may change from one SEND to the next (the session's permissions, the
     store's health, the queue's room) is checked, then it is published (``copy``: with a copy of
-    ``headers``). ``only_topic`` (``topic_only`` of its head), with no durable subscription or
-    unfinished step to change its route: where nothing on this node subscribes to the topic and
-    nothing else could keep the message, it is counted as published and dropped, as publish would,
-    or in cluster mode packed for the other nodes that want it, without making a message; else it
-    goes by ``publish_topic``."""
+    ``headers``). ``route`` (``plain_route`` of its head) may let it skip ``publish``:
+
+    - TOPIC, with no durable subscription or unfinished step to change its route: where nothing on
+      this node subscribes to the topic and nothing else could keep the message, it is counted as
+      published and dropped, as publish would, or in cluster mode packed for the other nodes that
+      want it, without making a message; else it goes by ``publish_topic``.
+    - QUEUE, on a broker with no store, no cluster and no unfinished step: to a queue that holds
+      nothing and picks its consumers by round robin, the message goes by ``enqueue`` (an empty
+      queue has room, and nothing else ``publish`` looks at applies to it)."""
     if b.auth is not None or b.config.diag_admin_only:
         permissions.allowed(b, session, destination, write=True, receipt=None)
     subs = None
-    if only_topic:
+    if route == TOPIC:
         subs = b.index.match(destination)
         if not (b.unfinished or b.durables):
             backplane = b.backplane
@@ -87,6 +93,18 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
                     return  # (only other nodes hear it: no message is made for it here)
             check_accepts(b, destination, headers, None)
             publish_topic(b, session, destination, headers.copy() if copy else headers, body, subs)
+            return
+    elif route == QUEUE and b.store is None and b.backplane is None and not b.unfinished:
+        queue = b.queues.get(destination)
+        if (queue is not None and not (queue.messages or queue.parked or queue.blocked)
+                and queue.chooser is None and queue.last_values is None):
+            b.stats["messages_published"] += 1
+            message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers.copy() if copy else headers,
+                              body)
+            queue.enqueued += 1
+            if not hand_over(b, queue, message):  # (as enqueue would)
+                queue.messages.append(message)
+                pump(b, queue)
             return
     check_accepts(b, destination, headers, None)
     publish(b, destination, headers.copy() if copy else headers, body, sender=session, subs=subs)
@@ -112,12 +130,19 @@ def publish_topic(b, session: Session, destination: str, headers: dict, body: by
 NOT_TOPIC = (QUEUE_PREFIX, WORKER_PREFIX, DIAG_PREFIX, *REPLY_PREFIXES)
 
 
-def topic_only(destination: str, headers: dict) -> bool:
-    """Whether a plain SEND of this head can only reach its topic's subscriptions (or durable
-    subscriptions, the stale queue or other nodes, which ``send_plain`` looks at for each): no
-    queue, worker, DIAG or temporary destination, no de-duplication id, nothing for the store's log."""
-    return not destination.startswith(NOT_TOPIC) and dedup.HEADER not in headers \
-        and headers.get("persistent") != "true"
+def plain_route(destination: str, headers: dict) -> int:
+    """The short route a plain SEND of this head may take (``send_plain``): TOPIC where it can only
+    reach its topic's subscriptions (or durable subscriptions, the stale queue or other nodes, which
+    ``send_plain`` looks at for each): no queue, worker, DIAG or temporary destination, no
+    de-duplication id, nothing for the store's log; QUEUE for a /queue/ destination with no
+    de-duplication id; else ANY (``publish``)."""
+    if dedup.HEADER in headers:
+        return ANY
+    if destination.startswith(QUEUE_PREFIX):
+        return QUEUE
+    if destination.startswith(NOT_TOPIC) or headers.get("persistent") == "true":
+        return ANY
+    return TOPIC
 
 
 def check_accepts(b, destination: str, headers: dict, receipt) -> None:

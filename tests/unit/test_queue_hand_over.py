@@ -3,13 +3,15 @@ with room that accepts it, as the pump would give it; anything else is left to t
 
 from broker_harness import Rig
 
-from stompbroker.broker import queues
+from stompbroker.broker import queues, routing
 
 
 def counting_pumps(monkeypatch):
     calls = []
     real = queues.pump
-    monkeypatch.setattr(queues, "pump", lambda b, queue, room=False: calls.append(queue.name) or real(b, queue, room))
+    counted = lambda b, queue, room=False: calls.append(queue.name) or real(b, queue, room)  # noqa: E731
+    monkeypatch.setattr(queues, "pump", counted)
+    monkeypatch.setattr(routing, "pump", counted)  # (a plain SEND's short route calls it from there)
     return calls
 
 

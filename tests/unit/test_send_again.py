@@ -155,12 +155,15 @@ def test_a_repeated_head_to_a_topic_that_someone_would_keep_or_hear_is_published
 
 def test_a_persistent_or_deduplicated_topic_send_or_a_queue_send_never_takes_the_dropping_path():
     from stompbroker.broker import routing
-    assert routing.topic_only("/topic/a", {"destination": "/topic/a"})
-    assert routing.topic_only("/topic/a", {"persistent": "false"})
-    assert not routing.topic_only("/topic/a", {"persistent": "true"})  # the store logs it for replay
-    assert not routing.topic_only("/topic/a", {routing.dedup.HEADER: "x"})
-    for destination in ("/queue/a", "#work", "DIAG", "/reply-queue/x"):
-        assert not routing.topic_only(destination, {})
+    route = routing.plain_route
+    assert route("/topic/a", {"destination": "/topic/a"}) == routing.TOPIC
+    assert route("/topic/a", {"persistent": "false"}) == routing.TOPIC
+    assert route("/topic/a", {"persistent": "true"}) == routing.ANY  # the store logs it for replay
+    assert route("/topic/a", {routing.dedup.HEADER: "x"}) == routing.ANY
+    for destination in ("#work", "DIAG", "/reply-queue/x"):
+        assert route(destination, {}) == routing.ANY
+    assert route("/queue/a", {"persistent": "true"}) == routing.QUEUE
+    assert route("/queue/a", {routing.dedup.HEADER: "x"}) == routing.ANY  # de-duplicated in publish
 
 
 def test_a_plain_topic_send_where_nothing_keeps_messages_is_published_without_publishs_checks(monkeypatch):
@@ -213,3 +216,40 @@ def test_with_a_store_a_plain_topic_send_takes_the_short_route_and_a_persistent_
     assert published == ["/topic/a"] and logged == [b"p"]
     assert rig.bodies(2) == [b"1", b"2", b"p"]
     store.close()
+
+
+def test_a_plain_queue_send_to_an_empty_queue_is_handed_over_without_publishs_checks(monkeypatch):
+    """No store, no cluster, no unfinished step: a plain SEND to a queue that holds nothing goes
+    straight to its next consumer, round robin, with the same ids and counts as ``publish``; a queue
+    with messages waiting, one not made yet, and one over its limit take the whole route."""
+    from stompbroker.broker import routing
+    published = []
+    real = routing.publish
+    monkeypatch.setattr(routing, "publish", lambda b, destination, *args, **kw: published.append(destination)
+                        or real(b, destination, *args, **kw))
+    head = b"SEND\ndestination:/queue/q\ncontent-length:1"
+    rig = Rig(max_queue_messages=2)
+    rig.connect(1)
+    rig.broker.on_frame(1, head, b"0", rig.now)   # no queue yet: publish makes it and keeps the message
+    assert published == ["/queue/q"]
+    rig.connect(2)
+    rig.subscribe(2, "/queue/q", sub_id="s1")
+    rig.subscribe(2, "/queue/q", sub_id="s2")
+    for body in (b"1", b"2", b"3"):
+        rig.broker.on_frame(1, head, body, rig.now)
+    got = rig.messages(2)
+    assert [(m["subscription"], m.body) for m in got] == [("s1", b"0"), ("s1", b"1"), ("s2", b"2"), ("s1", b"3")]
+    assert len({m["message-id"] for m in got}) == 4
+    assert published == ["/queue/q"]
+    queue = rig.broker.queues["/queue/q"]
+    assert (queue.enqueued, queue.dequeued) == (4, 4)
+    assert rig.broker.stats["messages_published"] == 4 and rig.broker.stats["messages_delivered"] == 4
+    rig.frame(2, "UNSUBSCRIBE", id="s1")
+    rig.frame(2, "UNSUBSCRIBE", id="s2")
+    assert "/queue/q" not in rig.broker.queues   # (idle: forgotten)
+    rig.broker.on_frame(1, head, b"4", rig.now)   # made again and kept
+    for body in (b"5", b"6"):                    # a message waits: the whole route, and its limit holds
+        rig.broker.on_frame(1, head, body, rig.now)
+    assert published == ["/queue/q"] * 3   # ("6" is refused before it)
+    assert rig.error(1)["message"] == "queue full"
+    assert rig.broker.queues["/queue/q"].depth() == 2
