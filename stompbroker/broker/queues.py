@@ -73,6 +73,12 @@ def enqueue(b, name: str, message: Message) -> int:
             discard(b, queue, old)
     if b.store is not None:
         persist(b, queue, message)
+    return arrive(b, queue, message)
+
+
+def arrive(b, queue: Queue, message: Message) -> int:
+    """A message kept by its queue (``enqueue``'s last step; a plain SEND's short route to a queue
+    that holds nothing, ``routing.send_plain``): handed over where nothing waits, else pumped."""
     queue.enqueued += 1
     if not queue.messages and queue.chooser is None and not b.unfinished and hand_over(b, queue, message):
         return 1

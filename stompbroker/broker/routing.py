@@ -14,7 +14,7 @@ from .model import Message, Session
 from .names import (DIAG_PREFIX, MAX_MILLIS, MONITOR, QUEUE_PREFIX, REPLY_PREFIXES, TEMP_PREFIXES, WORKER_PREFIX,
                     millis)
 from .choosing import GROUP, Chooser
-from .queues import deliver, deliver_tracked, discard, drop_if_idle, enqueue, get_queue, hand_over, persist, pump
+from .queues import arrive, deliver, deliver_tracked, discard, drop_if_idle, enqueue, get_queue, persist, pump
 
 log = logging.getLogger("stompbroker.broker")
 
@@ -24,7 +24,7 @@ SPECIAL = frozenset(("reply-to", "expires", "expiration", "priority", GROUP, *la
                      scheduling.ACTION))
 SCHEDULED = frozenset(schedule.NAMES)
 
-# A plain SEND's short routes (``plain_route``): none, a topic's subscriptions, an empty queue's pump.
+# A plain SEND's short routes (``plain_route``): none, a topic's subscriptions, an empty queue's consumers.
 ANY, TOPIC, QUEUE = 0, 1, 2
 
 
@@ -73,8 +73,8 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
       published and dropped, as publish would, or in cluster mode packed for the other nodes that
       want it, without making a message; else it goes by ``publish_topic``.
     - QUEUE, on a broker with no store, no cluster and no unfinished step: to a queue that holds
-      nothing and picks its consumers by round robin, the message goes by ``enqueue`` (an empty
-      queue has room, and nothing else ``publish`` looks at applies to it)."""
+      nothing and picks its consumers by round robin, the message goes by ``queues.arrive`` (an
+      empty queue has room, and nothing else ``publish`` or ``enqueue`` looks at applies to it)."""
     if b.auth is not None or b.config.diag_admin_only:
         permissions.allowed(b, session, destination, write=True, receipt=None)
     subs = None
@@ -99,12 +99,8 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
         if (queue is not None and not (queue.messages or queue.parked or queue.blocked)
                 and queue.chooser is None and queue.last_values is None):
             b.stats["messages_published"] += 1
-            message = Message(f"{b.token}-{next(b.message_ids)}", destination, headers.copy() if copy else headers,
-                              body)
-            queue.enqueued += 1
-            if not hand_over(b, queue, message):  # (as enqueue would)
-                queue.messages.append(message)
-                pump(b, queue)
+            arrive(b, queue, Message(f"{b.token}-{next(b.message_ids)}", destination,
+                                     headers.copy() if copy else headers, body))
             return
     check_accepts(b, destination, headers, None)
     publish(b, destination, headers.copy() if copy else headers, body, sender=session, subs=subs)
