@@ -105,7 +105,7 @@ class Broker:
         # in order: the dispatcher drains the outboxes and calls resume() until it is empty
         self.unfinished: collections.deque = collections.deque()
         self.ending: list[Session] = []      # closed during the current event, their state still to drop
-        # (session, head, destination, headers, topic_only) of the last frame if it was a plain SEND
+        # (session, head, destination, headers, plain_route) of the last frame if it was a plain SEND
         # (routing.send): a next frame of that session with the same head takes the same route
         self.again: tuple | None = None
         self.examined = 0                    # messages looked at by queues.scan (a cost measure for tests)

@@ -107,7 +107,7 @@ def send_plain(b, session: Session, destination: str, headers: dict, body: bytes
 
 
 def publish_topic(b, session: Session, destination: str, headers: dict, body: bytes, subs: tuple) -> None:
-    """``publish`` for a plain SEND whose head only topic subscriptions can take (``topic_only``:
+    """``publish`` for a plain SEND whose head only topic subscriptions can take (``plain_route`` TOPIC:
     not persistent, so the store never logs it) on a broker with no durable subscription and no
     unfinished step: the same route, without the checks its head has passed."""
     b.stats["messages_published"] += 1
